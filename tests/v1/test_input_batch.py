@@ -1,0 +1,125 @@
+"""The vectorized step inputs against a per-token Python reference."""
+
+import numpy as np
+import pytest
+from vllm import SamplingParams
+from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+from vllm_metal.v1.input_batch import InputBatch
+from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
+from vllm_metal.v1.request_updates import apply_scheduler_output
+
+BLOCK = 8
+
+
+def _new(req_id, prompt, blocks, computed=0):
+    return NewRequestData(req_id=req_id, prompt_token_ids=prompt, mm_features=[],
+                          sampling_params=SamplingParams(), pooling_params=None,
+                          block_ids=(blocks,), num_computed_tokens=computed, lora_request=None)
+
+
+def _out(new=(), cached=None, sched=None, finished=(), preempted=None):
+    cached = cached or CachedRequestData.make_empty()
+    return SchedulerOutput(scheduled_new_reqs=list(new), scheduled_cached_reqs=cached,
+                           num_scheduled_tokens=dict(sched), total_num_scheduled_tokens=sum(sched.values()),
+                           scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={},
+                           finished_req_ids=set(finished), free_encoder_mm_hashes=[],
+                           preempted_req_ids=preempted)
+
+
+def _cached(req_ids, computed, new_blocks, outputs, resumed=(), all_tokens=None):
+    return CachedRequestData(req_ids=list(req_ids), resumed_req_ids=set(resumed),
+                             new_token_ids=[[] for _ in req_ids], all_token_ids=all_tokens or {},
+                             new_block_ids=list(new_blocks), num_computed_tokens=list(computed),
+                             num_output_tokens=list(outputs))
+
+
+def _reference(batch, out):
+    """Per-token loops: what the vectorized builder must reproduce."""
+    ids, pos, slots, cu, lens, sample = [], [], [], [0], [], []
+    for req_id, n in out.num_scheduled_tokens.items():
+        st = batch.requests[req_id]
+        tokens = st.prompt_token_ids + st.output_token_ids
+        for j in range(n):
+            p = st.num_computed_tokens + j
+            ids.append(tokens[p])
+            pos.append(p)
+            slots.append(st.block_ids[p // BLOCK] * BLOCK + p % BLOCK)
+        cu.append(cu[-1] + n)
+        lens.append(st.num_computed_tokens + n)
+        sample.append(st.num_computed_tokens + n == len(tokens))
+    return ids, pos, slots, cu, lens, sample
+
+
+def _check(batch, out):
+    step = batch.prepare_inputs(out)
+    ids, pos, slots, cu, lens, sample = _reference(batch, out)
+    np.testing.assert_array_equal(step.input_ids, ids)
+    np.testing.assert_array_equal(step.positions, pos)
+    np.testing.assert_array_equal(step.slot_mapping, slots)
+    np.testing.assert_array_equal(step.cu_seqlens_q, cu)
+    np.testing.assert_array_equal(step.seq_lens, lens)
+    np.testing.assert_array_equal(step.sample_mask, sample)
+    np.testing.assert_array_equal(step.logits_indices, np.asarray(cu[1:])[np.asarray(sample)] - 1)
+    for i, req_id in enumerate(out.num_scheduled_tokens):
+        blocks = batch.requests[req_id].block_ids
+        width = step.block_tables.shape[1]
+        np.testing.assert_array_equal(step.block_tables[i, :min(width, len(blocks))],
+                                      blocks[:width])
+    return step
+
+
+@pytest.fixture
+def batch():
+    return InputBatch(max_num_reqs=4, max_model_len=64, block_size=BLOCK)
+
+
+def _apply(batch, out):
+    apply_scheduler_output(batch, out, PromptLogprobsTracker(100, "raw_logprobs"))
+
+
+def test_mixed_prefill_chunk_and_decode(batch):
+    a = list(range(10, 30))          # 20 tokens: chunked 12 + 8
+    b = list(range(50, 55))          # 5 tokens
+    out = _out(new=[_new("a", a, [3, 7]), _new("b", b, [5])], sched={"a": 12, "b": 5})
+    _apply(batch, out)
+    step = _check(batch, out)
+    assert list(step.sample_mask) == [False, True]
+    batch.append_token("b", 99)
+    out = _out(cached=_cached(["a", "b"], [12, 5], [([9],), None], [0, 1]), sched={"a": 8, "b": 1})
+    _apply(batch, out)
+    step = _check(batch, out)
+    assert list(step.input_ids[-1:]) == [99]
+    assert list(step.sample_mask) == [True, True]
+
+
+def test_prefix_cache_hit_starts_mid_prompt(batch):
+    prompt = list(range(1, 21))
+    out = _out(new=[_new("a", prompt, [4, 6, 2], computed=16)], sched={"a": 4})
+    _apply(batch, out)
+    step = _check(batch, out)
+    assert step.positions[0] == 16
+
+
+def test_preemption_resume_rebuilds_row(batch):
+    prompt = list(range(1, 10))
+    _apply(batch, _out(new=[_new("a", prompt, [1, 2])], sched={"a": 9}))
+    batch.append_token("a", 77)
+    batch.append_token("a", 78)
+    _apply(batch, _out(sched={}, preempted={"a"}))
+    out = _out(cached=_cached(["a"], [0], [([5, 6],)], [2], resumed=["a"],
+                              all_tokens={"a": prompt + [77, 78]}), sched={"a": 11})
+    _apply(batch, out)
+    step = _check(batch, out)
+    assert list(step.input_ids[-2:]) == [77, 78]
+    assert step.slot_mapping[0] == 5 * BLOCK
+
+
+def test_finished_requests_free_rows(batch):
+    for k in range(4):
+        _apply(batch, _out(new=[_new(f"r{k}", [1, 2, 3], [k + 1])], sched={f"r{k}": 3}))
+    _apply(batch, _out(sched={}, finished={"r0", "r1"}))
+    out = _out(new=[_new("x", [4, 5], [9]), _new("y", [6], [10])], sched={"x": 2, "y": 1})
+    _apply(batch, out)
+    _check(batch, out)
+    assert "r0" not in batch.requests and len(batch.row_of) == 4

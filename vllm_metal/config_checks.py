@@ -1,0 +1,49 @@
+"""Refuse engine configurations this platform cannot run, with the flag to change."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_metal.metal.constants import KERNEL_BLOCK_SIZES
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+class UnsupportedConfigError(ValueError):
+    pass
+
+
+def check_vllm_config(vllm_config: VllmConfig) -> None:
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size != 1:
+        raise UnsupportedConfigError(
+            f"vllm-metal runs on one device: got --tensor-parallel-size "
+            f"{parallel.tensor_parallel_size}; use 1")
+    if parallel.pipeline_parallel_size != 1:
+        raise UnsupportedConfigError(
+            f"vllm-metal runs on one device: got --pipeline-parallel-size "
+            f"{parallel.pipeline_parallel_size}; use 1")
+    if parallel.data_parallel_size != 1:
+        raise UnsupportedConfigError(
+            f"vllm-metal runs one engine: got --data-parallel-size "
+            f"{parallel.data_parallel_size}; use 1")
+    if vllm_config.speculative_config is not None:
+        raise UnsupportedConfigError(
+            "speculative decoding is not supported by vllm-metal yet; "
+            "remove --speculative-config")
+    if vllm_config.lora_config is not None:
+        raise UnsupportedConfigError(
+            "LoRA adapters are not supported by vllm-metal yet; remove --enable-lora")
+
+    cache = vllm_config.cache_config
+    if cache.cache_dtype not in ("auto", None):
+        raise UnsupportedConfigError(
+            f"--kv-cache-dtype {cache.cache_dtype} is not supported; "
+            "use --kv-cache-dtype auto (the model's dtype)")
+    block_size = cache.block_size
+    smallest = min(KERNEL_BLOCK_SIZES)
+    if block_size is not None and (block_size <= 0 or block_size % smallest != 0):
+        raise UnsupportedConfigError(
+            f"--block-size {block_size} is not supported: it must be a multiple of "
+            f"{smallest} (the paged kernels use pages of {KERNEL_BLOCK_SIZES})")

@@ -1,0 +1,80 @@
+"""Every ``VLLM_METAL_*`` environment variable, declared once.
+
+Values are read lazily on attribute access (``envs.VLLM_METAL_PLATFORM``), so a
+variable set after import still takes effect. docs/configuration.md lists them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected a boolean (1/0/true/false), got {raw!r}")
+
+
+def _platform_mode(raw: str) -> str:
+    value = raw.strip().lower()
+    aliases = {"": "auto", "auto": "auto", "1": "force", "force": "force",
+               "on": "force", "0": "off", "off": "off", "disable": "off"}
+    if value not in aliases:
+        raise ValueError(f"expected auto, force (1) or off (0), got {raw!r}")
+    return aliases[value]
+
+
+def _positive_int_or_zero(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"expected an integer >= 0, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    default: str
+    parse: Callable[[str], Any]
+    doc: str
+
+
+VARIABLES: dict[str, EnvVar] = {
+    "VLLM_METAL_PLATFORM": EnvVar(
+        "auto", _platform_mode,
+        "auto: activate on Apple Silicon with Metal, or on Linux when no accelerator "
+        "platform claims the machine; force (1): always activate; off (0): never."),
+    "VLLM_METAL_CPU_THREADS": EnvVar(
+        "0", _positive_int_or_zero,
+        "Threads of the extension's CPU kernel pool; 0 means one per hardware thread."),
+    "VLLM_METAL_DECODE_PIPELINE": EnvVar(
+        "1", _bool,
+        "Build step k+1's graph while step k runs (one-step-ahead decode)."),
+    "VLLM_METAL_DEBUG_SYNC": EnvVar(
+        "0", _bool,
+        "Evaluate after every model forward (debugging aid; slower)."),
+}
+
+
+def _read(name: str) -> Any:
+    var = VARIABLES[name]
+    raw = os.environ.get(name, var.default)
+    try:
+        return var.parse(raw)
+    except ValueError as exc:
+        raise ValueError(f"invalid value for {name}: {exc}") from None
+
+
+def __getattr__(name: str) -> Any:
+    if name in VARIABLES:
+        return _read(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(VARIABLES)

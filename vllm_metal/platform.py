@@ -1,0 +1,132 @@
+"""MetalPlatform: what vLLM needs to know about an MLX device (Metal GPU or CPU)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.platforms.interface import Platform, PlatformEnum
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger("vllm_metal")
+
+WORKER_QUALNAME = "vllm_metal.v1.worker.MetalWorker"
+IS_MACOS = sys.platform == "darwin"
+
+
+def system_memory_bytes() -> int:
+    """Physical memory of the host in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def device_memory_bytes() -> int:
+    """Memory the MLX device may use: Metal's recommended working set, else system RAM."""
+    import mlx.core as mx
+
+    if mx.metal.is_available():
+        info = mx.device_info()
+        size = info.get("max_recommended_working_set_size")
+        if size:
+            return int(size)
+    return system_memory_bytes()
+
+
+class MetalPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    # vLLM treats the device as host memory: torch tensors at the boundary live
+    # on the CPU and MLX shares them (unified memory on Apple Silicon).
+    device_name: str = "cpu"
+    device_type: str = "cpu"
+    dispatch_key: str = "CPU"
+    dist_backend: str = "gloo"
+    ray_device_key: str = ""
+    device_control_env_var: str = "VLLM_METAL_VISIBLE_DEVICES"
+    supported_quantization: list[str] = []
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        # The first entry is what float32 checkpoints are served in. MLX's CPU
+        # backend is fastest in float32; Metal wants half precision.
+        if IS_MACOS:
+            return [torch.float16, torch.bfloat16, torch.float32]
+        return [torch.float32, torch.bfloat16, torch.float16]
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        import mlx.core as mx
+
+        name = mx.device_info().get("device_name", "")
+        backend = "Metal" if mx.metal.is_available() else "MLX CPU"
+        return f"{name} ({backend})".strip()
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return device_memory_bytes()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        # vLLM's own `_C` kernels do not exist on this platform; ours load lazily
+        # through vllm_metal.metal.get_ops().
+        return None
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.no_grad()
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        return None
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        import mlx.core as mx
+
+        return float(mx.get_active_memory())
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        """Adapt vLLM's config to this platform. Runs in every process: idempotent."""
+        from vllm_metal import compat
+        from vllm_metal.config_checks import check_vllm_config
+
+        compat.apply_all()
+        check_vllm_config(vllm_config)
+
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = WORKER_QUALNAME
+
+        from vllm.config import CompilationMode, CUDAGraphMode
+
+        # MLX builds its own graphs; torch.compile and CUDA graphs have no role here.
+        compilation = vllm_config.compilation_config
+        compilation.mode = CompilationMode.NONE
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
+        compilation.cudagraph_capture_sizes = []
+
+    @classmethod
+    def validate_request(cls, processed_inputs: Any, params: Any) -> None:
+        """Reject request parameters the runner cannot honour (answered as HTTP 400)."""
+        from vllm import SamplingParams
+
+        if isinstance(params, SamplingParams):
+            from vllm_metal.v1.param_support import check_sampling_params
+
+            check_sampling_params(params)
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False

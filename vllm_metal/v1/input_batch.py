@@ -1,0 +1,186 @@
+"""Persistent per-request state and the vectorized per-step input builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+
+@dataclass
+class RequestState:
+    """What the runner keeps of one live request between steps."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    # Tokens this runner sampled; vLLM does not send them back on decode steps.
+    output_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+
+@dataclass
+class StepInputs:
+    """Host-side inputs of one packed forward (numpy, built without per-token Python).
+
+    req_ids:        [num_reqs]            scheduled requests, in scheduler order
+    input_ids:      int32 [total_q]
+    positions:      int32 [total_q]
+    cu_seqlens_q:   int32 [num_reqs + 1]
+    seq_lens:       int32 [num_reqs]      context length after this step
+    block_tables:   int32 [num_reqs, max_blocks]
+    slot_mapping:   int32 [total_q]
+    sample_mask:    bool  [num_reqs]      request reaches the end of its known tokens
+    logits_indices: int32 [num_sampling]  packed row of each sampling request's last token
+    """
+
+    req_ids: list[str]
+    input_ids: np.ndarray
+    positions: np.ndarray
+    cu_seqlens_q: np.ndarray
+    seq_lens: np.ndarray
+    block_tables: np.ndarray
+    slot_mapping: np.ndarray
+    sample_mask: np.ndarray
+    logits_indices: np.ndarray
+
+    @property
+    def sampling_req_ids(self) -> list[str]:
+        return [r for r, s in zip(self.req_ids, self.sample_mask) if s]
+
+
+class InputBatch:
+    """Rows of token ids and block tables that persist across steps.
+
+    A request keeps its row from its first schedule until it finishes; rows of
+    requests that were not scheduled are reclaimed only when rows run out.
+    """
+
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int) -> None:
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.max_blocks_per_req = -(-max_model_len // block_size)
+        # np.zeros maps untouched pages lazily, so a long max_model_len is cheap.
+        self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
+        self.block_table = np.zeros((max_num_reqs, self.max_blocks_per_req), dtype=np.int32)
+        self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
+        self.num_computed = np.zeros(max_num_reqs, dtype=np.int32)
+        self.requests: dict[str, RequestState] = {}
+        self.row_of: dict[str, int] = {}
+        self._free_rows = list(range(max_num_reqs - 1, -1, -1))
+
+    # -- request lifecycle -------------------------------------------------
+
+    def add_request(self, state: RequestState) -> None:
+        self.requests[state.req_id] = state
+
+    def remove_request(self, req_id: str) -> None:
+        self.requests.pop(req_id, None)
+        self._release_row(req_id)
+
+    def apply_schedule(self, scheduler_output: SchedulerOutput) -> None:
+        """Make every scheduled request's row match its state."""
+        scheduled = scheduler_output.num_scheduled_tokens
+        for req_id in scheduled:
+            state = self.requests[req_id]
+            row = self.row_of.get(req_id)
+            if row is None:
+                row = self._take_row(scheduled)
+                self.row_of[req_id] = row
+                self._write_tokens(row, state, 0)
+                self._write_blocks(row, state.block_ids, 0)
+            self.num_computed[row] = state.num_computed_tokens
+
+    def reset_row(self, req_id: str) -> None:
+        """Forget a request's row content (preemption replaced its blocks/tokens)."""
+        self._release_row(req_id)
+
+    def append_blocks(self, req_id: str, new_block_ids: list[int]) -> None:
+        state = self.requests[req_id]
+        start = len(state.block_ids)
+        state.block_ids.extend(new_block_ids)
+        row = self.row_of.get(req_id)
+        if row is not None:
+            self._write_blocks(row, new_block_ids, start)
+
+    def append_token(self, req_id: str, token_id: int) -> None:
+        state = self.requests[req_id]
+        state.output_token_ids.append(token_id)
+        row = self.row_of.get(req_id)
+        if row is not None:
+            n = int(self.num_tokens[row])
+            if n < self.max_model_len:
+                self.token_ids[row, n] = token_id
+                self.num_tokens[row] = n + 1
+
+    # -- per-step inputs ---------------------------------------------------
+
+    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> StepInputs:
+        scheduled = scheduler_output.num_scheduled_tokens
+        req_ids = list(scheduled)
+        rows = np.fromiter((self.row_of[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
+        q_lens = np.fromiter((scheduled[r] for r in req_ids), dtype=np.int32, count=len(req_ids))
+
+        cu_seqlens_q = np.zeros(len(req_ids) + 1, dtype=np.int32)
+        np.cumsum(q_lens, out=cu_seqlens_q[1:])
+        total_q = int(cu_seqlens_q[-1])
+        req_of_token = np.repeat(np.arange(len(req_ids)), q_lens)
+        computed = self.num_computed[rows]
+        positions = (computed[req_of_token]
+                     + np.arange(total_q, dtype=np.int32)
+                     - cu_seqlens_q[:-1][req_of_token]).astype(np.int32)
+        input_ids = self.token_ids[rows[req_of_token], positions]
+
+        seq_lens = (computed + q_lens).astype(np.int32)
+        max_blocks = -(-int(seq_lens.max()) // self.block_size)
+        block_tables = self.block_table[rows, :max_blocks]
+        pages = block_tables[req_of_token, positions // self.block_size]
+        slot_mapping = (pages * self.block_size + positions % self.block_size).astype(np.int32)
+
+        sample_mask = seq_lens >= self.num_tokens[rows]
+        logits_indices = (cu_seqlens_q[1:] - 1)[sample_mask].astype(np.int32)
+        return StepInputs(req_ids, input_ids, positions, cu_seqlens_q, seq_lens,
+                          np.ascontiguousarray(block_tables), slot_mapping,
+                          sample_mask, logits_indices)
+
+    # -- rows --------------------------------------------------------------
+
+    def _take_row(self, protected: dict[str, int]) -> int:
+        if not self._free_rows:
+            idle = next((r for r in self.row_of if r not in protected), None)
+            if idle is None:
+                raise RuntimeError(
+                    f"more than {self.max_num_reqs} requests scheduled in one step; "
+                    "raise --max-num-seqs")
+            self._release_row(idle)
+        return self._free_rows.pop()
+
+    def _release_row(self, req_id: str) -> None:
+        row = self.row_of.pop(req_id, None)
+        if row is not None:
+            self.num_tokens[row] = 0
+            self._free_rows.append(row)
+
+    def _write_tokens(self, row: int, state: RequestState, start: int) -> None:
+        tokens = (state.prompt_token_ids + state.output_token_ids)[: self.max_model_len]
+        self.token_ids[row, start:len(tokens)] = tokens[start:]
+        self.num_tokens[row] = len(tokens)
+
+    def _write_blocks(self, row: int, block_ids: list[int], start: int) -> None:
+        end = start + len(block_ids)
+        if end > self.max_blocks_per_req:
+            raise RuntimeError(
+                f"request needs {end} KV blocks, more than max_model_len allows "
+                f"({self.max_blocks_per_req})")
+        self.block_table[row, start:end] = block_ids

@@ -1,0 +1,59 @@
+"""How much memory the KV cache gets under --gpu-memory-utilization."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+logger = logging.getLogger("vllm_metal")
+GiB = 2**30
+
+
+class InsufficientMemoryError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """All sizes in bytes.
+
+    device_total:  the device's memory (Metal working set, or system RAM on Linux)
+    utilization:   --gpu-memory-utilization
+    weights:       model parameters
+    activations:   peak transient memory of a max_num_batched_tokens forward
+    """
+
+    device_total: int
+    utilization: float
+    weights: int
+    activations: int
+
+    @property
+    def budget(self) -> int:
+        return int(self.device_total * self.utilization)
+
+    @property
+    def available_for_kv(self) -> int:
+        return self.budget - self.weights - self.activations
+
+    def kv_cache_bytes(self, bytes_per_block: int, block_size: int, max_model_len: int,
+                       max_num_seqs: int) -> int:
+        """KV bytes to allocate: what the budget leaves, capped at what the scheduler can use.
+
+        Raises InsufficientMemoryError when one max-length request does not fit.
+        """
+        one_request = -(-max_model_len // block_size) * bytes_per_block
+        available = self.available_for_kv
+        if available < one_request:
+            raise InsufficientMemoryError(
+                f"Not enough memory for the KV cache of one {max_model_len}-token request: "
+                f"budget {self.budget / GiB:.2f} GiB (--gpu-memory-utilization "
+                f"{self.utilization} of {self.device_total / GiB:.2f} GiB) minus weights "
+                f"{self.weights / GiB:.2f} GiB and activations {self.activations / GiB:.2f} GiB "
+                f"leaves {available / GiB:.3f} GiB, but one request needs "
+                f"{one_request / GiB:.3f} GiB. Raise --gpu-memory-utilization or lower "
+                f"--max-model-len (or --max-num-batched-tokens).")
+        # More blocks than max_num_seqs full-length requests can never be used at
+        # once; keeping them from other applications helps nobody.
+        useful = one_request * max_num_seqs + bytes_per_block
+        return min(available, useful)

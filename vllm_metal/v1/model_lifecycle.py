@@ -1,0 +1,103 @@
+"""Load an MLX model for vLLM and derive the dimensions the KV cache needs."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from vllm_metal.attention.paged_attention import PagedAttention
+from vllm_metal.attention.patching import find_layers, walk_and_wrap
+
+logger = logging.getLogger("vllm_metal")
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    dims: ModelDims
+    dtype: mx.Dtype
+
+    def backbone(self, input_ids: mx.array) -> mx.array:
+        """input_ids int32 [1, total_q] -> final hidden states [1, total_q, hidden]."""
+        return _inner_model(self.model)(input_ids)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """hidden [..., hidden] -> logits [..., vocab] (the model's own head)."""
+        model = self.model
+        head = getattr(model, "lm_head", None)
+        if head is not None:
+            return head(hidden)
+        return _inner_model(model).embed_tokens.as_linear(hidden)
+
+
+def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
+    """Load a local HF-format model directory (float or MLX-quantized) with mlx-lm.
+
+    Floating parameters (including quantization scales/biases) are cast to ``dtype``;
+    attention modules are swapped for paged wrappers.
+    """
+    from mlx_lm.utils import load_model as mlx_lm_load_model
+
+    path = Path(model_path)
+    if not path.is_dir():
+        raise ValueError(
+            f"model path {model_path!r} is not a local directory; vllm-metal loads "
+            "models from disk (download it first, e.g. with `hf download`)")
+    model, _config = mlx_lm_load_model(path, lazy=True)
+    model.set_dtype(dtype)
+    dims = derive_dims(model)
+    walk_and_wrap(model, lambda module, index, window: PagedAttention(
+        module, index, sliding_window=window))
+    mx.eval(model.parameters())
+    logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB",
+                type(model).__module__.rsplit(".", 1)[-1], dims.num_layers, dims.num_heads,
+                dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20)
+    return LoadedModel(model, dims, dtype)
+
+
+def derive_dims(model: nn.Module) -> ModelDims:
+    sites = find_layers(model)
+    heads = {(int(s.module.n_heads), int(s.module.n_kv_heads)) for s in sites}
+    wrapped = [PagedAttention(s.module, i) for i, s in enumerate(sites)]
+    head_dims = {w.head_dim for w in wrapped}
+    if len(heads) != 1 or len(head_dims) != 1:
+        raise ValueError("layers with different head counts or head sizes are not supported yet")
+    (num_heads, num_kv_heads), (head_dim,) = heads.pop(), head_dims
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    vocab = _vocab_size(model)
+    return ModelDims(len(sites), num_heads, num_kv_heads, head_dim, vocab)
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(p.nbytes for _, p in tree_flatten(model.parameters()))
+
+
+def _vocab_size(model: nn.Module) -> int:
+    args = getattr(model, "args", None)
+    vocab = getattr(args, "vocab_size", None)
+    if vocab:
+        return int(vocab)
+    return int(_inner_model(model).embed_tokens.weight.shape[0])
+
+
+def _inner_model(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "model", None)
+    if inner is None:
+        raise ValueError(f"{type(model).__name__} has no .model backbone")
+    return inner

@@ -1,0 +1,230 @@
+"""MetalModelRunner: one engine step = update states, prepare inputs, forward, sample."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunnerOutput
+
+from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
+from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
+from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
+from vllm_metal.v1.input_batch import InputBatch, StepInputs
+from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
+from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
+from vllm_metal.v1.request_updates import apply_scheduler_output
+from vllm_metal.v1.sampler import Sampler
+from vllm_metal.v1.sampling_batch import build_sampling_batch
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+
+logger = logging.getLogger("vllm_metal")
+
+
+@dataclass
+class _PendingStep:
+    step: StepInputs
+    logits: mx.array | None  # [num_sampling, vocab], lazy
+    prompt_logprobs: dict
+
+
+class MetalModelRunner:
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.block_size = vllm_config.cache_config.block_size
+        self.max_model_len = self.model_config.max_model_len
+        self.max_num_reqs = vllm_config.scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.logprobs_mode = str(getattr(self.model_config, "logprobs_mode", "raw_logprobs"))
+        self.input_batch = InputBatch(self.max_num_reqs, self.max_model_len, self.block_size)
+        self.loaded: LoadedModel | None = None
+        self.kv_cache: PagedKVCache | None = None
+        self.sampler: Sampler | None = None
+        self.prompt_logprobs: PromptLogprobsTracker | None = None
+        self._pending: _PendingStep | None = None
+
+    # -- setup -------------------------------------------------------------
+
+    def load_model(self) -> None:
+        dtype = mlx_dtype_from_torch(self.model_config.dtype)
+        self.loaded = load_model(self.model_config.model, dtype)
+        vocab = self.loaded.dims.vocab_size
+        self.sampler = Sampler(vocab, self.logprobs_mode)
+        self.prompt_logprobs = PromptLogprobsTracker(vocab, self.logprobs_mode)
+
+    @property
+    def kv_dtype(self) -> mx.Dtype:
+        return self.loaded.dtype
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        dims = self.loaded.dims
+        spec = FullAttentionSpec(block_size=self.block_size, num_kv_heads=dims.num_kv_heads,
+                                 head_size=dims.head_dim,
+                                 dtype=torch_dtype_from_mlx(self.kv_dtype))
+        return {f"model.layers.{i}.self_attn": spec for i in range(dims.num_layers)}
+
+    def kv_bytes_per_block(self) -> int:
+        dims = self.loaded.dims
+        return PagedKVCache.bytes_per_block(dims.num_layers, self.block_size,
+                                            dims.num_kv_heads, dims.head_dim, self.kv_dtype)
+
+    def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
+        dims = self.loaded.dims
+        self.kv_cache = PagedKVCache(dims.num_layers, kv_cache_config.num_blocks, self.block_size,
+                                     dims.num_kv_heads, dims.head_dim, self.kv_dtype)
+        logger.info("KV cache: %d blocks of %d tokens, %.1f MiB",
+                    kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20)
+
+    def profile_run(self) -> int:
+        """Run one forward at max_num_batched_tokens; return its peak activation bytes."""
+        num_tokens = min(self.max_num_batched_tokens, self.max_num_reqs * self.max_model_len)
+        seq_len = min(num_tokens, self.max_model_len)
+        num_seqs = -(-num_tokens // seq_len)
+        blocks_per_seq = -(-seq_len // self.block_size)
+        dims = self.loaded.dims
+        cache = PagedKVCache(dims.num_layers, num_seqs * blocks_per_seq + 1, self.block_size,
+                             dims.num_kv_heads, dims.head_dim, self.kv_dtype)
+        q_lens = np.full(num_seqs, seq_len, dtype=np.int32)
+        q_lens[-1] = num_tokens - seq_len * (num_seqs - 1)
+        step = _synthetic_prefill(q_lens, blocks_per_seq, self.block_size)
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        hidden = self._forward(step, cache)
+        mx.eval(self.loaded.logits(hidden[step.logits_indices]))
+        peak = mx.get_peak_memory() - before
+        del cache, hidden
+        mx.clear_cache()
+        return max(int(peak), 0)
+
+    # -- the step ----------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput, intermediate_tensors=None):
+        self._update_states(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        step = self.input_batch.prepare_inputs(scheduler_output)
+        hidden = self._forward(step, self.kv_cache)
+        logits = None
+        if len(step.logits_indices):
+            logits = self.loaded.logits(hidden[mx.array(step.logits_indices)])
+        prompt_lps = {}
+        if self.prompt_logprobs.active:
+            prompt_lps = self.prompt_logprobs.collect(
+                step, self.input_batch.requests, hidden, self.loaded.logits)
+        self._pending = _PendingStep(step, logits, prompt_lps)
+        return None
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        step = pending.step
+        sampling_ids = step.sampling_req_ids
+        sampled_lists: dict[str, list[int]] = {}
+        logprobs = None
+        if sampling_ids:
+            states = [self.input_batch.requests[r] for r in sampling_ids]
+            batch = build_sampling_batch([s.sampling for s in states],
+                                         self.loaded.dims.vocab_size, self.logprobs_mode)
+            bitmask = _align_bitmask(grammar_output, sampling_ids)
+            result = self.sampler(pending.logits, batch, bitmask)
+            arrays = [result.sampled] + (list(result.logprobs) if result.logprobs else [])
+            mx.eval(*arrays)
+            tokens = np.array(result.sampled).tolist()
+            for req_id, token in zip(sampling_ids, tokens):
+                self.input_batch.append_token(req_id, int(token))
+                sampled_lists[req_id] = [int(token)]
+            if result.logprobs is not None:
+                ids, lps, ranks = (np.array(a) for a in result.logprobs)
+                logprobs = LogprobsLists(ids, lps, ranks)
+        req_id_to_index = {r: i for i, r in enumerate(step.req_ids)}
+        return ModelRunnerOutput(
+            req_ids=step.req_ids,
+            req_id_to_index=req_id_to_index,
+            sampled_token_ids=[sampled_lists.get(r, []) for r in step.req_ids],
+            logprobs=_expand_logprobs(logprobs, step, sampling_ids),
+            prompt_logprobs_dict=pending.prompt_logprobs,
+        )
+
+    # -- helpers -----------------------------------------------------------
+
+    def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs)
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return
+        copies = getattr(scheduler_output, "kv_cache_block_copies", None)
+        if copies:
+            self.kv_cache.copy_blocks([c.src_block_id for c in copies],
+                                      [c.dst_block_id for c in copies])
+        zero = getattr(scheduler_output, "new_block_ids_to_zero", None)
+        if zero:
+            self.kv_cache.zero_blocks(zero)
+
+    def _forward(self, step: StepInputs, cache: PagedKVCache) -> mx.array:
+        """Packed forward over all scheduled tokens -> hidden [total_q, hidden] (lazy)."""
+        meta = AttentionMetadata(
+            positions=mx.array(step.positions),
+            cu_seqlens_q=mx.array(step.cu_seqlens_q),
+            seq_lens=mx.array(step.seq_lens),
+            block_tables=mx.array(step.block_tables),
+            slot_mapping=mx.array(step.slot_mapping),
+        )
+        ctx = ForwardContext(meta, cache.key_caches, cache.value_caches)
+        with forward_context(ctx):
+            hidden = self.loaded.backbone(mx.array(step.input_ids)[None])
+        return hidden[0]
+
+
+def _synthetic_prefill(q_lens: np.ndarray, blocks_per_seq: int, block_size: int) -> StepInputs:
+    """Inputs for a forward of fresh prompts of ``q_lens`` tokens (profiling/warm-up)."""
+    num_seqs = len(q_lens)
+    cu = np.zeros(num_seqs + 1, dtype=np.int32)
+    np.cumsum(q_lens, out=cu[1:])
+    total = int(cu[-1])
+    seq_of = np.repeat(np.arange(num_seqs), q_lens)
+    positions = (np.arange(total) - cu[:-1][seq_of]).astype(np.int32)
+    block_tables = (1 + np.arange(num_seqs * blocks_per_seq, dtype=np.int32)).reshape(
+        num_seqs, blocks_per_seq)
+    slots = (block_tables[seq_of, positions // block_size] * block_size
+             + positions % block_size).astype(np.int32)
+    return StepInputs([f"profile-{i}" for i in range(num_seqs)], np.zeros(total, np.int32),
+                      positions, cu, q_lens.astype(np.int32), block_tables, slots,
+                      np.ones(num_seqs, bool), (cu[1:] - 1).astype(np.int32))
+
+
+def _align_bitmask(grammar_output: GrammarOutput | None, sampling_ids: list[str]):
+    """Reorder vLLM's grammar bitmask rows to the sampling rows; all-ones elsewhere."""
+    if grammar_output is None or not grammar_output.structured_output_request_ids:
+        return None
+    source = np.asarray(grammar_output.grammar_bitmask, dtype=np.int32)
+    aligned = np.full((len(sampling_ids), source.shape[1]), -1, dtype=np.int32)
+    row_of = {r: i for i, r in enumerate(sampling_ids)}
+    for j, req_id in enumerate(grammar_output.structured_output_request_ids):
+        i = row_of.get(req_id)
+        if i is not None:
+            aligned[i] = source[j]
+    return aligned
+
+
+def _expand_logprobs(logprobs: LogprobsLists | None, step: StepInputs,
+                     sampling_ids: list[str]) -> LogprobsLists | None:
+    """Give every scheduled request a logprobs row (vLLM indexes them by request)."""
+    if logprobs is None:
+        return None
+    num_reqs = len(step.req_ids)
+    width = logprobs.logprob_token_ids.shape[1]
+    ids = np.zeros((num_reqs, width), dtype=np.int32)
+    lps = np.full((num_reqs, width), -np.inf, dtype=np.float32)
+    ranks = np.zeros(num_reqs, dtype=np.int32)
+    rows = np.flatnonzero(step.sample_mask)
+    ids[rows], lps[rows], ranks[rows] = (logprobs.logprob_token_ids, logprobs.logprobs,
+                                         logprobs.sampled_token_ranks)
+    return LogprobsLists(ids, lps, ranks)

@@ -1,0 +1,67 @@
+"""Apply a SchedulerOutput's request bookkeeping to the persistent batch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm_metal.v1.input_batch import InputBatch, RequestState
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
+
+
+def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
+                           prompt_logprobs: PromptLogprobsTracker) -> None:
+    """Finished requests leave; new ones arrive; running ones get blocks and counts."""
+    for req_id in out.finished_req_ids:
+        batch.remove_request(req_id)
+        prompt_logprobs.remove_request(req_id)
+
+    for req_id in out.preempted_req_ids or ():
+        batch.reset_row(req_id)  # its blocks are gone; the row is rebuilt on resume
+
+    for new in out.scheduled_new_reqs:
+        if new.prompt_token_ids is None:
+            raise ValueError(f"request {new.req_id}: prompt embeddings are not supported")
+        state = RequestState(
+            req_id=new.req_id,
+            prompt_token_ids=list(new.prompt_token_ids),
+            sampling_params=new.sampling_params,
+            block_ids=list(new.block_ids[0]),
+            num_computed_tokens=new.num_computed_tokens,
+        )
+        batch.reset_row(new.req_id)
+        batch.add_request(state)
+        prompt_logprobs.add_request(state)
+
+    cached = out.scheduled_cached_reqs
+    for i, req_id in enumerate(cached.req_ids):
+        state = batch.requests[req_id]
+        state.num_computed_tokens = cached.num_computed_tokens[i]
+        new_blocks = cached.new_block_ids[i]
+        if req_id in cached.resumed_req_ids:
+            # Preempted and back: new blocks replace the old, tokens are recomputed.
+            _restore_outputs(state, cached.num_output_tokens[i],
+                             cached.all_token_ids.get(req_id))
+            state.block_ids = list(new_blocks[0]) if new_blocks else []
+            batch.reset_row(req_id)
+            continue
+        num_outputs = cached.num_output_tokens[i]
+        if num_outputs < len(state.output_token_ids):
+            # The scheduler dropped tokens we sampled (e.g. past a stop): follow it.
+            del state.output_token_ids[num_outputs:]
+            batch.reset_row(req_id)
+        if new_blocks:
+            batch.append_blocks(req_id, new_blocks[0])
+
+    batch.apply_schedule(out)
+
+
+def _restore_outputs(state: RequestState, num_outputs: int,
+                     all_token_ids: list[int] | None) -> None:
+    if all_token_ids is not None and num_outputs > 0:
+        state.output_token_ids = list(all_token_ids[-num_outputs:])
+    else:
+        del state.output_token_ids[num_outputs:]

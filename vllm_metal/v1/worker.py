@@ -1,0 +1,144 @@
+"""MetalWorker: vLLM's V1 worker contract on an MLX device."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+
+from vllm_metal.platform import device_memory_bytes
+from vllm_metal.v1.memory_budget import MemoryBudget
+from vllm_metal.v1.model_lifecycle import parameter_bytes
+from vllm_metal.v1.model_runner import MetalModelRunner
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+
+logger = logging.getLogger("vllm_metal")
+
+
+class MetalWorker(WorkerBase):
+    def __init__(self, vllm_config: VllmConfig, local_rank: int, rank: int,
+                 distributed_init_method: str, is_driver_worker: bool = False) -> None:
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method,
+                         is_driver_worker)
+        self.model_runner: MetalModelRunner | None = None
+        self._activation_bytes = 0
+
+    def init_device(self) -> None:
+        from vllm_metal.metal import get_ops
+
+        get_ops()  # fail early, with its message, if the extension is unusable
+        device = mx.gpu if mx.metal.is_available() else mx.cpu
+        mx.set_default_device(device)
+        seed = self.model_config.seed
+        if seed is not None:
+            mx.random.seed(seed)
+        self._init_distributed()
+        self.model_runner = MetalModelRunner(self.vllm_config)
+
+    def _init_distributed(self) -> None:
+        # One process, one device; vLLM code paths still consult the groups.
+        from vllm.distributed import (ensure_model_parallel_initialized,
+                                      init_distributed_environment)
+
+        init_distributed_environment(world_size=1, rank=self.rank,
+                                     distributed_init_method=self.distributed_init_method,
+                                     local_rank=self.local_rank, backend="gloo")
+        ensure_model_parallel_initialized(1, 1)
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        if load_dummy_weights:
+            raise ValueError("vllm-metal does not support --load-format dummy")
+        self.model_runner.load_model()
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        return self.model_runner.get_kv_cache_spec()
+
+    def get_supported_kv_cache_layouts(self) -> list[str]:
+        return ["NHD"]
+
+    def set_kv_cache_layout(self, *args, **kwargs) -> None:
+        return None
+
+    def determine_available_memory(self) -> int:
+        cache_config = self.vllm_config.cache_config
+        runner = self.model_runner
+        self._activation_bytes = runner.profile_run()
+        explicit = getattr(cache_config, "kv_cache_memory_bytes", None)
+        if explicit:
+            return int(explicit)
+        budget = MemoryBudget(
+            device_total=device_memory_bytes(),
+            utilization=float(cache_config.gpu_memory_utilization),
+            weights=parameter_bytes(runner.loaded.model),
+            activations=self._activation_bytes,
+        )
+        kv_bytes = budget.kv_cache_bytes(runner.kv_bytes_per_block(), runner.block_size,
+                                         runner.max_model_len, runner.max_num_reqs)
+        logger.info("Memory budget %.2f GiB: weights %.2f GiB, activations %.2f GiB, "
+                    "KV cache %.2f GiB", budget.budget / 2**30, budget.weights / 2**30,
+                    budget.activations / 2**30, kv_bytes / 2**30)
+        return kv_bytes
+
+    def update_max_model_len(self, max_model_len: int) -> None:
+        self.model_config.max_model_len = max_model_len
+        self.model_runner.max_model_len = max_model_len
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        self.model_runner.initialize_kv_cache(kv_cache_config)
+
+    def initialize_cache(self, num_gpu_blocks: int, num_cpu_blocks: int) -> None:
+        self.cache_config.num_gpu_blocks = num_gpu_blocks
+        self.cache_config.num_cpu_blocks = num_cpu_blocks
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        # MLX compiles nothing ahead of time; the profiling forward already
+        # touched every kernel once.
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def get_supported_tasks(self):
+        return ("generate",)
+
+    def execute_model(self, scheduler_output: SchedulerOutput):
+        return self.model_runner.execute_model(scheduler_output)
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None):
+        return self.model_runner.sample_tokens(grammar_output)
+
+    def execute_dummy_batch(self) -> None:
+        return None
+
+    def take_draft_token_ids(self):
+        return None
+
+    def get_cache_block_size_bytes(self) -> int:
+        return self.model_runner.kv_bytes_per_block()
+
+    def check_health(self) -> None:
+        return None
+
+    def reset_mm_cache(self) -> None:
+        return None
+
+    def reset_encoder_cache(self) -> None:
+        return None
+
+    def add_lora(self, lora_request) -> bool:
+        raise ValueError("LoRA is not supported by vllm-metal")
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return False
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return False
+
+    def list_loras(self) -> set[int]:
+        return set()
+
+    def shutdown(self) -> None:
+        self.model_runner = None
