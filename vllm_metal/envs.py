@@ -52,9 +52,6 @@ VARIABLES: dict[str, EnvVar] = {
     "VLLM_METAL_CPU_THREADS": EnvVar(
         "0", _positive_int_or_zero,
         "Threads of the extension's CPU kernel pool; 0 means one per hardware thread."),
-    "VLLM_METAL_DECODE_PIPELINE": EnvVar(
-        "1", _bool,
-        "Build step k+1's graph while step k runs (one-step-ahead decode)."),
     "VLLM_METAL_DEBUG_SYNC": EnvVar(
         "0", _bool,
         "Evaluate after every model forward (debugging aid; slower)."),

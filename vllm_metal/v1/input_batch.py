@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from vllm_metal.v1.sampling_batch import RequestSamplingState
+
 if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -21,8 +23,19 @@ class RequestState:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int
-    # Tokens this runner sampled; vLLM does not send them back on decode steps.
-    output_token_ids: list[int] = field(default_factory=list)
+    sampling: RequestSamplingState = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.sampling = RequestSamplingState(self.sampling_params, self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """Tokens this runner sampled; vLLM does not send them back on decode steps."""
+        return self.sampling.output_token_ids
+
+    @output_token_ids.setter
+    def output_token_ids(self, tokens: list[int]) -> None:
+        self.sampling.output_token_ids = tokens
 
     @property
     def num_tokens(self) -> int:

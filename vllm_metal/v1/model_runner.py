@@ -11,6 +11,7 @@ import numpy as np
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunnerOutput
 
+from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
@@ -50,6 +51,7 @@ class MetalModelRunner:
         self.sampler: Sampler | None = None
         self.prompt_logprobs: PromptLogprobsTracker | None = None
         self._pending: _PendingStep | None = None
+        self._debug_sync = envs.VLLM_METAL_DEBUG_SYNC
 
     # -- setup -------------------------------------------------------------
 
@@ -98,7 +100,7 @@ class MetalModelRunner:
         mx.reset_peak_memory()
         before = mx.get_active_memory()
         hidden = self._forward(step, cache)
-        mx.eval(self.loaded.logits(hidden[step.logits_indices]))
+        mx.eval(self.loaded.logits(hidden[mx.array(step.logits_indices)]))
         peak = mx.get_peak_memory() - before
         del cache, hidden
         mx.clear_cache()
@@ -133,7 +135,7 @@ class MetalModelRunner:
         if sampling_ids:
             states = [self.input_batch.requests[r] for r in sampling_ids]
             batch = build_sampling_batch([s.sampling for s in states],
-                                         self.loaded.dims.vocab_size, self.logprobs_mode)
+                                         self.loaded.dims.vocab_size)
             bitmask = _align_bitmask(grammar_output, sampling_ids)
             result = self.sampler(pending.logits, batch, bitmask)
             arrays = [result.sampled] + (list(result.logprobs) if result.logprobs else [])
@@ -179,8 +181,10 @@ class MetalModelRunner:
         )
         ctx = ForwardContext(meta, cache.key_caches, cache.value_caches)
         with forward_context(ctx):
-            hidden = self.loaded.backbone(mx.array(step.input_ids)[None])
-        return hidden[0]
+            hidden = self.loaded.backbone(mx.array(step.input_ids)[None])[0]
+        if self._debug_sync:
+            mx.eval(hidden)  # surfaces kernel errors at the forward that caused them
+        return hidden
 
 
 def _synthetic_prefill(q_lens: np.ndarray, blocks_per_seq: int, block_size: int) -> StepInputs:
