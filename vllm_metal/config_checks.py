@@ -36,6 +36,10 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
         raise UnsupportedConfigError(
             "LoRA adapters are not supported by vllm-metal yet; remove --enable-lora")
 
+    from vllm_metal.v1.param_support import check_sampling_config
+
+    check_sampling_config(vllm_config)
+
     cache = vllm_config.cache_config
     if cache.cache_dtype not in ("auto", None):
         raise UnsupportedConfigError(

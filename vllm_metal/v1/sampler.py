@@ -1,0 +1,232 @@
+"""Logits -> sampled tokens and logprobs, as lazy MLX ops.
+
+Nothing is evaluated here, except one bool [R] when top-p must decide whether
+its candidate tokens suffice (see Sampler's top_p_candidates).
+
+Follows vLLM 0.33's v1 Sampler: raw logprobs are taken before any processing;
+processors act on raw logits; greedy rows take the argmax of processed logits;
+random rows apply temperature, min_p, top-k/top-p and draw by Gumbel-max.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import mlx.core as mx
+import numpy as np
+
+from vllm_metal.v1.logits_processing import (
+    TOP_P_CANDIDATES,
+    apply_processors,
+    apply_sampling_filters,
+)
+from vllm_metal.v1.sampling_batch import SamplingBatch
+
+LOGPROBS_MODES = ("raw_logprobs", "raw_logits", "processed_logprobs", "processed_logits")
+
+# Uniform draws stay strictly inside (0, 1) so the Gumbel noise is always finite
+# (a +inf draw on a -inf logit would give NaN).
+_U_LOW = float(np.finfo(np.float32).tiny)
+_U_HIGH = float(np.nextafter(np.float32(1.0), np.float32(0.0)))
+
+
+class SamplerLogprobs(NamedTuple):
+    """Column 0 is the sampled (or target) token, columns 1.. the top-K (or asked ids)."""
+
+    token_ids: mx.array  # int32 [R, K + 1]
+    logprobs: mx.array   # float32 [R, K + 1]
+    ranks: mx.array      # int32 [R]: 1 + number of tokens scored above column 0 (ties count)
+
+
+class SamplerResult(NamedTuple):
+    sampled: mx.array                   # int32 [R]
+    logprobs: SamplerLogprobs | None
+
+
+def _check_mode(logprobs_mode: str) -> None:
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+
+
+def _check_logits(logits: mx.array, num_rows: int | None, vocab_size: int,
+                  name: str = "logits") -> None:
+    if not isinstance(logits, mx.array):
+        raise TypeError(f"{name} must be an mx.array, got {type(logits).__name__}")
+    if logits.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [rows, vocab], got shape {logits.shape}")
+    if num_rows is not None and logits.shape[0] != num_rows:
+        raise ValueError(f"{name} has {logits.shape[0]} rows but the batch has {num_rows}")
+    if logits.shape[1] < vocab_size:
+        raise ValueError(f"{name} has {logits.shape[1]} columns, fewer than "
+                         f"vocab_size={vocab_size}")
+    if not mx.issubdtype(logits.dtype, mx.floating):
+        raise TypeError(f"{name} must be floating point, got {logits.dtype}")
+
+
+def log_softmax(x: mx.array) -> mx.array:
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+def gumbel_noise(keys: mx.array, vocab_size: int) -> mx.array:
+    """float32 [R, V] Gumbel(0, 1) noise; row r depends only on keys[r] (uint32 [R, 2])."""
+    def row(key: mx.array) -> mx.array:
+        u = mx.random.uniform(low=_U_LOW, high=_U_HIGH, shape=(vocab_size,), key=key)
+        return -mx.log(-mx.log(u))
+    return mx.vmap(row)(keys)
+
+
+def row_keys(batch: SamplingBatch) -> mx.array:
+    """uint32 [R, 2]: seeded rows' own keys, fresh keys from MLX's global RNG otherwise."""
+    halves = mx.random.randint(0, 1 << 16, shape=(batch.num_rows, 4), dtype=mx.uint32)
+    fresh = (halves[:, 0::2] << 16) | halves[:, 1::2]
+    if not batch.seeded_rows.any():
+        return fresh
+    return mx.where(mx.array(batch.seeded_rows)[:, None],
+                    mx.array(batch.seeded_keys), fresh)
+
+
+def gather_logprobs(scores: mx.array, token_ids: mx.array, num_logprobs: int,
+                    explicit_ids: np.ndarray | None = None,
+                    explicit_rows: np.ndarray | None = None) -> SamplerLogprobs:
+    """scores [R, V] -> column 0 = token_ids [R], then each row's top `num_logprobs`.
+
+    Rows flagged in explicit_rows (bool [R]) get explicit_ids (int32 [R, K], -1 pads,
+    scored -inf) instead of their top-K. Top-K columns beyond V are padded (id 0, -inf).
+    """
+    num_rows, vocab = scores.shape
+    token_ids = token_ids.astype(mx.int32)
+    chosen = mx.take_along_axis(scores, token_ids[:, None], axis=-1)
+    ranks = (scores >= chosen).astype(mx.int32).sum(axis=-1)
+    ids, vals = [token_ids[:, None]], [chosen]
+    k = num_logprobs
+    if k > 0:
+        kk = min(k, vocab)
+        top_ids = mx.argpartition(-scores, kth=kk - 1, axis=-1)[:, :kk]
+        top_vals = mx.take_along_axis(scores, top_ids, axis=-1)
+        order = mx.argsort(-top_vals, axis=-1)
+        top_ids = mx.take_along_axis(top_ids, order, axis=-1).astype(mx.int32)
+        top_vals = mx.take_along_axis(top_vals, order, axis=-1)
+        if kk < k:
+            top_ids = mx.pad(top_ids, [(0, 0), (0, k - kk)])
+            top_vals = mx.pad(top_vals, [(0, 0), (0, k - kk)], constant_values=-np.inf)
+        if explicit_ids is not None:
+            pad = mx.array(explicit_ids < 0)
+            ex_ids = mx.array(np.maximum(explicit_ids, 0).astype(np.int32))
+            ex_vals = mx.where(pad, -np.inf, mx.take_along_axis(scores, ex_ids, axis=-1))
+            use = mx.array(explicit_rows)[:, None]
+            top_ids = mx.where(use, ex_ids, top_ids)
+            top_vals = mx.where(use, ex_vals, top_vals)
+        ids.append(top_ids)
+        vals.append(top_vals)
+    return SamplerLogprobs(mx.concatenate(ids, axis=1),
+                           mx.concatenate(vals, axis=1).astype(mx.float32), ranks)
+
+
+class Sampler:
+    """Samples one token per row from logits [R, V_model] (V_model >= vocab_size).
+
+    vocab_size: leading logit columns that are real tokens (vLLM's
+    model_config.get_vocab_size()); columns past it are never sampled.
+    top_p_candidates: how many top logits top-p inspects before falling back to a
+    full sort (one host sync); None always sorts the whole vocab and never syncs.
+    """
+
+    def __init__(self, vocab_size: int, logprobs_mode: str = "raw_logprobs",
+                 top_p_candidates: int | None = TOP_P_CANDIDATES) -> None:
+        if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+            raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+        _check_mode(logprobs_mode)
+        if top_p_candidates is not None and (
+                not isinstance(top_p_candidates, int) or top_p_candidates < 1):
+            raise ValueError(f"top_p_candidates must be a positive int or None, "
+                             f"got {top_p_candidates!r}")
+        self.vocab_size = vocab_size
+        self.logprobs_mode = logprobs_mode
+        self.top_p_candidates = top_p_candidates
+
+    def _check_bitmask(self, bitmask: np.ndarray, num_rows: int) -> None:
+        if not isinstance(bitmask, np.ndarray) or bitmask.dtype != np.int32:
+            raise TypeError("grammar_bitmask must be an int32 numpy array, got "
+                            f"{type(bitmask).__name__} {getattr(bitmask, 'dtype', '')}")
+        words = -(-self.vocab_size // 32)
+        if bitmask.ndim != 2 or bitmask.shape[0] != num_rows or bitmask.shape[1] < words:
+            raise ValueError(f"grammar_bitmask must have shape [{num_rows}, >= {words}], "
+                             f"got {bitmask.shape}")
+
+    def __call__(self, logits: mx.array, batch: SamplingBatch,
+                 grammar_bitmask: np.ndarray | None = None) -> SamplerResult:
+        """logits [R, V_model] -> SamplerResult (sampled int32 [R], optional logprobs).
+
+        grammar_bitmask: int32 [R, ceil(V/32)], rows without a grammar all ones.
+        """
+        if not isinstance(batch, SamplingBatch):
+            raise TypeError(f"batch must be a SamplingBatch, got {type(batch).__name__}")
+        if batch.vocab_size != self.vocab_size:
+            raise ValueError(f"batch was built for vocab_size={batch.vocab_size}, "
+                             f"sampler has {self.vocab_size}")
+        _check_logits(logits, batch.num_rows, self.vocab_size)
+        if grammar_bitmask is not None:
+            self._check_bitmask(grammar_bitmask, batch.num_rows)
+        if logits.shape[1] != self.vocab_size:
+            logits = logits[:, :self.vocab_size]
+        if batch.num_rows == 0:
+            return SamplerResult(mx.zeros((0,), dtype=mx.int32), None)
+        if batch.all_greedy_plain and grammar_bitmask is None:
+            return SamplerResult(mx.argmax(logits, axis=-1).astype(mx.int32), None)
+
+        logits = logits.astype(mx.float32)
+        want_logprobs = batch.num_logprobs is not None
+        scores = None
+        if want_logprobs and self.logprobs_mode == "raw_logprobs":
+            scores = log_softmax(logits)
+        elif want_logprobs and self.logprobs_mode == "raw_logits":
+            scores = logits
+
+        logits = apply_processors(logits, batch, grammar_bitmask)
+        if batch.all_greedy:
+            sampled = mx.argmax(logits, axis=-1)
+        else:
+            logits = apply_sampling_filters(logits, batch, self.top_p_candidates)
+            noise = gumbel_noise(row_keys(batch), self.vocab_size)
+            noise = mx.where(mx.array(batch.greedy)[:, None], 0.0, noise)
+            # -inf stays -inf under finite noise, so masked tokens are never drawn.
+            sampled = mx.argmax(logits + noise, axis=-1)
+        sampled = sampled.astype(mx.int32)
+        if not want_logprobs:
+            return SamplerResult(sampled, None)
+
+        if self.logprobs_mode == "processed_logits":
+            scores = logits
+        elif self.logprobs_mode == "processed_logprobs":
+            scores = log_softmax(logits)
+        return SamplerResult(sampled, gather_logprobs(
+            scores, sampled, batch.num_logprobs,
+            batch.logprob_token_ids, batch.explicit_logprob_rows))
+
+
+def compute_prompt_logprobs(logits: mx.array, target_ids: mx.array, num_logprobs: int,
+                            logprobs_mode: str = "raw_logprobs",
+                            vocab_size: int | None = None) -> SamplerLogprobs:
+    """Prompt logprobs: logits [N, V_model] at N prompt positions, target_ids int [N]
+    the actual next prompt tokens -> (ids [N, K+1], logprobs [N, K+1], ranks [N]).
+
+    num_logprobs: K, or -1 for the whole vocab. Prompt tokens skip the sampling
+    processors, so processed_* modes equal raw_* (as in vLLM).
+    """
+    _check_mode(logprobs_mode)
+    if vocab_size is None:
+        vocab_size = logits.shape[-1] if isinstance(logits, mx.array) else 1
+    _check_logits(logits, None, vocab_size)
+    if not isinstance(target_ids, mx.array) or target_ids.shape != (logits.shape[0],):
+        raise ValueError(f"target_ids must be an mx.array of shape [{logits.shape[0]}], "
+                         f"got {getattr(target_ids, 'shape', type(target_ids).__name__)}")
+    if not mx.issubdtype(target_ids.dtype, mx.integer):
+        raise TypeError(f"target_ids must be integer, got {target_ids.dtype}")
+    if isinstance(num_logprobs, bool) or not isinstance(num_logprobs, int) or num_logprobs < -1:
+        raise ValueError(f"num_logprobs must be an int >= -1, got {num_logprobs!r}")
+    # Not clamped to V: callers preallocate K + 1 columns; extra ones are padded.
+    k = vocab_size if num_logprobs == -1 else num_logprobs
+    scores = logits[:, :vocab_size].astype(mx.float32)
+    if logprobs_mode.endswith("logprobs"):
+        scores = log_softmax(scores)
+    return gather_logprobs(scores, target_ids, k)
