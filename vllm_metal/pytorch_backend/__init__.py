@@ -1,0 +1,1 @@
+"""Bridge between vLLM's torch tensors and MLX arrays (see tensor_bridge)."""
