@@ -1,0 +1,35 @@
+// Run-time choice of the instruction set for the CPU kernels.
+//
+// Wheels must run on any CPU of the architecture, so nothing is compiled with
+// -march=native; hot code is compiled once per ISA (target attributes) and the
+// widest one the CPU and OS support is picked at run time.
+#pragma once
+
+#include <string>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define VLLM_METAL_X86_DISPATCH 1
+#define VLLM_METAL_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define VLLM_METAL_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,f16c")))
+#else
+#define VLLM_METAL_X86_DISPATCH 0
+#endif
+
+namespace vllm_metal::cpu {
+
+enum class Isa { Generic = 0, Avx2 = 1, Avx512 = 2 };
+
+// Widest ISA this CPU supports (cached after the first call).
+Isa detected_isa();
+
+// ISA the kernels currently use: detected_isa() unless lowered for testing.
+Isa active_isa();
+
+// Lower the ISA (tests); raises std::invalid_argument if the CPU lacks it.
+void set_active_isa(Isa isa);
+
+Isa parse_isa(const std::string& name);
+const char* isa_name(Isa isa);
+
+} // namespace vllm_metal::cpu

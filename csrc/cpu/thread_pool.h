@@ -1,0 +1,55 @@
+// A small fork-aware thread pool owned by the extension.
+//
+// MLX runs each CPU primitive on one stream thread; the attention kernel uses
+// this pool to spread its work items over all cores. Created once, sized by
+// VLLM_METAL_CPU_THREADS (0 or unset: one per available hardware thread).
+#pragma once
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace vllm_metal::cpu {
+
+class ThreadPool {
+ public:
+  // The process-wide pool; rebuilt lazily in a forked child, whose copy of the
+  // parent's pool has no threads.
+  static ThreadPool& instance();
+
+  // Participants in parallel_for: the worker threads plus the caller.
+  int size() const {
+    return static_cast<int>(workers_.size()) + 1;
+  }
+
+  // Run fn(i) for i in [0, n) on all participants; returns when all are done.
+  // The first exception thrown by any fn is rethrown here.
+  void parallel_for(int n, const std::function<void(int)>& fn);
+
+ private:
+  explicit ThreadPool(int num_threads);
+  void worker_loop();
+  void run_items();
+
+  std::vector<std::thread> workers_;
+  std::mutex submit_mtx_; // one job at a time (MLX may run several streams)
+  std::mutex mtx_;
+  std::condition_variable work_cv_;
+  std::condition_variable done_cv_;
+  unsigned long generation_ = 0;
+  int pending_workers_ = 0;
+
+  // Current job (valid while a parallel_for runs).
+  const std::function<void(int)>* fn_ = nullptr;
+  int n_ = 0;
+  int next_ = 0; // guarded by mtx_; items are coarse, so a lock is cheap
+  std::exception_ptr error_;
+};
+
+// Number of threads VLLM_METAL_CPU_THREADS asks for (hardware count if 0/unset).
+int configured_threads();
+
+} // namespace vllm_metal::cpu

@@ -1,0 +1,25 @@
+// Introspection helpers for tests and diagnostics (not part of the op API).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mlx/array.h"
+
+namespace vllm_metal {
+
+// Address of the first element of an evaluated array; lets tests prove that
+// reshape_and_cache writes into the cache buffer instead of a copy.
+std::uintptr_t data_ptr(const mlx::core::array& a);
+
+// Name of the instruction set the CPU kernels dispatch to.
+std::string cpu_isa();
+
+// Force a (not wider than detected) instruction set, so tests can check every
+// variant on one machine: "avx512", "avx2" or "generic".
+void set_cpu_isa(const std::string& name);
+
+// Threads the CPU kernel pool uses (including the calling thread).
+int cpu_threads();
+
+} // namespace vllm_metal

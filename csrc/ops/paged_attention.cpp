@@ -1,0 +1,194 @@
+#include "ops/paged_attention.h"
+
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/paged_attention_cpu.h"
+#include "cpu/strided_copy.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/utils.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("paged_attention: " + msg);
+}
+
+bool is_float(mx::Dtype t) {
+  return t == mx::float16 || t == mx::bfloat16 || t == mx::float32;
+}
+
+// Index metadata as contiguous int32 (a no-op when it already is).
+mx::array as_index(const mx::array& a, const char* name, const mx::Stream& s) {
+  if (!mx::issubdtype(a.dtype(), mx::integer)) {
+    fail(std::string(name) + " must be an integer array");
+  }
+  return mx::contiguous(a.dtype() == mx::int32 ? a : mx::astype(a, mx::int32, s), false, s);
+}
+
+// A row-contiguous view of `cache` for the task: the cache itself, or a
+// temporary the task fills first (returned layout) when it is strided.
+std::optional<cpu::StridedLayout> readable_cache(
+    const mx::array& cache,
+    mx::array& view,
+    mx::cpu::CommandEncoder& encoder) {
+  if (cache.flags().row_contiguous) {
+    view = cache;
+    return std::nullopt;
+  }
+  view = mx::array(cache.shape(), cache.dtype(), nullptr, {});
+  view.set_data(mx::allocator::malloc(view.nbytes()));
+  encoder.add_temporary(view);
+  return cpu::StridedLayout{
+      {cache.shape().begin(), cache.shape().end()},
+      {cache.strides().begin(), cache.strides().end()},
+      cache.itemsize()};
+}
+
+} // namespace
+
+mx::array paged_attention(
+    const mx::array& query,
+    const mx::array& key_cache,
+    const mx::array& value_cache,
+    const mx::array& block_tables,
+    const mx::array& seq_lens,
+    const mx::array& cu_seqlens_q,
+    float scale,
+    std::optional<int> sliding_window,
+    std::optional<float> softcap,
+    const std::optional<mx::array>& sinks,
+    mx::StreamOrDevice s) {
+  if (query.ndim() != 3) fail("query must be [total_q, num_heads, head_size]");
+  if (key_cache.ndim() != 4) {
+    fail("key_cache must be [num_blocks, block_size, num_kv_heads, head_size]");
+  }
+  if (value_cache.shape() != key_cache.shape() || value_cache.dtype() != key_cache.dtype()) {
+    fail("value_cache must match key_cache in shape and dtype");
+  }
+  if (!is_float(query.dtype()) || !is_float(key_cache.dtype())) {
+    fail("query and caches must be float16, bfloat16 or float32");
+  }
+  const int num_heads = query.shape(1);
+  const int num_kv_heads = key_cache.shape(2);
+  if (query.shape(2) != key_cache.shape(3)) fail("query and cache head sizes differ");
+  if (num_kv_heads == 0 || num_heads % num_kv_heads != 0) {
+    fail("num_heads must be a multiple of num_kv_heads");
+  }
+  if (block_tables.ndim() != 2 || seq_lens.ndim() != 1 || cu_seqlens_q.ndim() != 1) {
+    fail("block_tables must be 2-D, seq_lens and cu_seqlens_q 1-D");
+  }
+  const int num_seqs = block_tables.shape(0);
+  if (seq_lens.shape(0) != num_seqs || cu_seqlens_q.shape(0) != num_seqs + 1) {
+    fail("expected seq_lens [num_seqs] and cu_seqlens_q [num_seqs + 1]");
+  }
+  if (!std::isfinite(scale)) fail("scale must be finite");
+  if (sliding_window && *sliding_window < 1) fail("sliding_window must be >= 1");
+  if (softcap && !(*softcap > 0.0f && std::isfinite(*softcap))) fail("softcap must be > 0");
+
+  auto stream = mx::to_stream(s);
+  // Caches go in as they are (contiguous() would copy views of larger
+  // buffers on every call); eval_cpu copies only non-row-contiguous ones.
+  std::vector<mx::array> inputs = {
+      mx::contiguous(query, false, stream),
+      key_cache,
+      value_cache,
+      as_index(block_tables, "block_tables", stream),
+      as_index(seq_lens, "seq_lens", stream),
+      as_index(cu_seqlens_q, "cu_seqlens_q", stream)};
+  if (sinks) {
+    if (sinks->ndim() != 1 || sinks->shape(0) != num_heads) fail("sinks must be [num_heads]");
+    inputs.push_back(mx::contiguous(mx::astype(*sinks, mx::float32, stream), false, stream));
+  }
+  auto shape = query.shape();
+  return mx::array(
+      std::move(shape),
+      query.dtype(),
+      std::make_shared<PagedAttention>(
+          stream, scale, sliding_window.value_or(0), softcap.value_or(0.0f), sinks.has_value()),
+      std::move(inputs));
+}
+
+void PagedAttention::eval_cpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  const auto& q = inputs[0];
+  mx::array kc = inputs[1];
+  mx::array vc = inputs[2];
+  auto key_layout = readable_cache(inputs[1], kc, encoder);
+  auto value_layout = readable_cache(inputs[2], vc, encoder);
+  // Strided caches: the task first copies src into the temporary (dst).
+  const char* key_src = inputs[1].data<char>();
+  const char* value_src = inputs[2].data<char>();
+  char* key_dst = kc.data<char>();
+  char* value_dst = vc.data<char>();
+
+  cpu::PagedAttentionArgs args;
+  args.query = q.data<void>();
+  args.query_dtype = q.dtype();
+  args.key_cache = kc.data<void>();
+  args.value_cache = vc.data<void>();
+  args.kv_dtype = kc.dtype();
+  args.block_tables = inputs[3].data<int32_t>();
+  args.seq_lens = inputs[4].data<int32_t>();
+  args.cu_seqlens_q = inputs[5].data<int32_t>();
+  args.sinks = has_sinks_ ? inputs[6].data<float>() : nullptr;
+  args.out = out.data<void>();
+  args.total_q = q.shape(0);
+  args.num_heads = q.shape(1);
+  args.head_size = q.shape(2);
+  args.num_blocks = kc.shape(0);
+  args.block_size = kc.shape(1);
+  args.num_kv_heads = kc.shape(2);
+  args.num_seqs = inputs[3].shape(0);
+  args.max_blocks_per_seq = inputs[3].shape(1);
+  args.scale = scale_;
+  args.sliding_window = sliding_window_;
+  args.softcap = softcap_;
+
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  encoder.set_output_array(out);
+  // Metadata is read inside the task: only there are the inputs computed.
+  encoder.dispatch(
+      [args, key_layout, value_layout, key_src, value_src, key_dst, value_dst]() {
+        if (key_layout) cpu::copy_to_row_contiguous(key_src, *key_layout, key_dst);
+        if (value_layout) cpu::copy_to_row_contiguous(value_src, *value_layout, value_dst);
+        cpu::paged_attention_cpu(args);
+      });
+}
+
+void PagedAttention::eval_gpu(
+    const std::vector<mx::array>& /* inputs */,
+    std::vector<mx::array>& /* outputs */) {
+#ifdef __APPLE__
+  throw std::runtime_error(
+      "PagedAttention: the Metal kernels are not built yet; vllm_metal.ops runs "
+      "this op on the CPU stream (stream=mx.cpu) over unified memory.");
+#else
+  throw std::runtime_error(
+      "PagedAttention has no GPU implementation on this platform; use the CPU stream.");
+#endif
+}
+
+bool PagedAttention::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const PagedAttention&>(other);
+  return scale_ == o.scale_ && sliding_window_ == o.sliding_window_ &&
+      softcap_ == o.softcap_ && has_sinks_ == o.has_sinks_;
+}
+
+std::vector<mx::Shape> PagedAttention::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+} // namespace vllm_metal

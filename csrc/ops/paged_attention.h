@@ -1,0 +1,77 @@
+// paged_attention: varlen causal attention that reads K/V through block tables.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace vllm_metal {
+
+/**
+ * Attention for a packed batch of prefill, chunked-prefill and decode rows.
+ *
+ *   query         [total_q, num_heads, head_size]      float16/bfloat16/float32
+ *   key_cache     [num_blocks, block_size, num_kv_heads, head_size]
+ *   value_cache   same shape and dtype as key_cache
+ *   block_tables  int32 [num_seqs, max_blocks_per_seq]
+ *   seq_lens      int32 [num_seqs], context length including this step's rows
+ *   cu_seqlens_q  int32 [num_seqs + 1], query row offsets of each sequence
+ *   sinks         optional float32 [num_heads], one extra logit per head in the
+ *                 softmax denominator
+ *   returns       [total_q, num_heads, head_size] in query's dtype
+ *
+ * Query row j of sequence i sits at position seq_lens[i] - q_len_i + j and
+ * attends causally to positions <= it (the last `sliding_window` positions if
+ * set); `softcap` applies s = c * tanh(s / c) to the scaled scores.
+ */
+mlx::core::array paged_attention(
+    const mlx::core::array& query,
+    const mlx::core::array& key_cache,
+    const mlx::core::array& value_cache,
+    const mlx::core::array& block_tables,
+    const mlx::core::array& seq_lens,
+    const mlx::core::array& cu_seqlens_q,
+    float scale,
+    std::optional<int> sliding_window = std::nullopt,
+    std::optional<float> softcap = std::nullopt,
+    const std::optional<mlx::core::array>& sinks = std::nullopt,
+    mlx::core::StreamOrDevice s = {});
+
+class PagedAttention : public mlx::core::Primitive {
+ public:
+  PagedAttention(
+      mlx::core::Stream stream,
+      float scale,
+      int sliding_window,
+      float softcap,
+      bool has_sinks)
+      : mlx::core::Primitive(stream),
+        scale_(scale),
+        sliding_window_(sliding_window),
+        softcap_(softcap),
+        has_sinks_(has_sinks) {}
+
+  void eval_cpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+  void eval_gpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+
+  const char* name() const override {
+    return "PagedAttention";
+  }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(
+      const std::vector<mlx::core::array>& inputs) override;
+
+ private:
+  float scale_;
+  int sliding_window_; // 0 = off
+  float softcap_; // 0 = off
+  bool has_sinks_;
+};
+
+} // namespace vllm_metal

@@ -1,0 +1,162 @@
+#include "ops/reshape_and_cache.h"
+
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/strided_copy.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/utils.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("reshape_and_cache: " + msg);
+}
+
+struct CopyArgs {
+  const char* key;
+  const char* value;
+  char* key_cache;
+  char* value_cache;
+  const int32_t* slots;
+  int64_t num_tokens;
+  int64_t num_slots; // num_blocks * block_size
+  size_t row_bytes; // num_kv_heads * head_size * itemsize
+};
+
+void copy_rows(const CopyArgs& a) {
+  // Check every slot before writing any, so a bad call leaves the cache intact.
+  for (int64_t i = 0; i < a.num_tokens; ++i) {
+    if (a.slots[i] >= a.num_slots) {
+      throw std::out_of_range(
+          "reshape_and_cache: slot_mapping[" + std::to_string(i) + "] = " +
+          std::to_string(a.slots[i]) + " is outside the cache's " +
+          std::to_string(a.num_slots) + " slots (num_blocks * block_size)");
+    }
+  }
+  for (int64_t i = 0; i < a.num_tokens; ++i) {
+    const int64_t slot = a.slots[i];
+    if (slot < 0) continue; // padding token
+    // [num_blocks, block_size, ...] is row-contiguous, so a slot is a row index.
+    std::memcpy(a.key_cache + slot * a.row_bytes, a.key + i * a.row_bytes, a.row_bytes);
+    std::memcpy(a.value_cache + slot * a.row_bytes, a.value + i * a.row_bytes, a.row_bytes);
+  }
+}
+
+// Point `out` at the cache's own buffer (the in-place case). A cache that is
+// not row-contiguous gets a fresh buffer and the layout to copy it from first.
+std::optional<cpu::StridedLayout> alias_cache(const mx::array& cache, mx::array& out) {
+  if (cache.flags().row_contiguous) {
+    out.copy_shared_buffer(cache);
+    return std::nullopt;
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  return cpu::StridedLayout{
+      {cache.shape().begin(), cache.shape().end()},
+      {cache.strides().begin(), cache.strides().end()},
+      cache.itemsize()};
+}
+
+} // namespace
+
+std::pair<mx::array, mx::array> reshape_and_cache(
+    const mx::array& key,
+    const mx::array& value,
+    const mx::array& key_cache,
+    const mx::array& value_cache,
+    const mx::array& slot_mapping,
+    mx::StreamOrDevice s) {
+  if (key.ndim() != 3 || value.shape() != key.shape()) {
+    fail("key and value must both be [num_tokens, num_kv_heads, head_size]");
+  }
+  if (key_cache.ndim() != 4 || value_cache.shape() != key_cache.shape() ||
+      value_cache.dtype() != key_cache.dtype()) {
+    fail("caches must be [num_blocks, block_size, num_kv_heads, head_size], same dtype");
+  }
+  if (key.shape(1) != key_cache.shape(2) || key.shape(2) != key_cache.shape(3)) {
+    fail("key/value heads and head size must match the cache");
+  }
+  if (slot_mapping.ndim() != 1 || slot_mapping.shape(0) != key.shape(0)) {
+    fail("slot_mapping must be [num_tokens]");
+  }
+  if (!mx::issubdtype(slot_mapping.dtype(), mx::integer)) {
+    fail("slot_mapping must be an integer array");
+  }
+  auto stream = mx::to_stream(s);
+  const auto dtype = key_cache.dtype();
+  auto prep = [&](const mx::array& a, mx::Dtype t) {
+    return mx::contiguous(a.dtype() == t ? a : mx::astype(a, t, stream), false, stream);
+  };
+  // The caches go in as they are: eval_cpu writes into their buffers (not
+  // contiguous(), which copies views of larger buffers).
+  std::vector<mx::array> inputs = {
+      prep(key, dtype),
+      prep(value, dtype),
+      key_cache,
+      value_cache,
+      prep(slot_mapping, mx::int32)};
+  auto outs = mx::array::make_arrays(
+      {key_cache.shape(), value_cache.shape()},
+      {dtype, dtype},
+      std::make_shared<ReshapeAndCache>(stream),
+      inputs);
+  return {outs[0], outs[1]};
+}
+
+void ReshapeAndCache::eval_cpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  const auto& key = inputs[0];
+  // The outputs alias the cache buffers: this is what makes the op in place.
+  auto key_layout = alias_cache(inputs[2], outputs[0]);
+  auto value_layout = alias_cache(inputs[3], outputs[1]);
+
+  CopyArgs args;
+  args.key = key.data<char>();
+  args.value = inputs[1].data<char>();
+  args.key_cache = outputs[0].data<char>();
+  args.value_cache = outputs[1].data<char>();
+  args.slots = inputs[4].data<int32_t>();
+  args.num_tokens = key.shape(0);
+  args.num_slots = static_cast<int64_t>(inputs[2].shape(0)) * inputs[2].shape(1);
+  args.row_bytes = static_cast<size_t>(key.shape(1)) * key.shape(2) * key.itemsize();
+
+  const char* key_src = inputs[2].data<char>();
+  const char* value_src = inputs[3].data<char>();
+
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& in : inputs) encoder.set_input_array(in);
+  encoder.set_output_array(outputs[0]);
+  encoder.set_output_array(outputs[1]);
+  encoder.dispatch([args, key_layout, value_layout, key_src, value_src]() {
+    if (key_layout) cpu::copy_to_row_contiguous(key_src, *key_layout, args.key_cache);
+    if (value_layout) cpu::copy_to_row_contiguous(value_src, *value_layout, args.value_cache);
+    copy_rows(args);
+  });
+}
+
+void ReshapeAndCache::eval_gpu(
+    const std::vector<mx::array>& /* inputs */,
+    std::vector<mx::array>& /* outputs */) {
+#ifdef __APPLE__
+  throw std::runtime_error(
+      "ReshapeAndCache: the Metal kernels are not built yet; vllm_metal.ops runs "
+      "this op on the CPU stream (stream=mx.cpu) over unified memory.");
+#else
+  throw std::runtime_error(
+      "ReshapeAndCache has no GPU implementation on this platform; use the CPU stream.");
+#endif
+}
+
+std::vector<mx::Shape> ReshapeAndCache::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[2].shape(), inputs[3].shape()};
+}
+
+} // namespace vllm_metal

@@ -1,0 +1,57 @@
+// reshape_and_cache: write this step's K/V rows into their paged-cache slots.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace vllm_metal {
+
+/**
+ * Scatter new K/V rows into the paged caches, in place.
+ *
+ *   key, value      [num_tokens, num_kv_heads, head_size]
+ *   key_cache       [num_blocks, block_size, num_kv_heads, head_size]
+ *   value_cache     same shape and dtype as key_cache
+ *   slot_mapping    integer [num_tokens]; slot = block_id * block_size + offset;
+ *                   negative slots (padding) are skipped
+ *   returns         (key_cache, value_cache) after the write
+ *
+ * The returned arrays share the input caches' buffers (no copy: caches are
+ * GBs); the write happens when they are evaluated. Use the returned arrays
+ * afterwards so the graph orders the write before any read. key/value are
+ * cast to the cache dtype. A slot >= num_blocks * block_size raises at eval
+ * time, before anything is written.
+ */
+std::pair<mlx::core::array, mlx::core::array> reshape_and_cache(
+    const mlx::core::array& key,
+    const mlx::core::array& value,
+    const mlx::core::array& key_cache,
+    const mlx::core::array& value_cache,
+    const mlx::core::array& slot_mapping,
+    mlx::core::StreamOrDevice s = {});
+
+class ReshapeAndCache : public mlx::core::Primitive {
+ public:
+  explicit ReshapeAndCache(mlx::core::Stream stream) : mlx::core::Primitive(stream) {}
+
+  void eval_cpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+  void eval_gpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+
+  const char* name() const override {
+    return "ReshapeAndCache";
+  }
+  bool is_equivalent(const mlx::core::Primitive& /* other */) const override {
+    return true;
+  }
+  std::vector<mlx::core::Shape> output_shapes(
+      const std::vector<mlx::core::array>& inputs) override;
+};
+
+} // namespace vllm_metal

@@ -1,0 +1,186 @@
+"""The attention ops as lazy MLX graph nodes (native kernels of ``vllm_metal._ext``).
+
+Both functions validate their arguments, raising ValueError/TypeError that name
+the bad argument, cast int64 index arrays to int32, and return unevaluated
+arrays: nothing here calls ``mx.eval``. Metadata that can only be checked on
+data (slot or block ids out of range, ``seq_lens`` shorter than the query rows)
+raises when the result is evaluated. vllm_metal.ops.reference holds pure-MLX
+versions with the same signatures.
+
+On macOS the ops run on the CPU stream until the Metal kernels land (unified
+memory: no copies).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from numbers import Integral, Real
+
+import mlx.core as mx
+
+from vllm_metal.metal import get_ops
+
+__all__ = ["paged_attention", "reshape_and_cache"]
+
+_FLOAT_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
+_INDEX_DTYPES = (mx.int32, mx.int64)
+
+
+def reshape_and_cache(
+    key: mx.array,
+    value: mx.array,
+    key_cache: mx.array,
+    value_cache: mx.array,
+    slot_mapping: mx.array,
+) -> tuple[mx.array, mx.array]:
+    """Write this step's K/V rows into the paged caches, in place.
+
+    key, value:   [num_tokens, num_kv_heads, head_size], cast to the cache dtype
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
+    slot_mapping: int32/int64 [num_tokens]; slot = block_id * block_size + offset,
+                  negative = padding, skipped
+    Returns (key_cache, value_cache) after the write.
+
+    The caches are not copied: the returned arrays share the input caches'
+    buffers and the rows are written when they are evaluated (after which the
+    input arrays show them too). Pass the returned arrays to later ops
+    (paged_attention): that is what orders the write before the read in the
+    graph. A slot >= num_blocks * block_size raises at evaluation, before
+    anything is written.
+    """
+    _check_float("key", key, 3, "[num_tokens, num_kv_heads, head_size]")
+    _check_float("value", value, 3, "[num_tokens, num_kv_heads, head_size]")
+    _check_cache_pair(key_cache, value_cache)
+    if value.shape != key.shape:
+        raise ValueError(f"value shape {value.shape} must equal key shape {key.shape}")
+    if key.shape[1:] != key_cache.shape[2:]:
+        raise ValueError(
+            f"key [num_tokens, num_kv_heads, head_size] = {key.shape} does not match "
+            f"key_cache [..., num_kv_heads, head_size] = {key_cache.shape}")
+    slot_mapping = _index("slot_mapping", slot_mapping, 1)
+    if slot_mapping.shape[0] != key.shape[0]:
+        raise ValueError(
+            f"slot_mapping has {slot_mapping.shape[0]} entries but key has "
+            f"{key.shape[0]} tokens")
+    return get_ops().reshape_and_cache(
+        key, value, key_cache, value_cache, slot_mapping, stream=_stream())
+
+
+def paged_attention(
+    query: mx.array,
+    key_cache: mx.array,
+    value_cache: mx.array,
+    block_tables: mx.array,
+    seq_lens: mx.array,
+    cu_seqlens_q: mx.array,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """Causal attention of a packed varlen batch through block tables.
+
+    query:        [total_q, num_heads, head_size]
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
+    block_tables: int32 [num_seqs, max_blocks]
+    seq_lens:     int32 [num_seqs], context length including this step's tokens
+    cu_seqlens_q: int32 [num_seqs + 1], query row offsets of each sequence
+    sliding_window: W keeps the last W positions (p - W + 1 .. p)
+    softcap:      scores become c * tanh(s / c)
+    sinks:        [num_heads] float, one extra logit per head in the softmax
+                  denominator (contributes nothing to the output)
+    Returns [total_q, num_heads, head_size] in query's dtype.
+
+    Query row j of sequence i sits at position seq_lens[i] - q_len_i + j and
+    attends to positions <= it. num_heads must be a multiple of num_kv_heads.
+    """
+    _check_float("query", query, 3, "[total_q, num_heads, head_size]")
+    _check_cache_pair(key_cache, value_cache)
+    num_heads, head_size = query.shape[1], query.shape[2]
+    num_kv_heads = key_cache.shape[2]
+    if head_size != key_cache.shape[3]:
+        raise ValueError(
+            f"query head_size {head_size} != key_cache head_size {key_cache.shape[3]}")
+    if num_kv_heads == 0 or num_heads % num_kv_heads:
+        raise ValueError(
+            f"query num_heads ({num_heads}) must be a multiple of key_cache "
+            f"num_kv_heads ({num_kv_heads})")
+    block_tables = _index("block_tables", block_tables, 2)
+    seq_lens = _index("seq_lens", seq_lens, 1)
+    cu_seqlens_q = _index("cu_seqlens_q", cu_seqlens_q, 1)
+    num_seqs = block_tables.shape[0]
+    if seq_lens.shape[0] != num_seqs:
+        raise ValueError(
+            f"seq_lens has {seq_lens.shape[0]} entries but block_tables has {num_seqs} rows")
+    if cu_seqlens_q.shape[0] != num_seqs + 1:
+        raise ValueError(
+            f"cu_seqlens_q must have num_seqs + 1 = {num_seqs + 1} entries, "
+            f"got {cu_seqlens_q.shape[0]}")
+    scale = _positive_float("scale", scale)
+    if sliding_window is not None:
+        if not isinstance(sliding_window, Integral) or isinstance(sliding_window, bool):
+            raise TypeError(f"sliding_window must be an int or None, got {sliding_window!r}")
+        if sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1 (or None), got {sliding_window}")
+        sliding_window = int(sliding_window)
+    if softcap is not None:
+        softcap = _positive_float("softcap", softcap)
+    if sinks is not None:
+        if not isinstance(sinks, mx.array):
+            raise TypeError(f"sinks must be an mx.array or None, got {type(sinks).__name__}")
+        if sinks.shape != (num_heads,):
+            raise ValueError(f"sinks must be [num_heads] = ({num_heads},), got {sinks.shape}")
+        if sinks.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"sinks must be a float array, got {sinks.dtype}")
+        sinks = sinks.astype(mx.float32)
+    return get_ops().paged_attention(
+        query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale,
+        sliding_window, softcap, sinks, stream=_stream())
+
+
+def _stream() -> mx.Stream | mx.Device | None:
+    # No Metal kernels yet: on macOS the primitives run eval_cpu on the CPU stream.
+    return mx.cpu if sys.platform == "darwin" else None
+
+
+def _check_float(name: str, x: object, ndim: int, layout: str) -> None:
+    if not isinstance(x, mx.array):
+        raise TypeError(f"{name} must be an mx.array, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D {layout}, got shape {x.shape}")
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+
+
+def _check_cache_pair(key_cache: object, value_cache: object) -> None:
+    layout = "[num_blocks, block_size, num_kv_heads, head_size]"
+    _check_float("key_cache", key_cache, 4, layout)
+    _check_float("value_cache", value_cache, 4, layout)
+    if value_cache.shape != key_cache.shape:
+        raise ValueError(
+            f"value_cache shape {value_cache.shape} must equal key_cache shape "
+            f"{key_cache.shape}")
+    if value_cache.dtype != key_cache.dtype:
+        raise TypeError(
+            f"value_cache dtype {value_cache.dtype} must equal key_cache dtype "
+            f"{key_cache.dtype}")
+
+
+def _index(name: str, x: object, ndim: int) -> mx.array:
+    if not isinstance(x, mx.array):
+        raise TypeError(f"{name} must be an mx.array, got {type(x).__name__}")
+    if x.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {x.dtype}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+    return x if x.dtype == mx.int32 else x.astype(mx.int32)
+
+
+def _positive_float(name: str, x: object) -> float:
+    if not isinstance(x, Real) or isinstance(x, bool):
+        raise TypeError(f"{name} must be a number, got {x!r}")
+    value = float(x)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {x!r}")
+    return value

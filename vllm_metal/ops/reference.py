@@ -1,0 +1,101 @@
+"""Pure-MLX versions of the native ops: same signatures, written to be obviously right.
+
+They gather pages and build explicit masks, compute in float32, and read the
+index metadata on the host (``tolist``), so they are for tests, documentation
+and debugging, not for speed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+
+def reshape_and_cache_ref(
+    key: mx.array,
+    value: mx.array,
+    key_cache: mx.array,
+    value_cache: mx.array,
+    slot_mapping: mx.array,
+) -> tuple[mx.array, mx.array]:
+    """New caches with key/value rows [num_tokens, H_kv, D] written at their slots.
+
+    Caches are [num_blocks, block_size, H_kv, D]; slot = block * block_size +
+    offset; negative slots are skipped. Unlike the native op this returns new
+    arrays and leaves the inputs untouched.
+    """
+    num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
+    slots = slot_mapping.tolist()
+    rows = [i for i, slot in enumerate(slots) if slot >= 0]
+    bad = [slots[i] for i in rows if slots[i] >= num_blocks * block_size]
+    if bad:
+        raise ValueError(f"slot_mapping has slots {bad} outside {num_blocks * block_size} slots")
+    if not rows:
+        return key_cache, value_cache
+    dst = mx.array([slots[i] for i in rows])
+    src = mx.array(rows)
+
+    def write(cache: mx.array, new: mx.array) -> mx.array:
+        flat = cache.reshape(num_blocks * block_size, num_kv_heads, head_size)
+        flat[dst] = new[src].astype(cache.dtype)
+        return flat.reshape(cache.shape)
+
+    return write(key_cache, key), write(value_cache, value)
+
+
+def paged_attention_ref(
+    query: mx.array,
+    key_cache: mx.array,
+    value_cache: mx.array,
+    block_tables: mx.array,
+    seq_lens: mx.array,
+    cu_seqlens_q: mx.array,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """Attention of query [total_q, H, D] over paged caches; returns [total_q, H, D].
+
+    Per sequence: gather its pages into dense K/V [ctx, H_kv, D], repeat them
+    for the H / H_kv query heads of each group, mask causally (and to the last
+    ``sliding_window`` positions), soft-cap, softmax with an optional sink
+    column, then weight V.
+    """
+    total_q, num_heads, head_size = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    lens = seq_lens.tolist()
+    starts = cu_seqlens_q.tolist()
+    outputs = []
+    for i, ctx in enumerate(lens):
+        q_len = starts[i + 1] - starts[i]
+        if q_len == 0:
+            continue
+        blocks = block_tables[i, : math.ceil(ctx / block_size)]
+        k = key_cache[blocks].reshape(-1, num_kv_heads, head_size)[:ctx]
+        v = value_cache[blocks].reshape(-1, num_kv_heads, head_size)[:ctx]
+        k = mx.repeat(k.astype(mx.float32), group, axis=1)  # [ctx, H, D]
+        v = mx.repeat(v.astype(mx.float32), group, axis=1)
+        q = query[starts[i] : starts[i + 1]].astype(mx.float32)  # [q_len, H, D]
+
+        scores = mx.einsum("qhd,khd->hqk", q, k) * scale  # [H, q_len, ctx]
+        if softcap is not None:
+            scores = softcap * mx.tanh(scores / softcap)
+        q_pos = mx.arange(ctx - q_len, ctx)[:, None]
+        k_pos = mx.arange(ctx)[None, :]
+        allowed = k_pos <= q_pos
+        if sliding_window is not None:
+            allowed = allowed & (k_pos > q_pos - sliding_window)
+        scores = mx.where(allowed, scores, -mx.inf)
+        if sinks is not None:
+            sink = mx.broadcast_to(
+                sinks.astype(mx.float32)[:, None, None], (num_heads, q_len, 1))
+            probs = mx.softmax(mx.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
+        else:
+            probs = mx.softmax(scores, axis=-1)
+        outputs.append(mx.einsum("hqk,khd->qhd", probs, v))
+    if not outputs:
+        return mx.zeros((total_q, num_heads, head_size), dtype=query.dtype)
+    return mx.concatenate(outputs, axis=0).astype(query.dtype)
