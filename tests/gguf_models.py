@@ -1,0 +1,199 @@
+"""Tiny GGUF files written the way llama.cpp's converter writes them, for tests.
+
+`make_tiny_gguf(path, family, qtype)` converts a tiny random-weight HF checkpoint from
+`tests.tiny_models` (same weights, tokenizer and config) into a GGUF with the `gguf`
+package: llama.cpp tensor names, Q/K rows permuted for llama, 2-D weights stored as
+`qtype` (F32, F16, BF16, Q8_0, Q4_0, Q4_1, ...), 1-D tensors as F32. The source HF
+directory stays available as an independent reference (`hf_dir_for`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.tiny_models import CHAT_TEMPLATE, cached_tiny_model
+
+TINY_DIMS = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+                 head_dim=64, intermediate_size=256, vocab_size=400)
+# transformers reads no head_dim from a qwen3 GGUF and falls back to Qwen3Config's 128;
+# 128 also gives a model whose heads * head_dim (256) differs from hidden_size.
+_FAMILY_DIMS = {"qwen3": dict(head_dim=128)}
+
+_LAYER_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_TOP_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+
+
+def hf_dir_for(family: str, rope_scaling: str | None = None) -> Path:
+    """The tiny HF checkpoint a tiny GGUF of `family` is converted from."""
+    return cached_tiny_model(family, rope_scaling=rope_scaling,
+                             **{**TINY_DIMS, **_FAMILY_DIMS.get(family, {})})
+
+
+def make_tiny_gguf(
+    path: str | Path,
+    family: str = "llama",
+    qtype: str = "F32",
+    *,
+    rope_scaling: str | None = None,
+    architecture: str | None = None,
+    tensor_types: dict[str, str] | None = None,
+    pre: str = "gpt2",
+) -> Path:
+    """Write a tiny GGUF at `path`; returns `path`.
+
+    `rope_scaling`: None, "linear", "yarn" (metadata keys) or "llama3" (rope_freqs
+    tensor). `architecture` overrides general.architecture; `tensor_types` overrides
+    the type of single GGUF tensors by name.
+    """
+    import gguf
+    from safetensors.numpy import load_file
+
+    src = hf_dir_for(family, rope_scaling)
+    config = json.loads((src / "config.json").read_text())
+    weights = load_file(str(src / "model.safetensors"))
+    arch = architecture or family
+    writer = gguf.GGUFWriter(str(path), arch)
+    _write_hparams(writer, config)
+    _write_tokenizer(writer, src, config, pre)
+    if config.get("rope_scaling"):
+        _write_rope_scaling(writer, config)
+
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    for hf_name, array in weights.items():
+        name = gguf_name(hf_name)
+        if family == "llama" and ".attn_q." in name:
+            array = llama_cpp_permute(array, heads)
+        elif family == "llama" and ".attn_k." in name:
+            array = llama_cpp_permute(array, kv_heads)
+        kind = (tensor_types or {}).get(name, qtype if array.ndim == 2 else "F32")
+        _add_tensor(writer, name, array, kind)
+    if config.get("rope_scaling", {}) and config["rope_scaling"]["rope_type"] == "llama3":
+        freqs = llama3_rope_freqs(config)
+        _add_tensor(writer, "rope_freqs.weight", freqs, "F32")
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def gguf_name(hf_name: str) -> str:
+    module, suffix = hf_name.rsplit(".", 1)
+    if module in _TOP_NAMES:
+        return f"{_TOP_NAMES[module]}.{suffix}"
+    _, _, layer, rest = module.split(".", 3)  # model.layers.N.rest
+    return f"blk.{layer}.{_LAYER_NAMES[rest]}.{suffix}"
+
+
+def llama_cpp_permute(array: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter: within each head, row j*d/2 + i moves to 2*i + j."""
+    head_dim = array.shape[0] // n_heads
+    out = np.empty_like(array)
+    for h in range(n_heads):
+        for j in range(2):
+            for i in range(head_dim // 2):
+                out[h * head_dim + 2 * i + j] = array[h * head_dim + j * head_dim // 2 + i]
+    return out
+
+
+def llama3_rope_freqs(config: dict[str, Any]) -> np.ndarray:
+    """float32 [head_dim / 2]: the rope_freqs tensor llama.cpp writes for llama3 scaling."""
+    scaling, dims = config["rope_scaling"], config["head_dim"]
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    out = []
+    for i in range(0, dims, 2):
+        wavelen = 2 * math.pi * config["rope_theta"] ** (i / dims)
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def _write_hparams(writer, config: dict[str, Any]) -> None:
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_vocab_size(config["vocab_size"])
+
+
+def _write_rope_scaling(writer, config: dict[str, Any]) -> None:
+    import gguf
+
+    scaling = config["rope_scaling"]
+    if scaling["rope_type"] == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(scaling["factor"])
+    elif scaling["rope_type"] == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+
+
+def _write_tokenizer(writer, src: Path, config: dict[str, Any], pre: str) -> None:
+    tok = json.loads((src / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in special else 1 for t in tokens])
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m
+                             for m in tok["model"]["merges"]])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_pad_token_id(config["pad_token_id"])
+    writer.add_add_bos_token(True)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+
+def _add_tensor(writer, name: str, array: np.ndarray, kind: str) -> None:
+    import gguf
+
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if kind == "F32":
+        writer.add_tensor(name, array)
+    elif kind == "F16":
+        writer.add_tensor(name, array.astype(np.float16))
+    else:
+        qtype = gguf.GGMLQuantizationType[kind]
+        try:
+            data = gguf.quants.quantize(array, qtype)
+        except NotImplementedError:
+            # gguf-py cannot quantize K-quants; random blocks of the right size are
+            # enough where only the tensor's type is under test.
+            block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+            shape = (*array.shape[:-1], array.shape[-1] // block * nbytes)
+            data = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+        writer.add_tensor(name, data, raw_dtype=qtype)

@@ -1,0 +1,25 @@
+import pytest
+
+from vllm_metal.v1.memory_budget import InsufficientMemoryError, MemoryBudget
+
+GiB = 2**30
+
+
+def test_kv_gets_what_weights_and_activations_leave_capped_at_useful():
+    budget = MemoryBudget(device_total=16 * GiB, utilization=0.5, weights=2 * GiB,
+                          activations=1 * GiB)
+    assert budget.available_for_kv == 5 * GiB
+    block = 1 << 20  # 1 MiB per 16-token block
+    # 4 seqs x 4096 tokens = 1024 blocks = 1 GiB (+1 block): the cap binds.
+    assert budget.kv_cache_bytes(block, 16, 4096, 4) == 1024 * block + block
+    # 64 seqs would use 16 GiB: the budget binds.
+    assert budget.kv_cache_bytes(block, 16, 4096, 64) == 5 * GiB
+
+
+def test_one_request_that_does_not_fit_is_refused_with_numbers_and_flags():
+    budget = MemoryBudget(device_total=8 * GiB, utilization=0.3, weights=2 * GiB, activations=0)
+    with pytest.raises(InsufficientMemoryError) as info:
+        budget.kv_cache_bytes(1 << 20, 16, 1_000_000, 1)
+    message = str(info.value)
+    assert "--gpu-memory-utilization" in message and "--max-model-len" in message
+    assert "2.40 GiB" in message  # the budget
