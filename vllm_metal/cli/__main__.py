@@ -1,0 +1,5 @@
+import sys
+
+from vllm_metal.cli import main
+
+sys.exit(main())

