@@ -98,16 +98,26 @@ def _set_start_method_spawn() -> None:
 
 
 def _follow_vllm_log_level() -> None:
-    """Give the ``vllm_metal`` logger vLLM's level and handlers."""
-    level_name = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
-    level = logging.getLevelName(level_name)
-    if not isinstance(level, int):
-        level = logging.INFO
-    logger.setLevel(level)
-    if logger.handlers:
+    """Send ``vllm_metal`` records through vLLM's logger, at vLLM's level.
+
+    vLLM configures its handlers after plugins load (and again per process), so
+    the level and handlers are looked up at emit time, not copied now.
+    """
+    if any(isinstance(h, _ForwardToVllm) for h in logger.handlers):
         return
-    vllm_logger = logging.getLogger("vllm")
-    if vllm_logger.handlers:
-        for handler in vllm_logger.handlers:
-            logger.addHandler(handler)
-        logger.propagate = False
+    logger.setLevel(logging.DEBUG)  # the handler applies vLLM's level
+    logger.addHandler(_ForwardToVllm())
+    logger.propagate = False
+
+
+class _ForwardToVllm(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        vllm_logger = logging.getLogger("vllm")
+        if not vllm_logger.isEnabledFor(record.levelno):
+            return
+        handlers = vllm_logger.handlers or logging.getLogger().handlers
+        if not handlers:
+            logging.lastResort.handle(record)
+        for handler in handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)

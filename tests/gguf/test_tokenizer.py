@@ -6,25 +6,12 @@ import io
 
 import pytest
 
-from tests.gguf.conftest import transformers_gguf_tokenizer
+from tests.gguf.reference import transformers_gguf_tokenizer
+from tests.gguf.sample_texts import TEXTS
 from tests.tiny_models import CORPUS
 from vllm_metal.gguf.header import read_header
 from vllm_metal.gguf.tokenizer import build_tokenizer, tokenizer_files
 
-TEXTS = [
-    "Hello world!",
-    "The capital of France is Paris, a city on the river Seine.",
-    "The year 2024 had 366 days; 3.14159 is pi and 1,000,000 is a million.",
-    "def square(x):\n    return x ** 2  # comment\n\n\nclass A:\n\tpass\n",
-    "Ünïcödé façade naïve — “quotes” ‘single’ café",
-    "日本語のテキストと中文字符，한국어",
-    "emoji 🎉🚀👍🏽 and a family 👨‍👩‍👧",
-    "multiple   spaces\n\n\nnewlines \t tabs   \r\n windows",
-    "it's don't we'll I'M THEY'RE",
-    "x" * 40 + " " + "ab" * 20,
-    "12345678901234567890",
-    "",
-]
 SMOLLM2_SPECIAL = "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n"
 # Non-ASCII numerals: llama.cpp's "smollm" pre-tokenizer (and SmolLM2's own tokenizer.json)
 # isolate every \p{N} character; transformers' GGUF tokenizer does not.
@@ -48,11 +35,12 @@ def test_smollm2_decode_round_trips(smollm2_tokenizer, smollm2_hf_tokenizer, tex
     assert smollm2_hf_tokenizer.decode(ids) == text
 
 
-def test_smollm2_numerals_split_like_smollm2_pre_tokenizer(smollm2_tokenizer, smollm2_path):
-    from tokenizers import pre_tokenizers
+def test_smollm2_numerals_split_like_smollm2_pre_tokenizer(smollm2_tokenizer,
+                                                           smollm2_hf_tokenizer):
+    from tokenizers import Tokenizer, pre_tokenizers
 
     # transformers' GGUF tokenizer with the pre-tokenizer SmolLM2's tokenizer.json declares.
-    reference = transformers_gguf_tokenizer(smollm2_path).backend_tokenizer
+    reference = Tokenizer.from_str(smollm2_hf_tokenizer.backend_tokenizer.to_str())
     reference.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
@@ -134,12 +122,20 @@ def sentencepiece_case(tmp_path_factory):
     return path, sp, build_tokenizer(read_header(path).metadata)
 
 
-@pytest.mark.parametrize("text", [*TEXTS, "  two leading spaces", "<s> literal markup </s>"])
+@pytest.mark.parametrize("text", [*TEXTS, "  two leading spaces"])
 def test_sentencepiece_ids_match_sentencepiece(sentencepiece_case, text):
     _, sp, ours = sentencepiece_case
     ids = ours.encode(text, add_special_tokens=False).ids
-    assert ids == sp.encode(text) or "<s>" in text
+    assert ids == sp.encode(text)
     assert ours.decode(ids) == text
+
+
+def test_sentencepiece_control_tokens_in_text(sentencepiece_case):
+    _, sp, ours = sentencepiece_case
+    # Control tokens in text are matched whole (HF convention; sentencepiece itself
+    # spells them out), and the text after one gets a space prefix, as in llama.cpp.
+    ids = ours.encode("<s>Hi there</s>", add_special_tokens=False).ids
+    assert ids == [sp.bos_id(), *sp.encode("Hi there"), sp.eos_id()]
 
 
 def test_sentencepiece_matches_transformers_and_adds_bos(sentencepiece_case):

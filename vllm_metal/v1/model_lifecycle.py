@@ -49,15 +49,7 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
     Floating parameters (including quantization scales/biases) are cast to ``dtype``;
     attention modules are swapped for paged wrappers.
     """
-    from mlx_lm.utils import load_model as mlx_lm_load_model
-
-    path = Path(model_path)
-    if not path.is_dir():
-        raise ValueError(
-            f"model path {model_path!r} is not a local directory; vllm-metal loads "
-            "models from disk (download it first, e.g. with `hf download`)")
-    model, _config = mlx_lm_load_model(path, lazy=True)
-    model.set_dtype(dtype)
+    model = _load_mlx_model(model_path, dtype)
     dims = derive_dims(model)
     walk_and_wrap(model, lambda module, index, window: PagedAttention(
         module, index, sliding_window=window))
@@ -66,6 +58,28 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
                 type(model).__module__.rsplit(".", 1)[-1], dims.num_layers, dims.num_heads,
                 dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20)
     return LoadedModel(model, dims, dtype)
+
+
+def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
+    """A GGUF file through our GGUF loader; an HF-format directory through mlx-lm."""
+    from vllm_metal.gguf_plugin import gguf_model_file
+
+    gguf = gguf_model_file(model_path)
+    if gguf is not None:
+        from vllm_metal.gguf.loader import load_gguf_model
+
+        return load_gguf_model(gguf, dtype)[0]
+    from mlx_lm.utils import load_model as mlx_lm_load_model
+
+    path = Path(model_path)
+    if not path.is_dir():
+        raise ValueError(
+            f"model path {model_path!r} is neither a local model directory nor a .gguf "
+            "file; vllm-metal loads models from disk (download it first, e.g. with "
+            "`hf download`)")
+    model, _config = mlx_lm_load_model(path, lazy=True)
+    model.set_dtype(dtype)
+    return model
 
 
 def derive_dims(model: nn.Module) -> ModelDims:

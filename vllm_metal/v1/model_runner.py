@@ -28,6 +28,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm_metal")
 
+# Tokens of the profiling forward whose peak memory is scaled to max_num_batched_tokens.
+PROFILE_TOKENS = 64
+
 
 @dataclass
 class _PendingStep:
@@ -86,25 +89,28 @@ class MetalModelRunner:
                     kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20)
 
     def profile_run(self) -> int:
-        """Run one forward at max_num_batched_tokens; return its peak activation bytes."""
-        num_tokens = min(self.max_num_batched_tokens, self.max_num_reqs * self.max_model_len)
-        seq_len = min(num_tokens, self.max_model_len)
-        num_seqs = -(-num_tokens // seq_len)
-        blocks_per_seq = -(-seq_len // self.block_size)
+        """Estimate the peak activation bytes of a max_num_batched_tokens forward.
+
+        Runs a forward of PROFILE_TOKENS fresh prompt tokens and scales its peak
+        linearly: the paged kernels materialize no [q, k] score matrix, so every
+        activation is proportional to the token count. A full-size forward would
+        cost minutes at startup on slow backends for no better answer.
+        """
+        target = min(self.max_num_batched_tokens, self.max_num_reqs * self.max_model_len)
+        num_tokens = min(target, PROFILE_TOKENS, self.max_model_len)
+        blocks = -(-num_tokens // self.block_size)
         dims = self.loaded.dims
-        cache = PagedKVCache(dims.num_layers, num_seqs * blocks_per_seq + 1, self.block_size,
+        cache = PagedKVCache(dims.num_layers, blocks + 1, self.block_size,
                              dims.num_kv_heads, dims.head_dim, self.kv_dtype)
-        q_lens = np.full(num_seqs, seq_len, dtype=np.int32)
-        q_lens[-1] = num_tokens - seq_len * (num_seqs - 1)
-        step = _synthetic_prefill(q_lens, blocks_per_seq, self.block_size)
+        step = _synthetic_prefill(np.array([num_tokens], dtype=np.int32), blocks, self.block_size)
         mx.reset_peak_memory()
         before = mx.get_active_memory()
         hidden = self._forward(step, cache)
         mx.eval(self.loaded.logits(hidden[mx.array(step.logits_indices)]))
-        peak = mx.get_peak_memory() - before
+        peak = max(mx.get_peak_memory() - before, 0)
         del cache, hidden
         mx.clear_cache()
-        return max(int(peak), 0)
+        return int(peak * target / num_tokens)
 
     # -- the step ----------------------------------------------------------
 
