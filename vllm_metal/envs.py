@@ -52,6 +52,9 @@ VARIABLES: dict[str, EnvVar] = {
     "VLLM_METAL_CPU_THREADS": EnvVar(
         "0", _positive_int_or_zero,
         "Threads of the extension's CPU kernel pool; 0 means one per hardware thread."),
+    "VLLM_METAL_GGUF_CACHE": EnvVar(
+        "~/.cache/vllm-metal/gguf", str,
+        "Where the config and tokenizer files derived from a GGUF's metadata are cached."),
     "VLLM_METAL_DEBUG_SYNC": EnvVar(
         "0", _bool,
         "Evaluate after every model forward (debugging aid; slower)."),

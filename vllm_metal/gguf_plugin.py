@@ -56,9 +56,10 @@ def redirect_gguf_args(args) -> None:
     gguf = gguf_model_file(args.model)
     if gguf is None:
         return
+    from vllm_metal import envs
     from vllm_metal.gguf.loader import materialize_hf_dir
 
-    hf_dir = str(materialize_hf_dir(gguf))
+    hf_dir = str(materialize_hf_dir(gguf, cache_root=envs.VLLM_METAL_GGUF_CACHE))
     original_model = args.model
     args.model = str(gguf)
     if args.tokenizer in (None, original_model, str(gguf)):

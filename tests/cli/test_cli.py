@@ -1,0 +1,59 @@
+"""The vllm-metal command: default model, pass-through flags, models, doctor."""
+
+import subprocess
+import sys
+
+import pytest
+
+from vllm_metal.cli import main
+from vllm_metal.cli.bundled import DEFAULT_MODEL
+from vllm_metal.cli.serve import build_command
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "vllm_metal.cli", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_serve_without_model_serves_the_bundled_gguf_under_its_name():
+    argv = build_command(["--host", "127.0.0.1", "--port", "9"])
+    assert argv[:2] == ["serve", str(DEFAULT_MODEL.path())]
+    assert argv[argv.index("--served-model-name") + 1] == "SmolLM2-135M-Instruct"
+    assert argv[-4:] == ["--host", "127.0.0.1", "--port", "9"]
+
+
+def test_serve_with_a_model_passes_everything_through():
+    assert build_command(["/m", "--max-model-len", "64"]) == ["serve", "/m", "--max-model-len", "64"]
+    assert build_command(["--model=/m"]) == ["serve", "--model=/m"]
+
+
+def test_user_served_name_is_kept():
+    argv = build_command(["--served-model-name", "mine"])
+    assert argv.count("--served-model-name") == 1 and "mine" in argv
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["models"], ["doctor"]])
+def test_help(command):
+    out = _cli(*command, "--help")
+    assert out.returncode == 0 and "usage" in out.stdout.lower()
+
+
+def test_unknown_command_is_an_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == 2 and "frobnicate" in capsys.readouterr().err
+
+
+def test_models_lists_the_bundled_model_with_its_size():
+    out = _cli("models")
+    assert out.returncode == 0
+    line = next(l for l in out.stdout.splitlines() if l.startswith(DEFAULT_MODEL.name))
+    assert "MiB" in line and str(DEFAULT_MODEL.path()) in line
+
+
+def test_doctor_reports_a_healthy_setup():
+    out = _cli("doctor")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "healthy" in out.stdout and "FAIL" not in out.stdout
+    for part in ("platform", "mlx", "extension", "kernels", "memory", "default model"):
+        assert part in out.stdout
