@@ -98,26 +98,21 @@ def _set_start_method_spawn() -> None:
 
 
 def _follow_vllm_log_level() -> None:
-    """Send ``vllm_metal`` records through vLLM's logger, at vLLM's level.
+    """Give ``vllm_metal`` vLLM's log level and send its records to vLLM's handlers.
 
-    vLLM configures its handlers after plugins load (and again per process), so
-    the level and handlers are looked up at emit time, not copied now.
+    vLLM configures its handlers after plugins load (and again in each process),
+    so they are looked up when a record is emitted, not copied now.
     """
-    if any(isinstance(h, _ForwardToVllm) for h in logger.handlers):
-        return
-    logger.setLevel(logging.DEBUG)  # the handler applies vLLM's level
-    logger.addHandler(_ForwardToVllm())
-    logger.propagate = False
+    level = logging.getLevelName(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+    logger.setLevel(level if isinstance(level, int) else logging.INFO)
+    if not any(isinstance(h, _ForwardToVllm) for h in logger.handlers):
+        logger.addHandler(_ForwardToVllm())
 
 
 class _ForwardToVllm(logging.Handler):
+    """Hands records to the ``vllm`` logger's handlers (vLLM's format and stream)."""
+
     def emit(self, record: logging.LogRecord) -> None:
-        vllm_logger = logging.getLogger("vllm")
-        if not vllm_logger.isEnabledFor(record.levelno):
-            return
-        handlers = vllm_logger.handlers or logging.getLogger().handlers
-        if not handlers:
-            logging.lastResort.handle(record)
-        for handler in handlers:
+        for handler in logging.getLogger("vllm").handlers:
             if record.levelno >= handler.level:
                 handler.handle(record)
