@@ -52,6 +52,10 @@ VARIABLES: dict[str, EnvVar] = {
     "VLLM_METAL_CPU_THREADS": EnvVar(
         "0", _positive_int_or_zero,
         "Threads of the extension's CPU kernel pool; 0 means one per hardware thread."),
+    "VLLM_METAL_DECODE_PIPELINE": EnvVar(
+        "1", _bool,
+        "Build step k+1's graph while step k runs; the host waits only when vLLM reads "
+        "the output (0: wait inside sample_tokens)."),
     "VLLM_METAL_GGUF_CACHE": EnvVar(
         "~/.cache/vllm-metal/gguf", str,
         "Where the config and tokenizer files derived from a GGUF's metadata are cached."),

@@ -137,6 +137,12 @@ class InputBatch:
                 self.token_ids[row, n] = token_id
                 self.num_tokens[row] = n + 1
 
+    def set_token(self, req_id: str, position: int, token_id: int) -> None:
+        """Overwrite the token at ``position`` of a request's row (placeholder fill)."""
+        row = self.row_of.get(req_id)
+        if row is not None and position < self.max_model_len:
+            self.token_ids[row, position] = token_id
+
     # -- per-step inputs ---------------------------------------------------
 
     def prepare_inputs(self, scheduler_output: SchedulerOutput) -> StepInputs:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, LogprobsLists, ModelRunnerOutput
+from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, LogprobsLists,
+                             ModelRunnerOutput)
 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
@@ -17,6 +18,7 @@ from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forw
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
 from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
+from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
 from vllm_metal.v1.request_updates import apply_scheduler_output
 from vllm_metal.v1.sampler import Sampler
@@ -55,6 +57,8 @@ class MetalModelRunner:
         self.prompt_logprobs: PromptLogprobsTracker | None = None
         self._pending: _PendingStep | None = None
         self._debug_sync = envs.VLLM_METAL_DEBUG_SYNC
+        self._pipeline = envs.VLLM_METAL_DECODE_PIPELINE
+        self.pending = PendingTokens(self.input_batch)
 
     # -- setup -------------------------------------------------------------
 
@@ -118,8 +122,9 @@ class MetalModelRunner:
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
+        self.pending.resolve_stale()
         step = self.input_batch.prepare_inputs(scheduler_output)
-        hidden = self._forward(step, self.kv_cache)
+        hidden = self._forward(step, self.kv_cache, self.pending.fill_inputs(step))
         logits = None
         if len(step.logits_indices):
             logits = self.loaded.logits(hidden[mx.array(step.logits_indices)])
@@ -130,41 +135,40 @@ class MetalModelRunner:
         self._pending = _PendingStep(step, logits, prompt_lps)
         return None
 
-    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+    def sample_tokens(self, grammar_output: GrammarOutput | None):
+        """Sample this step's tokens. With the decode pipeline on, returns at once and the
+        host waits only in ``get_output()``; the next forward reads the ids on the device."""
         pending, self._pending = self._pending, None
         if pending is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
         step = pending.step
         sampling_ids = step.sampling_req_ids
-        sampled_lists: dict[str, list[int]] = {}
-        logprobs = None
+        inflight = logprobs = None
         if sampling_ids:
             states = [self.input_batch.requests[r] for r in sampling_ids]
+            if any(_reads_output_values(s.sampling_params) for s in states):
+                self.pending.resolve_all()  # penalties / bad words read real ids
             batch = build_sampling_batch([s.sampling for s in states],
                                          self.loaded.dims.vocab_size)
-            bitmask = _align_bitmask(grammar_output, sampling_ids)
-            result = self.sampler(pending.logits, batch, bitmask)
-            arrays = [result.sampled] + (list(result.logprobs) if result.logprobs else [])
-            mx.eval(*arrays)
-            tokens = np.array(result.sampled).tolist()
-            for req_id, token in zip(sampling_ids, tokens):
-                self.input_batch.append_token(req_id, int(token))
-                sampled_lists[req_id] = [int(token)]
-            if result.logprobs is not None:
-                ids, lps, ranks = (np.array(a) for a in result.logprobs)
-                logprobs = LogprobsLists(ids, lps, ranks)
-        req_id_to_index = {r: i for i, r in enumerate(step.req_ids)}
-        return ModelRunnerOutput(
-            req_ids=step.req_ids,
-            req_id_to_index=req_id_to_index,
-            sampled_token_ids=[sampled_lists.get(r, []) for r in step.req_ids],
-            logprobs=_expand_logprobs(logprobs, step, sampling_ids),
-            prompt_logprobs_dict=pending.prompt_logprobs,
-        )
+            result = self.sampler(pending.logits, batch, _align_bitmask(grammar_output,
+                                                                         sampling_ids))
+            inflight = self.pending.add(result.sampled, sampling_ids)
+            logprobs = result.logprobs
+            arrays = [result.sampled, *(logprobs or ())]
+            if self._pipeline:
+                mx.async_eval(*arrays)
+            else:
+                mx.eval(*arrays)
+        output = _StepOutput(self.pending, step, inflight, logprobs, pending.prompt_logprobs)
+        return output if self._pipeline else output.get_output()
 
     # -- helpers -----------------------------------------------------------
 
     def _update_states(self, scheduler_output: SchedulerOutput) -> None:
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id in (*scheduler_output.finished_req_ids, *cached.resumed_req_ids,
+                       *(scheduler_output.preempted_req_ids or ())):
+            self.pending.forget(req_id)
         apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
@@ -176,7 +180,8 @@ class MetalModelRunner:
         if zero:
             self.kv_cache.zero_blocks(zero)
 
-    def _forward(self, step: StepInputs, cache: PagedKVCache) -> mx.array:
+    def _forward(self, step: StepInputs, cache: PagedKVCache,
+                 input_ids: mx.array | None = None) -> mx.array:
         """Packed forward over all scheduled tokens -> hidden [total_q, hidden] (lazy)."""
         meta = AttentionMetadata(
             positions=mx.array(step.positions),
@@ -187,10 +192,51 @@ class MetalModelRunner:
         )
         ctx = ForwardContext(meta, cache.key_caches, cache.value_caches)
         with forward_context(ctx):
-            hidden = self.loaded.backbone(mx.array(step.input_ids)[None])[0]
+            if input_ids is None:
+                input_ids = mx.array(step.input_ids)
+            hidden = self.loaded.backbone(input_ids[None])[0]
         if self._debug_sync:
             mx.eval(hidden)  # surfaces kernel errors at the forward that caused them
         return hidden
+
+
+class _StepOutput(AsyncModelRunnerOutput):
+    """One step's ModelRunnerOutput; reading it back waits for the device."""
+
+    def __init__(self, pending: PendingTokens, step: StepInputs, inflight: InflightStep | None,
+                 logprobs, prompt_logprobs: dict) -> None:
+        self._pending = pending
+        self._step = step
+        self._inflight = inflight
+        self._logprobs = logprobs
+        self._prompt_logprobs = prompt_logprobs
+
+    def get_output(self) -> ModelRunnerOutput:
+        step = self._step
+        sampled: dict[str, list[int]] = {}
+        logprobs = None
+        if self._inflight is not None:
+            tokens = self._pending.resolve(self._inflight)
+            sampled = {r: [int(t)] for r, t in zip(self._inflight.req_ids, tokens.tolist())}
+            if self._logprobs is not None:
+                ids, lps, ranks = (np.array(a) for a in self._logprobs)
+                logprobs = _expand_logprobs(LogprobsLists(ids, lps, ranks), step)
+        return ModelRunnerOutput(
+            req_ids=step.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
+            sampled_token_ids=[sampled.get(r, []) for r in step.req_ids],
+            logprobs=logprobs,
+            prompt_logprobs_dict=self._prompt_logprobs,
+        )
+
+    def get_kv_connector_output(self):
+        return None
+
+
+def _reads_output_values(params) -> bool:
+    """Whether sampling this request reads the values (not just the count) of its outputs."""
+    return bool(params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+                or params.frequency_penalty != 0.0 or params.bad_words_token_ids)
 
 
 def _synthetic_prefill(q_lens: np.ndarray, blocks_per_seq: int, block_size: int) -> StepInputs:
@@ -224,8 +270,7 @@ def _align_bitmask(grammar_output: GrammarOutput | None, sampling_ids: list[str]
     return aligned
 
 
-def _expand_logprobs(logprobs: LogprobsLists | None, step: StepInputs,
-                     sampling_ids: list[str]) -> LogprobsLists | None:
+def _expand_logprobs(logprobs: LogprobsLists | None, step: StepInputs) -> LogprobsLists | None:
     """Give every scheduled request a logprobs row (vLLM indexes them by request)."""
     if logprobs is None:
         return None
