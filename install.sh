@@ -259,6 +259,7 @@ echo "ok"
 cat <<EOF
 
 vllm-metal is installed in $VENV. Next, from $REPO:
-  $VENV/bin/python tools/make_tiny_model.py /tmp/tiny-llama && $VENV/bin/vllm serve /tmp/tiny-llama
-  $VENV/bin/python -m pytest -q
+  $VENV/bin/vllm-metal serve --host 127.0.0.1 --port 8000   # the bundled SmolLM2
+  $VENV/bin/vllm-metal doctor
+  $VENV/bin/python -m pytest -q                              # needs ./install.sh --dev
 EOF
