@@ -113,6 +113,8 @@ class _ForwardToVllm(logging.Handler):
     """Hands records to the ``vllm`` logger's handlers (vLLM's format and stream)."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        # Handlers on the root also get the record by propagation: never twice.
+        propagated = set(logging.getLogger().handlers)
         for handler in logging.getLogger("vllm").handlers:
-            if record.levelno >= handler.level:
+            if handler not in propagated and record.levelno >= handler.level:
                 handler.handle(record)
