@@ -35,7 +35,9 @@ PROFILE_TOKENS = 64
 
 
 @dataclass
-class _PendingStep:
+class _ForwardedStep:
+    """A forward whose logits await sample_tokens."""
+
     step: StepInputs
     logits: mx.array | None  # [num_sampling, vocab], lazy
     prompt_logprobs: dict
@@ -55,10 +57,10 @@ class MetalModelRunner:
         self.kv_cache: PagedKVCache | None = None
         self.sampler: Sampler | None = None
         self.prompt_logprobs: PromptLogprobsTracker | None = None
-        self._pending: _PendingStep | None = None
+        self._forwarded: _ForwardedStep | None = None
         self._debug_sync = envs.VLLM_METAL_DEBUG_SYNC
         self._pipeline = envs.VLLM_METAL_DECODE_PIPELINE
-        self.pending = PendingTokens(self.input_batch)
+        self.pending_tokens = PendingTokens(self.input_batch)
 
     # -- setup -------------------------------------------------------------
 
@@ -122,9 +124,9 @@ class MetalModelRunner:
         self._update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        self.pending.resolve_stale()
+        self.pending_tokens.resolve_stale()
         step = self.input_batch.prepare_inputs(scheduler_output)
-        hidden = self._forward(step, self.kv_cache, self.pending.fill_inputs(step))
+        hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step))
         logits = None
         if len(step.logits_indices):
             logits = self.loaded.logits(hidden[mx.array(step.logits_indices)])
@@ -132,34 +134,34 @@ class MetalModelRunner:
         if self.prompt_logprobs.active:
             prompt_lps = self.prompt_logprobs.collect(
                 step, self.input_batch.requests, hidden, self.loaded.logits)
-        self._pending = _PendingStep(step, logits, prompt_lps)
+        self._forwarded = _ForwardedStep(step, logits, prompt_lps)
         return None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None):
         """Sample this step's tokens. With the decode pipeline on, returns at once and the
         host waits only in ``get_output()``; the next forward reads the ids on the device."""
-        pending, self._pending = self._pending, None
-        if pending is None:
+        forwarded, self._forwarded = self._forwarded, None
+        if forwarded is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        step = pending.step
+        step = forwarded.step
         sampling_ids = step.sampling_req_ids
         inflight = logprobs = None
         if sampling_ids:
             states = [self.input_batch.requests[r] for r in sampling_ids]
             if any(_reads_output_values(s.sampling_params) for s in states):
-                self.pending.resolve_all()  # penalties / bad words read real ids
+                self.pending_tokens.resolve_all()  # penalties / bad words read real ids
             batch = build_sampling_batch([s.sampling for s in states],
                                          self.loaded.dims.vocab_size)
-            result = self.sampler(pending.logits, batch, _align_bitmask(grammar_output,
+            result = self.sampler(forwarded.logits, batch, _align_bitmask(grammar_output,
                                                                          sampling_ids))
-            inflight = self.pending.add(result.sampled, sampling_ids)
+            inflight = self.pending_tokens.add(result.sampled, sampling_ids)
             logprobs = result.logprobs
             arrays = [result.sampled, *(logprobs or ())]
             if self._pipeline:
                 mx.async_eval(*arrays)
             else:
                 mx.eval(*arrays)
-        output = _StepOutput(self.pending, step, inflight, logprobs, pending.prompt_logprobs)
+        output = _StepOutput(self.pending_tokens, step, inflight, logprobs, forwarded.prompt_logprobs)
         return output if self._pipeline else output.get_output()
 
     # -- helpers -----------------------------------------------------------
@@ -168,7 +170,7 @@ class MetalModelRunner:
         cached = scheduler_output.scheduled_cached_reqs
         for req_id in (*scheduler_output.finished_req_ids, *cached.resumed_req_ids,
                        *(scheduler_output.preempted_req_ids or ())):
-            self.pending.forget(req_id)
+            self.pending_tokens.forget(req_id)
         apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
@@ -205,7 +207,7 @@ class _StepOutput(AsyncModelRunnerOutput):
 
     def __init__(self, pending: PendingTokens, step: StepInputs, inflight: InflightStep | None,
                  logprobs, prompt_logprobs: dict) -> None:
-        self._pending = pending
+        self._pending_tokens = pending
         self._step = step
         self._inflight = inflight
         self._logprobs = logprobs
@@ -216,7 +218,7 @@ class _StepOutput(AsyncModelRunnerOutput):
         sampled: dict[str, list[int]] = {}
         logprobs = None
         if self._inflight is not None:
-            tokens = self._pending.resolve(self._inflight)
+            tokens = self._pending_tokens.resolve(self._inflight)
             sampled = {r: [int(t)] for r, t in zip(self._inflight.req_ids, tokens.tolist())}
             if self._logprobs is not None:
                 ids, lps, ranks = (np.array(a) for a in self._logprobs)
