@@ -8,8 +8,12 @@
 
 #include "constants.h"
 #include "debug.h"
+#include "dispatch/dispatch_bindings.h"
 #include "ops/paged_attention.h"
 #include "ops/reshape_and_cache.h"
+#include "ops/quantized_matmul.h"
+#include "ops/dense_matmul.h"
+#include "ops/embedding_gather.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -59,6 +63,50 @@ block_tables int32 [num_seqs, max_blocks]; seq_lens int32 [num_seqs];
 cu_seqlens_q int32 [num_seqs + 1]; sinks float [num_heads] or None.
 Returns [total_q, num_heads, head_size] in query's dtype.)");
 
+  m.def(
+      "quantized_matmul",
+      &vllm_metal::quantized_matmul,
+      "x"_a,
+      "w"_a,
+      "scales"_a,
+      "biases"_a,
+      "bits"_a,
+      "group_size"_a,
+      "bias"_a = nb::none(),
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(x [..., K] @ W.T for an MLX affine-quantized W: w uint32 [N, K * bits / 32],
+scales/biases [N, K / group_size] (W = scale * q + bias); bias optional [N].
+bits 4 or 8, group_size 32/64/128. Returns [..., N] (fp32 accumulation) in
+MLX's promotion of the x, scales and bias dtypes.)");
+
+  m.def(
+      "dense_matmul",
+      &vllm_metal::dense_matmul,
+      "x"_a,
+      "w"_a,
+      "bias"_a = nb::none(),
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(x [..., K] @ w.T for w float32/bfloat16/float16 [N, K]; bias optional [N].
+Returns [..., N] (fp32 accumulation) in MLX's promotion of the x, w and bias
+dtypes.)");
+
+  m.def(
+      "embedding_gather",
+      &vllm_metal::embedding_gather,
+      "ids"_a,
+      "table"_a,
+      "scales"_a = nb::none(),
+      "biases"_a = nb::none(),
+      "bits"_a = 0,
+      "group_size"_a = 0,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Rows ids [...] of a dense table [V, D] (-> [..., D], table dtype) or of a
+quantized one (uint32 [V, D * bits / 32] with scales/biases [V, D / group_size]
+-> [..., D] in scales' dtype). Ids outside [0, V) raise at evaluation.)");
+
   m.def("_data_ptr", &vllm_metal::data_ptr, "array"_a,
         "Address of an evaluated array's first element (tests).");
   m.def("cpu_isa", &vllm_metal::cpu_isa,
@@ -67,4 +115,6 @@ Returns [total_q, num_heads, head_size] in query's dtype.)");
         "Use a narrower instruction set than detected (tests).");
   m.def("cpu_threads", &vllm_metal::cpu_threads,
         "Threads of the CPU kernel pool (VLLM_METAL_CPU_THREADS; 0 = all).");
+
+  vllm_metal::bind_dispatch(m);
 }

@@ -7,6 +7,9 @@
 #if !defined(VLLM_METAL_PARTITION_SIZE) || !defined(VLLM_METAL_KERNEL_BLOCK_SIZES)
 #error "Kernel constants must be passed by CMake from vllm_metal/metal/constants.py"
 #endif
+#ifndef VLLM_METAL_KERNELS_HASH
+#error "VLLM_METAL_KERNELS_HASH must be passed by CMake (cmake/kernels_v2.cmake)"
+#endif
 
 #define VLLM_METAL_STR_(x) #x
 #define VLLM_METAL_STR(x) VLLM_METAL_STR_(x)
@@ -21,5 +24,9 @@ inline constexpr int kKernelBlockSizes[] = {VLLM_METAL_KERNEL_BLOCK_SIZES};
 inline constexpr const char* kMlxBuildVersion =
     VLLM_METAL_STR(MLX_VERSION_MAJOR) "." VLLM_METAL_STR(
         MLX_VERSION_MINOR) "." VLLM_METAL_STR(MLX_VERSION_PATCH);
+
+// Hash stamp of the kernels_v2/ sources this build saw (cmake/kernels_v2.cmake);
+// the loader compares it with the sources on disk and refuses stale builds.
+inline constexpr const char* kKernelsHash = VLLM_METAL_KERNELS_HASH;
 
 } // namespace vllm_metal

@@ -3,22 +3,24 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "constants.h"
 #include "cpu/attention_item.h"
+#include "cpu/attention_output.h"
+#include "cpu/gqa_decode_cpu.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tile_math.h"
+#include "dispatch/dispatch_env.h"
 
 namespace vllm_metal::cpu {
 
 namespace {
 
 using mlx::core::Dtype;
-
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Query rows per work item: about 128 query vectors (rows x heads) per item,
 // so each gathered K/V tile is reused many times during prefill.
@@ -43,110 +45,23 @@ struct MergeGroup {
   int num_partials;
 };
 
-void check_metadata(const PagedAttentionArgs& p) {
-  const int32_t* cu = p.cu_seqlens_q;
-  if (cu[0] != 0) {
-    throw std::invalid_argument(
-        "paged_attention: cu_seqlens_q[0] must be 0, got " + std::to_string(cu[0]));
-  }
-  if (cu[p.num_seqs] != p.total_q) {
-    throw std::invalid_argument(
-        "paged_attention: cu_seqlens_q[-1] must equal query.shape[0] = " +
-        std::to_string(p.total_q) + ", got " + std::to_string(cu[p.num_seqs]));
-  }
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  for (int s = 0; s < p.num_seqs; ++s) {
-    const int q_len = cu[s + 1] - cu[s];
-    if (q_len < 0) {
-      throw std::invalid_argument(
-          "paged_attention: cu_seqlens_q must be non-decreasing (index " +
-          std::to_string(s) + ")");
-    }
-    const int ctx = p.seq_lens[s];
-    if (ctx < q_len) {
-      throw std::invalid_argument(
-          "paged_attention: seq_lens[" + std::to_string(s) + "] = " +
-          std::to_string(ctx) + " is smaller than its " + std::to_string(q_len) +
-          " query tokens");
-    }
-    if (ctx > capacity) {
-      throw std::invalid_argument(
-          "paged_attention: seq_lens[" + std::to_string(s) + "] = " +
-          std::to_string(ctx) + " exceeds block_tables capacity " +
-          std::to_string(capacity) + " (max_blocks * block_size)");
-    }
-  }
-}
-
-// dst[0:n] = float(src[offset : offset + n]) * mul, for any float dtype.
-void load_span(const void* src, Dtype dtype, int64_t offset, float* dst, int64_t n, float mul) {
-  switch (dtype) {
-    case mlx::core::float16:
-      decode_span<F16>(static_cast<const uint16_t*>(src) + offset, dst, n, mul);
-      break;
-    case mlx::core::bfloat16:
-      decode_span<BF16>(static_cast<const uint16_t*>(src) + offset, dst, n, mul);
-      break;
-    default:
-      decode_span<F32>(static_cast<const float*>(src) + offset, dst, n, mul);
-  }
-}
-
-// dst[offset : offset + n] = src[0:n] * mul, rounded to dtype.
-void store_span(void* dst, Dtype dtype, int64_t offset, const float* src, int64_t n, float mul) {
-  switch (dtype) {
-    case mlx::core::float16:
-      encode_span<F16>(src, static_cast<uint16_t*>(dst) + offset, n, mul);
-      break;
-    case mlx::core::bfloat16:
-      encode_span<BF16>(src, static_cast<uint16_t*>(dst) + offset, n, mul);
-      break;
-    default:
-      encode_span<F32>(src, static_cast<float*>(dst) + offset, n, mul);
-  }
-}
-
-// 2^(x - y) for y >= x, where x may be -inf.
-float exp2_diff(float x, float y) {
-  return x == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(x - y);
-}
-
-// Normalize one (token, head) from its softmax state and write it out; the
-// sink, if any, adds 2^(sink - max) to the denominator only.
-void write_output(
-    const PagedAttentionArgs& p,
-    int token,
-    int head,
-    float m,
-    float l,
-    const float* acc) {
-  float carry = 1.0f;
-  if (p.sinks != nullptr) {
-    const float sink = p.sinks[head] * kLog2e;
-    const float m_all = std::max(m, sink);
-    carry = exp2_diff(m, m_all);
-    l = l * carry + std::exp2(sink - m_all);
-  }
-  const float inv = l > 0.0f ? carry / l : 0.0f; // nothing attended -> zeros
-  const int64_t offset = (static_cast<int64_t>(token) * p.num_heads + head) * p.head_size;
-  store_span(p.out, p.query_dtype, offset, acc, p.head_size, inv);
-}
-
 struct Scratch {
   std::vector<float> f;
   std::vector<int32_t> i;
 };
 
+// Varlen (split_partition = 0) and SplitKv (key ranges cut into split_partition pieces).
 class Planner {
  public:
-  explicit Planner(const PagedAttentionArgs& p)
+  Planner(const PagedAttentionArgs& p, int split_partition)
       : p_(p),
+        split_partition_(split_partition),
         rows_(rows_per_item(p.num_heads)),
         tile_(attention_tile_keys(p.num_kv_heads, p.head_size)),
         kernel_(select_attention_item(p.kv_dtype, p.head_size)) {}
 
   void run(ThreadPool& pool) {
-    plan(pool.size());
+    plan();
     partials_.assign(static_cast<size_t>(num_partials_) * slot_floats(), 0.0f);
     pool.parallel_for(static_cast<int>(items_.size()), [this](int i) { run_item(items_[i]); });
     pool.parallel_for(static_cast<int>(groups_.size()), [this](int i) { merge(groups_[i]); });
@@ -169,15 +84,10 @@ class Planner {
     return p_.sliding_window > 0 ? std::max(0, pos - p_.sliding_window + 1) : 0;
   }
 
-  void plan(int num_threads) {
-    int64_t base_items = 0;
-    for (int s = 0; s < p_.num_seqs; ++s) {
-      const int q_len = p_.cu_seqlens_q[s + 1] - p_.cu_seqlens_q[s];
-      base_items += (q_len + rows_ - 1) / rows_;
-    }
-    // Too few items to keep every thread busy: cut long key ranges into
-    // PARTITION_SIZE pieces and merge their softmax states afterwards.
-    const bool split = num_threads > 1 && base_items < 2 * num_threads;
+  void plan() {
+    // SplitKv: cut long key ranges into pieces that run in parallel and merge
+    // their softmax states afterwards.
+    const int piece = split_partition_;
     for (int s = 0; s < p_.num_seqs; ++s) {
       const int q_len = p_.cu_seqlens_q[s + 1] - p_.cu_seqlens_q[s];
       const int pos0 = first_position(s);
@@ -187,15 +97,15 @@ class Planner {
         const int key_begin = window_start(pos0 + r0);
         const int key_end = pos0 + r1; // the last row attends up to itself
         const int span = key_end - key_begin;
-        const int parts = split ? std::max(1, (span + kPartitionSize - 1) / kPartitionSize) : 1;
+        const int parts = piece > 0 ? std::max(1, (span + piece - 1) / piece) : 1;
         if (parts == 1) {
           items_.push_back({s, r0, r1, key_begin, key_end, -1});
           continue;
         }
         groups_.push_back({s, r0, r1, num_partials_, parts});
         for (int k = 0; k < parts; ++k) {
-          const int kb = key_begin + k * kPartitionSize;
-          items_.push_back({s, r0, r1, kb, std::min(key_end, kb + kPartitionSize), num_partials_++});
+          const int kb = key_begin + k * piece;
+          items_.push_back({s, r0, r1, kb, std::min(key_end, kb + piece), num_partials_++});
         }
       }
     }
@@ -290,6 +200,7 @@ class Planner {
   }
 
   const PagedAttentionArgs& p_;
+  const int split_partition_;
   const int rows_;
   const int tile_;
   const AttentionItemFn kernel_;
@@ -299,12 +210,128 @@ class Planner {
   std::vector<float> partials_;
 };
 
+std::mutex g_force_mutex;
+std::optional<dispatch::PagedRoute> g_forced_route;
+int g_forced_partition = kPartitionSize;
+
+dispatch::KernelDtype kernel_dtype(Dtype t) {
+  switch (t) {
+    case mlx::core::float16:
+      return dispatch::KernelDtype::Float16;
+    case mlx::core::bfloat16:
+      return dispatch::KernelDtype::BFloat16;
+    case mlx::core::float32:
+      return dispatch::KernelDtype::Float32;
+    default:
+      return dispatch::KernelDtype::Unsupported;
+  }
+}
+
+dispatch::PagedDispatch forced_dispatch(const PagedAttentionArgs& p, dispatch::PagedRoute route, int partition) {
+  dispatch::PagedDispatch d;
+  d.route = route;
+  d.reason = "forced";
+  if (route == dispatch::PagedRoute::NaxPrefill) {
+    throw std::invalid_argument("paged_attention: the NaxPrefill route has no kernel");
+  }
+  if (route == dispatch::PagedRoute::Varlen) return d;
+  if (route == dispatch::PagedRoute::GqaDecode && p.total_q != p.num_seqs) {
+    throw std::invalid_argument("paged_attention: forced GqaDecode needs one query row per sequence");
+  }
+  int longest = 1;
+  for (int s = 0; s < p.num_seqs; ++s) longest = std::max(longest, static_cast<int>(p.seq_lens[s]));
+  d.partition_size = partition;
+  d.num_partitions = (longest + partition - 1) / partition;
+  return d;
+}
+
 } // namespace
 
-void paged_attention_cpu(const PagedAttentionArgs& args) {
-  check_metadata(args);
-  if (args.total_q == 0) return;
-  Planner(args).run(ThreadPool::instance());
+void check_paged_metadata(const PagedAttentionArgs& p) {
+  const int32_t* cu = p.cu_seqlens_q;
+  if (cu[0] != 0) {
+    throw std::invalid_argument(
+        "paged_attention: cu_seqlens_q[0] must be 0, got " + std::to_string(cu[0]));
+  }
+  if (cu[p.num_seqs] != p.total_q) {
+    throw std::invalid_argument(
+        "paged_attention: cu_seqlens_q[-1] must equal query.shape[0] = " +
+        std::to_string(p.total_q) + ", got " + std::to_string(cu[p.num_seqs]));
+  }
+  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int q_len = cu[s + 1] - cu[s];
+    if (q_len < 0) {
+      throw std::invalid_argument(
+          "paged_attention: cu_seqlens_q must be non-decreasing (index " +
+          std::to_string(s) + ")");
+    }
+    const int ctx = p.seq_lens[s];
+    if (ctx < q_len) {
+      throw std::invalid_argument(
+          "paged_attention: seq_lens[" + std::to_string(s) + "] = " +
+          std::to_string(ctx) + " is smaller than its " + std::to_string(q_len) +
+          " query tokens");
+    }
+    if (ctx > capacity) {
+      throw std::invalid_argument(
+          "paged_attention: seq_lens[" + std::to_string(s) + "] = " +
+          std::to_string(ctx) + " exceeds block_tables capacity " +
+          std::to_string(capacity) + " (max_blocks * block_size)");
+    }
+  }
+}
+
+dispatch::PagedProblem describe_problem(const PagedAttentionArgs& p) {
+  dispatch::PagedProblem problem;
+  problem.num_heads = p.num_heads;
+  problem.num_kv_heads = p.num_kv_heads;
+  problem.head_size = p.head_size;
+  problem.block_size = p.block_size;
+  problem.query_dtype = kernel_dtype(p.query_dtype);
+  problem.cache_dtype = kernel_dtype(p.kv_dtype);
+  problem.seq_lens.assign(p.seq_lens, p.seq_lens + p.num_seqs);
+  problem.query_lens.resize(p.num_seqs);
+  for (int s = 0; s < p.num_seqs; ++s) problem.query_lens[s] = p.cu_seqlens_q[s + 1] - p.cu_seqlens_q[s];
+  return problem;
+}
+
+void force_cpu_route(std::optional<dispatch::PagedRoute> route, int partition_size) {
+  if (partition_size < 1) throw std::invalid_argument("partition_size must be >= 1");
+  std::lock_guard<std::mutex> lock(g_force_mutex);
+  g_forced_route = route;
+  g_forced_partition = partition_size;
+}
+
+dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args) {
+  check_paged_metadata(args);
+  ThreadPool& pool = ThreadPool::instance();
+  std::optional<dispatch::PagedRoute> forced;
+  int forced_partition;
+  {
+    std::lock_guard<std::mutex> lock(g_force_mutex);
+    forced = g_forced_route;
+    forced_partition = g_forced_partition;
+  }
+  dispatch::PagedDispatch d;
+  if (forced) {
+    d = forced_dispatch(args, *forced, forced_partition);
+  } else {
+    const dispatch::DispatchEnv env{pool.size(), dispatch::gqa_decode_disabled()};
+    d = dispatch::decide_paged_dispatch(describe_problem(args), env);
+  }
+  if (args.total_q == 0) return d;
+  switch (d.route) {
+    case dispatch::PagedRoute::GqaDecode:
+      gqa_decode_cpu(args, d.partition_size, d.num_partitions, pool);
+      break;
+    case dispatch::PagedRoute::SplitKv:
+      Planner(args, d.partition_size).run(pool);
+      break;
+    default:
+      Planner(args, 0).run(pool);
+  }
+  return d;
 }
 
 } // namespace vllm_metal::cpu

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
+#include "dispatch/paged_dispatch.h"
 #include "mlx/dtype.h"
 
 namespace vllm_metal::cpu {
@@ -32,9 +34,23 @@ struct PagedAttentionArgs {
   float softcap; // 0 = off
 };
 
-// Runs on the calling thread plus the extension's thread pool. Throws
-// std::invalid_argument / std::out_of_range on inconsistent metadata (checked
-// before any output is written) or a block id outside the cache.
-void paged_attention_cpu(const PagedAttentionArgs& args);
+// Throws std::invalid_argument naming the problem if cu_seqlens_q / seq_lens
+// are inconsistent with each other or with block_tables.
+void check_paged_metadata(const PagedAttentionArgs& args);
+
+// The dispatch inputs of this call (reads seq_lens and cu_seqlens_q).
+dispatch::PagedProblem describe_problem(const PagedAttentionArgs& args);
+
+// Decides the route (dispatch::decide_paged_dispatch with the pool's thread
+// count as compute units, or the forced route) and runs it on the calling
+// thread plus the extension's thread pool. Throws std::invalid_argument /
+// std::out_of_range on inconsistent metadata (checked before any output is
+// written) or a block id outside the cache. Returns the route taken.
+dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args);
+
+// Tests and benchmarks: make the CPU backend take `route` (with partitions of
+// `partition_size` keys for SplitKv / GqaDecode) instead of deciding; nullopt
+// restores the decision.
+void force_cpu_route(std::optional<dispatch::PagedRoute> route, int partition_size);
 
 } // namespace vllm_metal::cpu

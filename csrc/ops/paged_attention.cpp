@@ -7,6 +7,11 @@
 
 #include "cpu/paged_attention_cpu.h"
 #include "cpu/strided_copy.h"
+#include "dispatch/diagnostics.h"
+#include "dispatch/dispatch_env.h"
+#include "dispatch/metal_launch_plan.h"
+#include "metal/kernel_library.h"
+#include "metal/metal_ops.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
@@ -52,6 +57,53 @@ std::optional<cpu::StridedLayout> readable_cache(
       cache.itemsize()};
 }
 
+dispatch::KernelDtype kernel_dtype(mx::Dtype t) {
+  if (t == mx::float16) return dispatch::KernelDtype::Float16;
+  if (t == mx::bfloat16) return dispatch::KernelDtype::BFloat16;
+  if (t == mx::float32) return dispatch::KernelDtype::Float32;
+  return dispatch::KernelDtype::Unsupported;
+}
+
+// Values of an evaluated, contiguous 1-D int32/int64 array, else nullopt.
+std::optional<std::vector<int32_t>> host_values(const mx::array& a) {
+  if (!a.is_available() || a.ndim() != 1 || !a.flags().row_contiguous) return std::nullopt;
+  std::vector<int32_t> v(a.size());
+  if (a.dtype() == mx::int32) {
+    std::copy(a.data<int32_t>(), a.data<int32_t>() + a.size(), v.begin());
+  } else if (a.dtype() == mx::int64) {
+    std::copy(a.data<int64_t>(), a.data<int64_t>() + a.size(), v.begin());
+  } else {
+    return std::nullopt;
+  }
+  return v;
+}
+
+std::optional<HostLengths> host_lengths(const mx::array& seq_lens, const mx::array& cu_seqlens_q) {
+  auto lens = host_values(seq_lens);
+  auto cu = host_values(cu_seqlens_q);
+  if (!lens || !cu || cu->size() != lens->size() + 1) return std::nullopt;
+  HostLengths h;
+  h.seq_lens = std::move(*lens);
+  h.query_lens.resize(h.seq_lens.size());
+  for (size_t s = 0; s < h.seq_lens.size(); ++s) h.query_lens[s] = (*cu)[s + 1] - (*cu)[s];
+  return h;
+}
+
+// The GPU runs the op only with the Metal kernels loaded and a shape they
+// cover (row-contiguous caches, one dtype); anything else runs on the CPU.
+bool runs_on_gpu(const mx::Stream& s, const mx::array& q, const mx::array& kc, const mx::array& vc) {
+  if (s.device != mx::Device::gpu || !metal::kernels_configured()) return false;
+  if (!kc.flags().row_contiguous || !vc.flags().row_contiguous) return false;
+  dispatch::PagedProblem p;
+  p.num_heads = q.shape(1);
+  p.num_kv_heads = kc.shape(2);
+  p.head_size = kc.shape(3);
+  p.block_size = kc.shape(1);
+  p.query_dtype = kernel_dtype(q.dtype());
+  p.cache_dtype = kernel_dtype(kc.dtype());
+  return dispatch::metal_supports(p);
+}
+
 } // namespace
 
 mx::array paged_attention(
@@ -94,6 +146,14 @@ mx::array paged_attention(
   if (softcap && !(*softcap > 0.0f && std::isfinite(*softcap))) fail("softcap must be > 0");
 
   auto stream = mx::to_stream(s);
+  std::optional<HostLengths> lengths;
+  if (stream.device == mx::Device::gpu) {
+    if (runs_on_gpu(stream, query, key_cache, value_cache)) {
+      lengths = host_lengths(seq_lens, cu_seqlens_q);
+    } else {
+      stream = mx::default_stream(mx::Device::cpu);  // fallback: never fail on a shape
+    }
+  }
   // Caches go in as they are (contiguous() would copy views of larger
   // buffers on every call); eval_cpu copies only non-row-contiguous ones.
   std::vector<mx::array> inputs = {
@@ -112,7 +172,8 @@ mx::array paged_attention(
       std::move(shape),
       query.dtype(),
       std::make_shared<PagedAttention>(
-          stream, scale, sliding_window.value_or(0), softcap.value_or(0.0f), sinks.has_value()),
+          stream, scale, sliding_window.value_or(0), softcap.value_or(0.0f), sinks.has_value(),
+          std::move(lengths)),
       std::move(inputs));
 }
 
@@ -164,20 +225,49 @@ void PagedAttention::eval_cpu(
       [args, key_layout, value_layout, key_src, value_src, key_dst, value_dst]() {
         if (key_layout) cpu::copy_to_row_contiguous(key_src, *key_layout, key_dst);
         if (value_layout) cpu::copy_to_row_contiguous(value_src, *value_layout, value_dst);
-        cpu::paged_attention_cpu(args);
+        dispatch::record_paged_dispatch(cpu::paged_attention_cpu(args));
       });
 }
 
 void PagedAttention::eval_gpu(
-    const std::vector<mx::array>& /* inputs */,
-    std::vector<mx::array>& /* outputs */) {
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
 #ifdef __APPLE__
-  throw std::runtime_error(
-      "PagedAttention: the Metal kernels are not built yet; vllm_metal.ops runs "
-      "this op on the CPU stream (stream=mx.cpu) over unified memory.");
+  const auto& q = inputs[0];
+  const auto& kc = inputs[1];
+  dispatch::PagedProblem problem;
+  problem.num_heads = q.shape(1);
+  problem.num_kv_heads = kc.shape(2);
+  problem.head_size = q.shape(2);
+  problem.block_size = kc.shape(1);
+  problem.query_dtype = kernel_dtype(q.dtype());
+  problem.cache_dtype = kernel_dtype(kc.dtype());
+  const int num_seqs = inputs[3].shape(0);
+  if (host_lengths_) {
+    problem.seq_lens = host_lengths_->seq_lens;
+    problem.query_lens = host_lengths_->query_lens;
+  } else {
+    // Lengths unknown on the host: assume full block tables and one prefill-like
+    // sequence holding every row, which selects Varlen or SplitKv (both correct
+    // for any actual lengths: the kernels read them on the GPU).
+    problem.seq_lens.assign(num_seqs, inputs[3].shape(1) * problem.block_size);
+    problem.query_lens.assign(num_seqs, 0);
+    if (num_seqs > 0) problem.query_lens[0] = q.shape(0);
+  }
+  const dispatch::DispatchEnv env{dispatch::gpu_core_count(), dispatch::gqa_decode_disabled()};
+  const dispatch::PagedDispatch decision = dispatch::decide_paged_dispatch(problem, env);
+  dispatch::record_paged_dispatch(decision);
+  dispatch::PagedAttentionFeatures features;
+  features.scale = scale_;
+  features.sliding_window = sliding_window_;
+  features.softcap = softcap_;
+  features.has_sinks = has_sinks_;
+  features.max_blocks_per_seq = inputs[3].shape(1);
+  metal::paged_attention_gpu(stream(), inputs, outputs[0], problem, decision, features);
 #else
-  throw std::runtime_error(
-      "PagedAttention has no GPU implementation on this platform; use the CPU stream.");
+  (void)inputs;
+  (void)outputs;
+  throw std::runtime_error("PagedAttention has no GPU implementation on this platform; use the CPU stream.");
 #endif
 }
 

@@ -4,6 +4,8 @@
 #include <optional>
 #include <vector>
 
+#include "dispatch/paged_dispatch.h"
+
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -39,6 +41,14 @@ mlx::core::array paged_attention(
     const std::optional<mlx::core::array>& sinks = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
+// Sequence and query lengths read on the host when the op is built (GPU
+// stream only, and only if the metadata arrays are already evaluated): the
+// dispatch decision of eval_gpu needs them before the GPU runs.
+struct HostLengths {
+  std::vector<int32_t> seq_lens;
+  std::vector<int32_t> query_lens;
+};
+
 class PagedAttention : public mlx::core::Primitive {
  public:
   PagedAttention(
@@ -46,12 +56,14 @@ class PagedAttention : public mlx::core::Primitive {
       float scale,
       int sliding_window,
       float softcap,
-      bool has_sinks)
+      bool has_sinks,
+      std::optional<HostLengths> host_lengths = std::nullopt)
       : mlx::core::Primitive(stream),
         scale_(scale),
         sliding_window_(sliding_window),
         softcap_(softcap),
-        has_sinks_(has_sinks) {}
+        has_sinks_(has_sinks),
+        host_lengths_(std::move(host_lengths)) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -72,6 +84,7 @@ class PagedAttention : public mlx::core::Primitive {
   int sliding_window_; // 0 = off
   float softcap_; // 0 = off
   bool has_sinks_;
+  std::optional<HostLengths> host_lengths_;
 };
 
 } // namespace vllm_metal

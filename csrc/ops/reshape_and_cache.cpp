@@ -6,6 +6,8 @@
 #include <string>
 
 #include "cpu/strided_copy.h"
+#include "metal/kernel_library.h"
+#include "metal/metal_ops.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
@@ -90,6 +92,12 @@ std::pair<mx::array, mx::array> reshape_and_cache(
     fail("slot_mapping must be an integer array");
   }
   auto stream = mx::to_stream(s);
+  // The Metal kernel writes row-contiguous caches of a kernel dtype in place;
+  // anything else (or no loaded kernels) runs on the CPU.
+  const bool gpu_ok = metal::kernels_configured() && key_cache.flags().row_contiguous &&
+      value_cache.flags().row_contiguous &&
+      (key_cache.dtype() == mx::float16 || key_cache.dtype() == mx::bfloat16 || key_cache.dtype() == mx::float32);
+  if (stream.device == mx::Device::gpu && !gpu_ok) stream = mx::default_stream(mx::Device::cpu);
   const auto dtype = key_cache.dtype();
   auto prep = [&](const mx::array& a, mx::Dtype t) {
     return mx::contiguous(a.dtype() == t ? a : mx::astype(a, t, stream), false, stream);
@@ -143,15 +151,14 @@ void ReshapeAndCache::eval_cpu(
 }
 
 void ReshapeAndCache::eval_gpu(
-    const std::vector<mx::array>& /* inputs */,
-    std::vector<mx::array>& /* outputs */) {
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
 #ifdef __APPLE__
-  throw std::runtime_error(
-      "ReshapeAndCache: the Metal kernels are not built yet; vllm_metal.ops runs "
-      "this op on the CPU stream (stream=mx.cpu) over unified memory.");
+  metal::reshape_and_cache_gpu(stream(), inputs, outputs);
 #else
-  throw std::runtime_error(
-      "ReshapeAndCache has no GPU implementation on this platform; use the CPU stream.");
+  (void)inputs;
+  (void)outputs;
+  throw std::runtime_error("ReshapeAndCache has no GPU implementation on this platform; use the CPU stream.");
 #endif
 }
 

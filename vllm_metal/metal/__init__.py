@@ -1,19 +1,27 @@
 """Loader of the native extension: the only module that imports ``vllm_metal._ext``.
 
-The extension links MLX's C++ API, which has no stable ABI, so it refuses to
-run against any MLX other than the one it was compiled with.
+Checks at load (each failure is an ImportError that says what to do):
+- MLX is exactly the version the extension was compiled against (private ABI);
+- the compiled kernel constants equal vllm_metal/metal/constants.py;
+- the kernels_v2/ sources hash to the stamp the build recorded (no stale kernels).
+Then, on macOS with Metal, it points the extension at the prebuilt .metallib (or,
+with VLLM_METAL_BUILD_FROM_SOURCE=1, at kernels_v2/ to JIT-compile).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import sys
+from pathlib import Path
 from types import ModuleType
 
-from vllm_metal.metal import constants
+from vllm_metal import envs
+from vllm_metal.metal import constants, kernel_sources
 
 logger = logging.getLogger("vllm_metal")
 
+METALLIB_NAME = "vllm_metal_kernels.metallib"
 _REBUILD_HINT = (
     "rebuild the extension: `pip install --no-build-isolation .` from the "
     "vllm-metal source tree (or reinstall vllm-metal)"
@@ -38,17 +46,87 @@ def check_constants(ext: ModuleType) -> None:
             f"{built} but vllm_metal/metal/constants.py says {source}; {_REBUILD_HINT}")
 
 
+def check_kernels_stamp(built_hash: str, kernels_dir: Path | None) -> None:
+    """Raise ImportError if kernels_v2/ changed since the extension (and metallib) was built."""
+    if kernels_dir is None:
+        return  # a wheel without sources: nothing to compare against
+    current = kernel_sources.kernels_hash(kernels_dir)
+    if current != built_hash:
+        raise ImportError(
+            f"stale kernels: {kernels_dir} hashes to {current[:12]} but the extension was built "
+            f"from sources hashing to {built_hash[:12]}; {_REBUILD_HINT}, or set "
+            f"VLLM_METAL_BUILD_FROM_SOURCE=1 to rebuild at load")
+
+
+def _import_ext() -> ModuleType:
+    try:
+        from vllm_metal import _ext
+    except ImportError as exc:
+        raise ImportError(f"cannot import vllm_metal._ext ({exc}); {_REBUILD_HINT}") from exc
+    return _ext
+
+
+def _is_stale(ext: ModuleType) -> bool:
+    try:
+        check_constants(ext)
+        check_kernels_stamp(ext.kernels_hash, kernel_sources.kernels_dir(Path(ext.__file__).parent))
+    except ImportError:
+        return True
+    return False
+
+
+def _load_from_source() -> ModuleType:
+    """VLLM_METAL_BUILD_FROM_SOURCE=1: rebuild what is stale before using it."""
+    root = kernel_sources.source_tree()
+    if root is None:
+        raise ImportError("VLLM_METAL_BUILD_FROM_SOURCE=1 needs a vllm-metal source checkout "
+                          "(an editable install); this one is installed from a wheel")
+    if sys.platform != "darwin":
+        from vllm_metal.metal import build
+
+        try:
+            stale = _is_stale(_import_ext())
+        except ImportError:
+            stale = True
+        if stale:
+            if "vllm_metal._ext" in sys.modules:
+                raise ImportError("the stale extension is already imported in this process; "
+                                  f"{_REBUILD_HINT}")
+            build.rebuild_extension(root)
+        count = build.compile_on_harness(root)
+        logger.info("kernels_v2 compiled on the MSL CPU harness (%d kernels)", count)
+    return _import_ext()
+
+
+def _configure_metal(ext: ModuleType, from_source: bool) -> str:
+    """Point the extension at the Metal kernels; returns how they were loaded."""
+    if from_source:
+        directory = kernel_sources.kernels_dir()
+        ext._set_metal_library_source(kernel_sources.metal_source(directory))
+        return f"JIT-compiled from {directory}"
+    metallib = Path(ext.__file__).parent / METALLIB_NAME
+    if not metallib.is_file():
+        raise ImportError(f"{metallib} is missing (the build makes it next to the extension); "
+                          f"{_REBUILD_HINT}")
+    ext._set_metal_library_path(str(metallib))
+    return f"prebuilt {metallib.name}"
+
+
 @functools.cache
 def get_ops() -> ModuleType:
     """The checked extension module (cached; logs once when first loaded)."""
     import mlx.core as mx
 
-    try:
-        from vllm_metal import _ext
-    except ImportError as exc:
-        raise ImportError(f"cannot import vllm_metal._ext ({exc}); {_REBUILD_HINT}") from exc
-    check_mlx_version(_ext.mlx_build_version, mx.__version__)
-    check_constants(_ext)
-    logger.info("Native paged-attention CPU kernels loaded (%s, %d threads)",
-                _ext.cpu_isa(), _ext.cpu_threads())
-    return _ext
+    from_source = envs.VLLM_METAL_BUILD_FROM_SOURCE
+    ext = _load_from_source() if from_source else _import_ext()
+    check_mlx_version(ext.mlx_build_version, mx.__version__)
+    check_constants(ext)
+    check_kernels_stamp(ext.kernels_hash, kernel_sources.kernels_dir(Path(ext.__file__).parent))
+    if sys.platform == "darwin" and mx.metal.is_available():
+        how = _configure_metal(ext, from_source)
+        logger.info("Native paged-attention Metal kernels loaded (%s, %d GPU cores)", how,
+                    ext.gpu_core_count())
+    else:
+        logger.info("Native paged-attention CPU kernels loaded (%s, %d threads)",
+                    ext.cpu_isa(), ext.cpu_threads())
+    return ext

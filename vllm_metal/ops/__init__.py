@@ -7,8 +7,8 @@ data (slot or block ids out of range, ``seq_lens`` shorter than the query rows)
 raises when the result is evaluated. vllm_metal.ops.reference holds pure-MLX
 versions with the same signatures.
 
-On macOS the ops run on the CPU stream until the Metal kernels land (unified
-memory: no copies).
+On macOS the ops run on the GPU through the kernels_v2 Metal kernels once
+vllm_metal.metal.get_ops() has loaded them, else on the CPU stream.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from numbers import Integral, Real
 
 import mlx.core as mx
 
+from vllm_metal import envs
 from vllm_metal.metal import get_ops
 
 __all__ = ["paged_attention", "reshape_and_cache"]
@@ -126,6 +127,7 @@ def paged_attention(
         sliding_window = int(sliding_window)
     if softcap is not None:
         softcap = _positive_float("softcap", softcap)
+    _ = envs.VLLM_METAL_DISABLE_GQA_DECODE  # a bad value fails here, not inside the graph
     if sinks is not None:
         if not isinstance(sinks, mx.array):
             raise TypeError(f"sinks must be an mx.array or None, got {type(sinks).__name__}")
@@ -140,8 +142,12 @@ def paged_attention(
 
 
 def _stream() -> mx.Stream | mx.Device | None:
-    # No Metal kernels yet: on macOS the primitives run eval_cpu on the CPU stream.
-    return mx.cpu if sys.platform == "darwin" else None
+    # With the Metal kernels loaded the ops run on the default (GPU) stream and
+    # fall back to the CPU per call for shapes the kernels do not cover; without
+    # them, on the CPU stream (unified memory: no copies).
+    if sys.platform == "darwin" and not get_ops().metal_kernels_loaded():
+        return mx.cpu
+    return None
 
 
 def _check_float(name: str, x: object, ndim: int, layout: str) -> None:

@@ -99,3 +99,52 @@ def paged_attention_ref(
     if not outputs:
         return mx.zeros((total_q, num_heads, head_size), dtype=query.dtype)
     return mx.concatenate(outputs, axis=0).astype(query.dtype)
+
+
+def quantized_matmul_ref(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *,
+                         bits: int, group_size: int, bias: mx.array | None = None) -> mx.array:
+    """x [..., K] @ W.T for MLX affine-quantized W; returns [..., N].
+
+    MLX's own quantized matmul, computed in float32 (its CPU kernel is very slow
+    for bfloat16/float16 scales); the result has the dtype MLX would give.
+    """
+    out = mx.quantized_matmul(
+        x.astype(mx.float32), w, scales=scales.astype(mx.float32),
+        biases=biases.astype(mx.float32), transpose=True, group_size=group_size, bits=bits)
+    if bias is not None:
+        out = out + bias.astype(mx.float32)
+    return out.astype(_result_type(x, scales, bias))
+
+
+def dense_matmul_ref(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
+    """x [..., K] @ w.T (w [N, K]) in float32; returns [..., N] in the dtype MLX
+    would give."""
+    out = x.astype(mx.float32) @ w.astype(mx.float32).T
+    if bias is not None:
+        out = out + bias.astype(mx.float32)
+    return out.astype(_result_type(x, w, bias))
+
+
+def _result_type(*arrays: mx.array | None) -> mx.Dtype:
+    return mx.result_type(*(a.dtype for a in arrays if a is not None))
+
+
+def embedding_gather_ref(ids: mx.array, table: mx.array, scales: mx.array | None = None,
+                         biases: mx.array | None = None, *, bits: int | None = None,
+                         group_size: int | None = None) -> mx.array:
+    """Rows ids [...] of a dense [V, D] or quantized table; returns [..., D].
+
+    Raises ValueError for ids outside [0, V) (checked on the host).
+    """
+    flat = ids.reshape(-1).astype(mx.int32)
+    values = flat.tolist()
+    bad = [v for v in values if not 0 <= v < table.shape[0]]
+    if bad:
+        raise ValueError(f"ids {bad} are outside the table's {table.shape[0]} rows")
+    if scales is None:
+        rows = mx.take(table, flat, axis=0)
+    else:
+        rows = mx.dequantize(mx.take(table, flat, axis=0), mx.take(scales, flat, axis=0),
+                             mx.take(biases, flat, axis=0), group_size=group_size, bits=bits)
+        rows = rows.astype(scales.dtype)
+    return rows.reshape(*ids.shape, rows.shape[-1])

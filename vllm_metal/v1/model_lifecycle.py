@@ -11,6 +11,7 @@ import mlx.nn as nn
 
 from vllm_metal.attention.paged_attention import PagedAttention
 from vllm_metal.attention.patching import find_layers, walk_and_wrap
+from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
 
 logger = logging.getLogger("vllm_metal")
 
@@ -50,13 +51,18 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
     attention modules are swapped for paged wrappers.
     """
     model = _load_mlx_model(model_path, dtype)
+    # MLX's CPU matmuls are scalar and single-threaded; ours read weights at
+    # memory speed. No-op on Metal, where MLX's own kernels stay.
+    fast_linears = use_fast_cpu_linears(model)
     dims = derive_dims(model)
     walk_and_wrap(model, lambda module, index, window: PagedAttention(
         module, index, sliding_window=window))
     mx.eval(model.parameters())
-    logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB",
+    logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB, "
+                "%d linear/embedding layers on the fast CPU path",
                 type(model).__module__.rsplit(".", 1)[-1], dims.num_layers, dims.num_heads,
-                dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20)
+                dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20,
+                fast_linears)
     return LoadedModel(model, dims, dtype)
 
 

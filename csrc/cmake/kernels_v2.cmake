@@ -1,0 +1,60 @@
+# kernels_v2/: the Metal sources. Every platform: the include path (the host
+# shares kernel_constants.h and paged_attention_params.h with the shaders), the
+# sources' hash stamp (vllm_metal.metal refuses stale builds) and the sources
+# in the package (JIT mode). macOS: the .metallib, built here with the same
+# kernel constants, so the first request compiles nothing.
+set(VLLM_METAL_KERNELS_DIR "${CMAKE_CURRENT_SOURCE_DIR}/../kernels_v2")
+file(GLOB _vllm_metal_kernel_files RELATIVE "${VLLM_METAL_KERNELS_DIR}" CONFIGURE_DEPENDS
+     "${VLLM_METAL_KERNELS_DIR}/*.h" "${VLLM_METAL_KERNELS_DIR}/*.metal")
+list(SORT _vllm_metal_kernel_files)
+
+# Stamp: sha256 over "name\nsha256(content)\n" of the sorted files; the same
+# recipe as vllm_metal.metal.kernels_hash().
+set(_stamp_text "")
+set(_vllm_metal_kernel_paths "")
+foreach(_file IN LISTS _vllm_metal_kernel_files)
+  set(_path "${VLLM_METAL_KERNELS_DIR}/${_file}")
+  file(SHA256 "${_path}" _hash)
+  string(APPEND _stamp_text "${_file}\n${_hash}\n")
+  list(APPEND _vllm_metal_kernel_paths "${_path}")
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${_path}")
+endforeach()
+string(SHA256 VLLM_METAL_KERNELS_HASH "${_stamp_text}")
+message(STATUS "vllm-metal: kernels_v2 hash ${VLLM_METAL_KERNELS_HASH}")
+
+target_include_directories(_ext PRIVATE "${VLLM_METAL_KERNELS_DIR}")
+target_compile_definitions(_ext PRIVATE "VLLM_METAL_KERNELS_HASH=\"${VLLM_METAL_KERNELS_HASH}\"")
+install(FILES ${_vllm_metal_kernel_paths} DESTINATION vllm_metal/kernels_v2)
+
+if(APPLE)
+  target_sources(_ext PRIVATE metal/paged_attention_metal.cpp)
+  target_link_libraries(_ext PRIVATE "-framework IOKit" "-framework CoreFoundation")
+
+  set(_metal_flags -std=metal3.1 "-I${VLLM_METAL_KERNELS_DIR}"
+      "-DVLLM_METAL_PARTITION_SIZE=${VLLM_METAL_PARTITION_SIZE}"
+      "-DVLLM_METAL_KERNEL_BLOCK_SIZES=${VLLM_METAL_KERNEL_BLOCK_SIZES}")
+  set(_airs "")
+  foreach(_file IN LISTS _vllm_metal_kernel_files)
+    if(_file MATCHES "\\.metal$")
+      get_filename_component(_stem "${_file}" NAME_WE)
+      set(_air "${CMAKE_CURRENT_BINARY_DIR}/kernels_v2/${_stem}.air")
+      add_custom_command(
+        OUTPUT "${_air}"
+        COMMAND "${CMAKE_COMMAND}" -E make_directory "${CMAKE_CURRENT_BINARY_DIR}/kernels_v2"
+        COMMAND xcrun -sdk macosx metal ${_metal_flags} -c "${VLLM_METAL_KERNELS_DIR}/${_file}" -o "${_air}"
+        DEPENDS ${_vllm_metal_kernel_paths}
+        COMMENT "Compiling kernels_v2/${_file}"
+        VERBATIM)
+      list(APPEND _airs "${_air}")
+    endif()
+  endforeach()
+  set(VLLM_METAL_METALLIB "${CMAKE_CURRENT_BINARY_DIR}/vllm_metal_kernels.metallib")
+  add_custom_command(
+    OUTPUT "${VLLM_METAL_METALLIB}"
+    COMMAND xcrun -sdk macosx metallib ${_airs} -o "${VLLM_METAL_METALLIB}"
+    DEPENDS ${_airs}
+    COMMENT "Linking vllm_metal_kernels.metallib"
+    VERBATIM)
+  add_custom_target(vllm_metal_metallib ALL DEPENDS "${VLLM_METAL_METALLIB}")
+  install(FILES "${VLLM_METAL_METALLIB}" DESTINATION vllm_metal)
+endif()

@@ -1,0 +1,57 @@
+// CPU drivers of the linear-layer ops: quantized and dense matmul, embedding
+// gather. They pick the kernel shape (GEMV or tiled GEMM), the instruction
+// set and the thread split; the SIMD bodies live in
+// linear_gemv.inc and linear_gemm.inc.
+#pragma once
+
+#include <cstdint>
+
+namespace vllm_metal::cpu {
+
+// Floating storage formats the linear ops read and write.
+enum class Elem : uint8_t { F32 = 0, BF16 = 1, F16 = 2 };
+
+// MLX affine-quantized matrix [n, k]: element (r, c) is
+// scales[r, c / gs] * q + biases[r, c / gs], q = bits-wide field
+// c % (32 / bits) of w[r, c * bits / 32], lowest bits first.
+struct QuantMatrix {
+  const uint32_t* w;      // [n, k * bits / 32]
+  const void* scales;     // [n, k / group_size]
+  const void* biases;     // [n, k / group_size]
+  Elem scale_type;        // of scales and biases
+  int bits;               // 4 or 8
+  int group_size;         // 32, 64 or 128
+  int64_t n;
+  int64_t k;
+};
+
+// Dense matrix [n, k], row-contiguous.
+struct DenseMatrix {
+  const void* w;
+  Elem type;
+  int64_t n;
+  int64_t k;
+};
+
+// out[m, n] = x[m, :] . W[n, :] (+ bias[n]); x and out row-contiguous.
+struct LinearIO {
+  const void* x;          // [m, k]
+  Elem x_type;
+  int64_t m;
+  const void* bias;       // [n] or nullptr
+  Elem bias_type;
+  void* out;              // [m, n]
+  Elem out_type;
+};
+
+void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io);
+void dense_matmul_cpu(const DenseMatrix& w, const LinearIO& io);
+
+// out[t, :] = row ids[t] of the table (dequantized for a quantized table),
+// written as out_type. Raises std::out_of_range for an id outside [0, n).
+void embedding_gather_dense_cpu(const DenseMatrix& table, const int32_t* ids, int64_t t,
+                                void* out);
+void embedding_gather_quant_cpu(const QuantMatrix& table, const int32_t* ids, int64_t t,
+                                void* out, Elem out_type);
+
+} // namespace vllm_metal::cpu

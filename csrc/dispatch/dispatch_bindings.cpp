@@ -1,0 +1,215 @@
+#include "dispatch/dispatch_bindings.h"
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstddef>
+#include <stdexcept>
+
+#include "constants.h"
+#include "cpu/paged_attention_cpu.h"
+#include "dispatch/diagnostics.h"
+#include "dispatch/dispatch_env.h"
+#include "dispatch/metal_launch_plan.h"
+#include "dispatch/paged_dispatch.h"
+#include "metal/kernel_library.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace vllm_metal {
+
+namespace {
+
+using dispatch::PagedRoute;
+
+PagedRoute parse_route(const std::string& name) {
+  for (PagedRoute r : {PagedRoute::Varlen, PagedRoute::SplitKv, PagedRoute::GqaDecode, PagedRoute::NaxPrefill}) {
+    if (name == dispatch::route_name(r)) return r;
+  }
+  throw std::invalid_argument("route must be 'Varlen', 'SplitKv', 'GqaDecode' or 'NaxPrefill', got '" + name + "'");
+}
+
+dispatch::PagedProblem make_problem(
+    const std::vector<int32_t>& seq_lens,
+    const std::vector<int32_t>& query_lens,
+    int num_heads,
+    int num_kv_heads,
+    int head_size,
+    int block_size,
+    const std::string& dtype,
+    const std::optional<std::string>& query_dtype) {
+  if (seq_lens.size() != query_lens.size()) {
+    throw std::invalid_argument("seq_lens and query_lens must have the same length");
+  }
+  if (num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads != 0) {
+    throw std::invalid_argument("num_heads must be a positive multiple of num_kv_heads");
+  }
+  if (head_size < 1 || block_size < 1) throw std::invalid_argument("head_size and block_size must be >= 1");
+  dispatch::PagedProblem p;
+  p.seq_lens = seq_lens;
+  p.query_lens = query_lens;
+  p.num_heads = num_heads;
+  p.num_kv_heads = num_kv_heads;
+  p.head_size = head_size;
+  p.block_size = block_size;
+  p.cache_dtype = dispatch::parse_dtype(dtype);
+  p.query_dtype = query_dtype ? dispatch::parse_dtype(*query_dtype) : p.cache_dtype;
+  return p;
+}
+
+nb::dict to_dict(const dispatch::PagedDispatch& d) {
+  nb::dict out;
+  out["route"] = dispatch::route_name(d.route);
+  out["partition_size"] = d.partition_size > 0 ? nb::object(nb::int_(d.partition_size)) : nb::none();
+  out["num_partitions"] = d.num_partitions;
+  out["scratch_bytes"] = d.scratch_bytes;
+  out["reason"] = d.reason;
+  return out;
+}
+
+nb::dict to_dict(const dispatch::KernelLaunch& l) {
+  nb::dict out;
+  out["kernel"] = l.kernel;
+  out["grid"] = nb::make_tuple(l.grid[0], l.grid[1], l.grid[2]);
+  out["threads"] = nb::make_tuple(l.threads[0], l.threads[1], l.threads[2]);
+  nb::dict constants;
+  if (l.specialized) {
+    for (int i = 0; i < 4; ++i) constants[nb::int_(i)] = l.constants[i];
+  }
+  out["constants"] = constants;
+  return out;
+}
+
+template <typename T>
+nb::bytes as_bytes(const T& v) {
+  return nb::bytes(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+}  // namespace
+
+void bind_dispatch(nb::module_& m) {
+  m.attr("kernels_hash") = kKernelsHash;
+
+  m.def("_set_paged_dispatch_diagnostics", &dispatch::set_paged_dispatch_diagnostics, "enabled"_a,
+        "Record the route of every paged-attention call (and forget the last one).");
+  m.def("last_paged_dispatch", &dispatch::last_paged_dispatch,
+        "Route of the most recent recorded paged-attention call: 'GqaDecode', 'SplitKv', "
+        "'Varlen' (or 'NaxPrefill'); None if none was recorded.");
+  m.def("last_gqa_partition_size", &dispatch::last_gqa_partition_size,
+        "Partition size (256 or 512) of the last recorded call if it took GqaDecode, else None.");
+
+  m.def(
+      "_paged_dispatch",
+      [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
+         int num_kv_heads, int head_size, int block_size, const std::string& dtype,
+         const std::optional<std::string>& query_dtype, int compute_units, bool gqa_decode_disabled) {
+        auto p = make_problem(seq_lens, query_lens, num_heads, num_kv_heads, head_size, block_size, dtype,
+                              query_dtype);
+        return to_dict(dispatch::decide_paged_dispatch(p, {compute_units, gqa_decode_disabled}));
+      },
+      "seq_lens"_a, "query_lens"_a, "num_heads"_a, "num_kv_heads"_a, "head_size"_a, "block_size"_a,
+      "dtype"_a, "query_dtype"_a = nb::none(), "compute_units"_a, "gqa_decode_disabled"_a = false,
+      "The dispatch decision (dict: route, partition_size, num_partitions, scratch_bytes, reason).");
+
+  m.def(
+      "_metal_launch_plan",
+      [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
+         int num_kv_heads, int head_size, int block_size, const std::string& dtype, const std::string& route,
+         int partition_size, float scale, int sliding_window, float softcap, bool has_sinks,
+         int max_blocks_per_seq) {
+        auto p = make_problem(seq_lens, query_lens, num_heads, num_kv_heads, head_size, block_size, dtype,
+                              std::nullopt);
+        dispatch::PagedDispatch d;
+        d.route = parse_route(route);
+        if (d.route != PagedRoute::Varlen) {
+          if (partition_size < 1) throw std::invalid_argument("partition_size must be >= 1");
+          int longest = 1;
+          for (int32_t s : seq_lens) longest = std::max<int>(longest, s);
+          d.partition_size = partition_size;
+          d.num_partitions = (longest + partition_size - 1) / partition_size;
+        }
+        dispatch::PagedAttentionFeatures f{scale, sliding_window, softcap, has_sinks, max_blocks_per_seq};
+        const auto plan = dispatch::plan_paged_attention(p, d, f);
+        nb::list launches;
+        for (const auto& l : plan.launches) launches.append(to_dict(l));
+        nb::dict out;
+        out["launches"] = launches;
+        out["params"] = as_bytes(plan.params);
+        out["partial_rows"] = plan.partial_rows;
+        out["num_partitions"] = plan.num_partitions;
+        return out;
+      },
+      "seq_lens"_a, "query_lens"_a, "num_heads"_a, "num_kv_heads"_a, "head_size"_a, "block_size"_a,
+      "dtype"_a, "route"_a, "partition_size"_a = kPartitionSize, "scale"_a, "sliding_window"_a = 0,
+      "softcap"_a = 0.0f, "has_sinks"_a = false, "max_blocks_per_seq"_a,
+      "The Metal launches eval_gpu encodes for this route (dict: launches, params bytes, partial_rows, "
+      "num_partitions).");
+
+  m.def(
+      "_reshape_and_cache_plan",
+      [](const std::string& dtype, int num_tokens, int row_elems, int num_slots) {
+        const auto plan = dispatch::plan_reshape_and_cache(dispatch::parse_dtype(dtype), num_tokens, row_elems,
+                                                           num_slots);
+        nb::dict out;
+        out["launch"] = to_dict(plan.launch);
+        out["params"] = as_bytes(plan.params);
+        return out;
+      },
+      "dtype"_a, "num_tokens"_a, "row_elems"_a, "num_slots"_a, "The Metal launch of reshape_and_cache.");
+
+  m.def(
+      "_kernel_shapes",
+      [] {
+        nb::dict out;
+        out["head_sizes"] = dispatch::varlen_head_sizes();
+        nb::list geometries;
+        for (const auto& g : dispatch::gqa_decode_geometries()) geometries.append(nb::make_tuple(g[0], g[1], g[2]));
+        out["gqa_decode_geometries"] = geometries;
+        nb::list blocks;
+        for (int b : kKernelBlockSizes) blocks.append(b);
+        out["block_sizes"] = blocks;
+        return out;
+      },
+      "Shapes the Metal kernels are instantiated for (from kernels_v2/kernel_constants.h).");
+
+  m.def(
+      "_paged_params_layout",
+      [] {
+        using P = kernels::PagedAttentionParams;
+        nb::list fields;
+#define VLLM_METAL_FIELD(name) fields.append(nb::make_tuple(#name, offsetof(P, name)));
+        VLLM_METAL_FIELD(num_seqs)
+        VLLM_METAL_FIELD(num_heads)
+        VLLM_METAL_FIELD(num_kv_heads)
+        VLLM_METAL_FIELD(max_blocks_per_seq)
+        VLLM_METAL_FIELD(partition_size)
+        VLLM_METAL_FIELD(num_partitions)
+        VLLM_METAL_FIELD(sliding_window)
+        VLLM_METAL_FIELD(scale)
+        VLLM_METAL_FIELD(softcap)
+#undef VLLM_METAL_FIELD
+        return nb::make_tuple(fields, sizeof(P));
+      },
+      "((field, byte offset) list, size) of the host's PagedAttentionParams.");
+
+  m.def(
+      "_force_paged_route",
+      [](const std::optional<std::string>& route, int partition_size) {
+        cpu::force_cpu_route(route ? std::optional<PagedRoute>(parse_route(*route)) : std::nullopt, partition_size);
+      },
+      "route"_a.none(), "partition_size"_a = kPartitionSize,
+      "Tests/benchmarks: the CPU backend takes this route instead of deciding (None: decide again).");
+
+  m.def("gpu_core_count", &dispatch::gpu_core_count,
+        "GPU cores the dispatch budgets for (IORegistry on macOS; the documented fallback elsewhere).");
+  m.def("_set_metal_library_path", &metal::set_library_path, "path"_a,
+        "Use this prebuilt .metallib for eval_gpu.");
+  m.def("_set_metal_library_source", &metal::set_library_source, "source"_a,
+        "JIT-compile this Metal source (all of kernels_v2, includes inlined) for eval_gpu.");
+  m.def("metal_kernels_loaded", &metal::kernels_configured,
+        "True once the Metal kernels are configured: the ops may run on the GPU stream.");
+}
+
+}  // namespace vllm_metal

@@ -1,0 +1,67 @@
+#include "dispatch/dispatch_env.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#ifdef __APPLE__
+#include <CoreFoundation/CoreFoundation.h>
+#include <IOKit/IOKitLib.h>
+#endif
+
+namespace vllm_metal::dispatch {
+
+namespace {
+
+#ifdef __APPLE__
+int probe_gpu_cores() {
+  int cores = 0;
+  io_iterator_t it = 0;
+  if (IOServiceGetMatchingServices(kIOMainPortDefault, IOServiceMatching("AGXAccelerator"), &it) !=
+      KERN_SUCCESS) {
+    return 0;
+  }
+  for (io_object_t service = IOIteratorNext(it); service != 0 && cores == 0; service = IOIteratorNext(it)) {
+    CFTypeRef value = IORegistryEntryCreateCFProperty(service, CFSTR("gpu-core-count"), kCFAllocatorDefault, 0);
+    if (value != nullptr) {
+      if (CFGetTypeID(value) == CFNumberGetTypeID()) {
+        CFNumberGetValue(static_cast<CFNumberRef>(value), kCFNumberIntType, &cores);
+      }
+      CFRelease(value);
+    }
+    IOObjectRelease(service);
+  }
+  IOObjectRelease(it);
+  return cores;
+}
+#endif
+
+}  // namespace
+
+bool gqa_decode_disabled() {
+  const char* raw = std::getenv("VLLM_METAL_DISABLE_GQA_DECODE");
+  if (raw == nullptr) return false;
+  std::string v(raw);
+  v.erase(std::remove_if(v.begin(), v.end(), [](unsigned char c) { return std::isspace(c); }), v.end());
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
+  throw std::invalid_argument(
+      std::string("VLLM_METAL_DISABLE_GQA_DECODE must be a boolean (1/0/true/false), got '") + raw + "'");
+}
+
+int gpu_core_count() {
+#ifdef __APPLE__
+  static const int cores = [] {
+    int probed = probe_gpu_cores();
+    return probed > 0 ? probed : kFallbackGpuCores;
+  }();
+  return cores;
+#else
+  return kFallbackGpuCores;
+#endif
+}
+
+}  // namespace vllm_metal::dispatch

@@ -1,0 +1,126 @@
+#include "dispatch/metal_launch_plan.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "constants.h"
+#include "kernel_constants.h"
+
+namespace vllm_metal::dispatch {
+
+namespace {
+
+constexpr uint32_t kSimdWidth = 32;
+constexpr uint32_t kVarlenThreads = 4 * kSimdWidth;  // kVarlenSimdgroups in the kernel
+
+uint32_t u32(int64_t v) {
+  if (v < 0 || v > int64_t(UINT32_MAX)) throw std::invalid_argument("launch dimension out of range");
+  return static_cast<uint32_t>(v);
+}
+
+}  // namespace
+
+std::string varlen_kernel_name(KernelDtype dtype, int head_size, int block_size) {
+  return std::string("paged_attention_varlen_") + dtype_name(dtype) + "_hd" + std::to_string(head_size) +
+      "_bs" + std::to_string(block_size);
+}
+
+std::string gqa_decode_kernel_name(KernelDtype dtype, int num_heads, int num_kv_heads, int head_size, int block_size) {
+  return std::string("paged_attention_gqa_decode_") + dtype_name(dtype) + "_hq" + std::to_string(num_heads) +
+      "_hkv" + std::to_string(num_kv_heads) + "_hd" + std::to_string(head_size) + "_bs" + std::to_string(block_size);
+}
+
+std::string reduce_kernel_name(KernelDtype dtype, int head_size) {
+  return std::string("paged_attention_v2_reduce_") + dtype_name(dtype) + "_hd" + std::to_string(head_size);
+}
+
+std::string reshape_and_cache_kernel_name(KernelDtype dtype) {
+  return std::string("reshape_and_cache_") + dtype_name(dtype);
+}
+
+const std::vector<int>& varlen_head_sizes() {
+#define VLLM_METAL_HEAD_ITEM(unused, hd) hd,
+  static const std::vector<int> sizes = {VLLM_METAL_FOR_EACH_HEAD_SIZE(VLLM_METAL_HEAD_ITEM, _)};
+#undef VLLM_METAL_HEAD_ITEM
+  return sizes;
+}
+
+const std::vector<std::array<int, 3>>& gqa_decode_geometries() {
+#define VLLM_METAL_GEOMETRY_ITEM(unused, geometry) std::array<int, 3>{VLLM_METAL_UNPACK geometry},
+  static const std::vector<std::array<int, 3>> geometries = {
+      VLLM_METAL_FOR_EACH_GQA_GEOMETRY(VLLM_METAL_GEOMETRY_ITEM, _)};
+#undef VLLM_METAL_GEOMETRY_ITEM
+  return geometries;
+}
+
+bool metal_supports(const PagedProblem& p) {
+  const auto& sizes = varlen_head_sizes();
+  return p.cache_dtype != KernelDtype::Unsupported && p.query_dtype == p.cache_dtype &&
+      is_kernel_block_size(p.block_size) && std::find(sizes.begin(), sizes.end(), p.head_size) != sizes.end();
+}
+
+PagedAttentionPlan plan_paged_attention(
+    const PagedProblem& p,
+    const PagedDispatch& d,
+    const PagedAttentionFeatures& f) {
+  if (!metal_supports(p)) throw std::invalid_argument("no Metal kernels for this paged-attention shape");
+  int64_t total_q = 0;
+  for (int32_t q : p.query_lens) total_q += q;
+  const int num_seqs = static_cast<int>(p.seq_lens.size());
+  const bool window = f.sliding_window > 0;
+  const bool softcap = f.softcap > 0.0f;
+  const bool split = d.num_partitions > 1;
+
+  PagedAttentionPlan plan;
+  plan.num_partitions = d.num_partitions;
+  plan.partial_rows = split ? total_q : 0;
+  plan.params.num_seqs = num_seqs;
+  plan.params.num_heads = p.num_heads;
+  plan.params.num_kv_heads = p.num_kv_heads;
+  plan.params.max_blocks_per_seq = f.max_blocks_per_seq;
+  plan.params.partition_size = d.partition_size > 0 ? d.partition_size : kPartitionSize;
+  plan.params.num_partitions = d.num_partitions;
+  plan.params.sliding_window = f.sliding_window;
+  plan.params.scale = f.scale;
+  plan.params.softcap = f.softcap;
+
+  const std::array<uint32_t, 3> one_simdgroup = {kSimdWidth, 1, 1};
+  if (d.route == PagedRoute::GqaDecode) {
+    if (total_q != num_seqs) throw std::invalid_argument("GQA decode needs one query row per sequence");
+    const uint32_t group = u32(p.num_heads / p.num_kv_heads);
+    plan.launches.push_back(
+        {gqa_decode_kernel_name(p.cache_dtype, p.num_heads, p.num_kv_heads, p.head_size, p.block_size),
+         {u32(p.num_kv_heads), u32(num_seqs), u32(d.num_partitions)},
+         {group * kSimdWidth, 1, 1},
+         {window, softcap, f.has_sinks, split}});
+  } else if (d.route == PagedRoute::Varlen || d.route == PagedRoute::SplitKv) {
+    plan.launches.push_back(
+        {varlen_kernel_name(p.cache_dtype, p.head_size, p.block_size),
+         {u32(p.num_heads), u32(total_q), u32(d.num_partitions)},
+         {kVarlenThreads, 1, 1},
+         {window, softcap, f.has_sinks, split}});
+  } else {
+    throw std::invalid_argument(std::string("route ") + route_name(d.route) + " has no Metal kernels");
+  }
+  if (split) {
+    plan.launches.push_back(
+        {reduce_kernel_name(p.cache_dtype, p.head_size),
+         {u32(p.num_heads), u32(total_q), 1},
+         one_simdgroup,
+         {window, softcap, f.has_sinks, true}});
+  }
+  return plan;
+}
+
+ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, int row_elems, int num_slots) {
+  ReshapeAndCachePlan plan;
+  const uint32_t threads = std::clamp<uint32_t>((u32(row_elems) + kSimdWidth - 1) / kSimdWidth * kSimdWidth,
+                                                kSimdWidth, 256);
+  plan.launch = {reshape_and_cache_kernel_name(dtype), {u32(num_tokens), 1, 1}, {threads, 1, 1},
+                 {false, false, false, false}, false};
+  plan.params.row_elems = row_elems;
+  plan.params.num_slots = num_slots;
+  return plan;
+}
+
+}  // namespace vllm_metal::dispatch

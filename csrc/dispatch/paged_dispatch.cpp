@@ -1,0 +1,172 @@
+#include "dispatch/paged_dispatch.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "constants.h"
+#include "kernel_constants.h"
+
+namespace vllm_metal::dispatch {
+
+namespace {
+
+struct Geometry {
+  int num_heads, num_kv_heads, head_size;
+};
+
+#define VLLM_METAL_GEOMETRY_ITEM(unused, geometry) Geometry{VLLM_METAL_UNPACK geometry},
+constexpr Geometry kGqaGeometries[] = {VLLM_METAL_FOR_EACH_GQA_GEOMETRY(VLLM_METAL_GEOMETRY_ITEM, _)};
+#undef VLLM_METAL_GEOMETRY_ITEM
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+int longest(const std::vector<int32_t>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+// 512-key partitions when they alone fill the budget (fewer partials to merge),
+// else 256 (twice the parallel work).
+int choose_partition(const PagedProblem& p, int64_t budget) {
+  return complete_partition_work(p, kPartitionSize) >= budget ? kPartitionSize : kPartitionSize / 2;
+}
+
+int64_t scratch_bytes(int64_t rows, int num_heads, int num_partitions, int head_size) {
+  return num_partitions > 1 ? rows * num_heads * num_partitions * int64_t(head_size + 2) * 4 : 0;
+}
+
+std::string describe(int partition, int partitions, int64_t scratch) {
+  return std::to_string(partitions) + " partition(s) of " + std::to_string(partition) + " keys, " +
+      std::to_string(scratch >> 10) + " KiB scratch";
+}
+
+}  // namespace
+
+const char* route_name(PagedRoute route) {
+  switch (route) {
+    case PagedRoute::Varlen:
+      return "Varlen";
+    case PagedRoute::SplitKv:
+      return "SplitKv";
+    case PagedRoute::GqaDecode:
+      return "GqaDecode";
+    case PagedRoute::NaxPrefill:
+      return "NaxPrefill";
+  }
+  return "?";
+}
+
+const char* dtype_name(KernelDtype dtype) {
+  switch (dtype) {
+    case KernelDtype::Float16:
+      return "float16";
+    case KernelDtype::BFloat16:
+      return "bfloat16";
+    case KernelDtype::Float32:
+      return "float32";
+    default:
+      return "unsupported";
+  }
+}
+
+KernelDtype parse_dtype(const std::string& name) {
+  if (name == "float16") return KernelDtype::Float16;
+  if (name == "bfloat16") return KernelDtype::BFloat16;
+  if (name == "float32") return KernelDtype::Float32;
+  throw std::invalid_argument("dtype must be 'float16', 'bfloat16' or 'float32', got '" + name + "'");
+}
+
+bool is_gqa_decode_geometry(int num_heads, int num_kv_heads, int head_size) {
+  for (const Geometry& g : kGqaGeometries) {
+    if (g.num_heads == num_heads && g.num_kv_heads == num_kv_heads && g.head_size == head_size) return true;
+  }
+  return false;
+}
+
+bool is_kernel_block_size(int block_size) {
+  for (int b : kKernelBlockSizes) {
+    if (b == block_size) return true;
+  }
+  return false;
+}
+
+int64_t complete_partition_work(const PagedProblem& p, int partition_size) {
+  int64_t partitions = 0;
+  for (size_t s = 0; s < p.seq_lens.size(); ++s) {
+    partitions += int64_t(p.query_lens[s]) * (p.seq_lens[s] / partition_size);
+  }
+  return partitions * p.num_heads;
+}
+
+PagedDispatch decide_paged_dispatch(const PagedProblem& p, const DispatchEnv& env) {
+  if (p.seq_lens.size() != p.query_lens.size()) {
+    throw std::invalid_argument("paged dispatch: seq_lens and query_lens differ in length");
+  }
+  const int num_seqs = static_cast<int>(p.seq_lens.size());
+  int64_t total_q = 0;
+  bool decode = num_seqs > 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    total_q += p.query_lens[s];
+    decode = decode && p.query_lens[s] == 1;
+  }
+  PagedDispatch d;
+  if (total_q == 0) {
+    d.reason = "no query rows";
+    return d;
+  }
+  const int64_t budget = int64_t(kSimdgroupsPerCore) * std::max(env.compute_units, 1);
+  const int max_context = longest(p.seq_lens);
+
+  if (decode) {
+    std::string why_not;
+    if (env.gqa_decode_disabled) {
+      why_not = "GQA decode disabled (VLLM_METAL_DISABLE_GQA_DECODE)";
+    } else if (!is_gqa_decode_geometry(p.num_heads, p.num_kv_heads, p.head_size)) {
+      why_not = "no GQA decode kernel for (" + std::to_string(p.num_heads) + ", " +
+          std::to_string(p.num_kv_heads) + ", " + std::to_string(p.head_size) + ")";
+    } else if (!is_kernel_block_size(p.block_size)) {
+      why_not = "block size " + std::to_string(p.block_size) + " is not a kernel block size";
+    } else if (p.query_dtype != p.cache_dtype || p.cache_dtype == KernelDtype::Unsupported) {
+      why_not = "query and cache dtypes differ";
+    } else {
+      for (int partition : {choose_partition(p, budget), kPartitionSize}) {
+        const int parts = static_cast<int>(ceil_div(std::max(max_context, 1), partition));
+        const int64_t scratch = scratch_bytes(num_seqs, p.num_heads, parts, p.head_size);
+        if (scratch <= kMaxScratchBytes) {
+          d.route = PagedRoute::GqaDecode;
+          d.partition_size = partition;
+          d.num_partitions = parts;
+          d.scratch_bytes = scratch;
+          d.reason = "GQA decode: " + describe(partition, parts, scratch);
+          return d;
+        }
+      }
+      why_not = "GQA scratch above 512 MiB";
+    }
+    d.reason = why_not + "; ";
+  }
+
+  // General path: split long contexts when one threadgroup per (row, head)
+  // leaves the GPU (or the CPU threads) under-filled.
+  if (total_q * p.num_heads < budget) {
+    for (int partition : {choose_partition(p, budget), kPartitionSize}) {
+      const int parts = static_cast<int>(ceil_div(std::max(max_context, 1), partition));
+      if (parts < 2) break;
+      const int64_t scratch = scratch_bytes(total_q, p.num_heads, parts, p.head_size);
+      if (scratch <= kMaxScratchBytes) {
+        d.route = PagedRoute::SplitKv;
+        d.partition_size = partition;
+        d.num_partitions = parts;
+        d.scratch_bytes = scratch;
+        d.reason += "split-KV: " + describe(partition, parts, scratch);
+        return d;
+      }
+    }
+  }
+  d.reason += "varlen: " + std::to_string(total_q * p.num_heads) + " (row, head) pairs, budget " +
+      std::to_string(budget);
+  return d;
+}
+
+}  // namespace vllm_metal::dispatch

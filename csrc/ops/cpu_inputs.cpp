@@ -1,0 +1,47 @@
+#include "ops/cpu_inputs.h"
+
+#include "mlx/allocator.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+cpu::Elem elem_of(mx::Dtype t) {
+  if (t == mx::bfloat16) return cpu::Elem::BF16;
+  if (t == mx::float16) return cpu::Elem::F16;
+  return cpu::Elem::F32;
+}
+
+bool is_linear_float(mx::Dtype t) {
+  return t == mx::float32 || t == mx::bfloat16 || t == mx::float16;
+}
+
+void RowContiguous::fill() const {
+  if (copy_from) cpu::copy_to_row_contiguous(src, *copy_from, const_cast<char*>(view.data<char>()));
+}
+
+RowContiguous row_contiguous(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
+  RowContiguous r{a, std::nullopt, nullptr};
+  if (a.flags().row_contiguous) return r;
+  r.view = mx::array(a.shape(), a.dtype(), nullptr, {});
+  r.view.set_data(mx::allocator::malloc(r.view.nbytes()));
+  encoder.add_temporary(r.view);
+  r.copy_from = cpu::StridedLayout{
+      {a.shape().begin(), a.shape().end()}, {a.strides().begin(), a.strides().end()}, a.itemsize()};
+  r.src = a.data<char>();
+  return r;
+}
+
+int64_t leading_rows(const mx::array& x) {
+  int64_t m = 1;
+  for (int d = 0; d + 1 < static_cast<int>(x.ndim()); ++d) m *= x.shape(d);
+  return m;
+}
+
+mx::Shape with_last_dim(const mx::array& x, int n) {
+  mx::Shape shape = x.shape();
+  shape.back() = n;
+  return shape;
+}
+
+} // namespace vllm_metal

@@ -1,0 +1,122 @@
+#include "ops/quantized_matmul.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "cpu/linear_cpu.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "ops/cpu_inputs.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("quantized_matmul: " + msg);
+}
+
+} // namespace
+
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int bits,
+    int group_size,
+    const std::optional<mx::array>& bias,
+    mx::StreamOrDevice s) {
+  if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128) {
+    fail("group_size must be 32, 64 or 128");
+  }
+  if (x.ndim() < 1 || !is_linear_float(x.dtype())) fail("x must be [..., K] float");
+  if (w.ndim() != 2 || w.dtype() != mx::uint32) fail("w must be uint32 [N, K * bits / 32]");
+  if (scales.ndim() != 2 || !is_linear_float(scales.dtype()) ||
+      biases.shape() != scales.shape() || biases.dtype() != scales.dtype()) {
+    fail("scales and biases must be float [N, K / group_size], same dtype");
+  }
+  const int n = w.shape(0);
+  const int k = x.shape(-1);
+  if (static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(k) * bits ||
+      scales.shape(0) != n || static_cast<int64_t>(scales.shape(1)) * group_size != k) {
+    fail("shapes of x [..., K], w [N, K * bits / 32] and scales [N, K / group_size] disagree");
+  }
+  std::vector<mx::array> inputs = {x, w, scales, biases};
+  if (bias) {
+    if (bias->ndim() != 1 || bias->shape(0) != n || !is_linear_float(bias->dtype())) {
+      fail("bias must be float [N]");
+    }
+    inputs.push_back(*bias);
+  }
+  auto stream = mx::to_stream(s);
+  // MLX's type promotion, as nn.QuantizedLinear (matmul, then + bias) gives.
+  mx::Dtype out_type = mx::promote_types(x.dtype(), scales.dtype());
+  if (bias) out_type = mx::promote_types(out_type, bias->dtype());
+  return mx::array(
+      with_last_dim(x, n),
+      out_type,
+      std::make_shared<QuantizedMatmul>(stream, bits, group_size, bias.has_value()),
+      std::move(inputs));
+}
+
+void QuantizedMatmul::eval_cpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  std::vector<RowContiguous> in;
+  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
+
+  const auto& x = in[0].view;
+  const auto& scales = in[2].view;
+  cpu::QuantMatrix w;
+  w.w = in[1].view.data<uint32_t>();
+  w.scales = scales.data<void>();
+  w.biases = in[3].view.data<void>();
+  w.scale_type = elem_of(scales.dtype());
+  w.bits = bits_;
+  w.group_size = group_size_;
+  w.n = in[1].view.shape(0);
+  w.k = x.shape(-1);
+
+  cpu::LinearIO io;
+  io.x = x.data<void>();
+  io.x_type = elem_of(x.dtype());
+  io.m = leading_rows(x);
+  io.bias = has_bias_ ? in[4].view.data<void>() : nullptr;
+  io.bias_type = has_bias_ ? elem_of(in[4].view.dtype()) : cpu::Elem::F32;
+  io.out = out.data<void>();
+  io.out_type = elem_of(out.dtype());
+
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  encoder.dispatch([in = std::move(in), w, io]() {
+    for (const auto& r : in) r.fill();
+    cpu::quantized_matmul_cpu(w, io);
+  });
+}
+
+void QuantizedMatmul::eval_gpu(
+    const std::vector<mx::array>& /* inputs */,
+    std::vector<mx::array>& /* outputs */) {
+  // On Metal the model keeps MLX's own quantized matmul (nothing is routed here).
+  throw std::runtime_error(
+      "VllmMetalQuantizedMatmul is a CPU kernel; on Metal use mx.quantized_matmul "
+      "(run this op on the CPU stream: stream=mx.cpu)");
+}
+
+bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedMatmul&>(other);
+  return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_;
+}
+
+std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  return {with_last_dim(inputs[0], inputs[1].shape(0))};
+}
+
+} // namespace vllm_metal

@@ -1,0 +1,60 @@
+// quantized_matmul: x @ W.T against an MLX affine-quantized W.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace vllm_metal {
+
+/**
+ * Matmul against MLX's affine quantization (mx.quantize, nn.QuantizedLinear).
+ *
+ *   x        [..., K] float32/bfloat16/float16
+ *   w        uint32 [N, K * bits / 32], bits-wide fields, lowest bits first
+ *   scales   [N, K / group_size] float32/bfloat16/float16
+ *   biases   same shape and dtype as scales; W[n, k] = scale * q + bias
+ *   bias     optional [N] float, added to every output row
+ *   returns  [..., N] accumulated in float32, in MLX's promotion of x's,
+ *            the scales' (and the bias') dtypes: x's dtype when they agree
+ *
+ * bits is 4 or 8, group_size 32, 64 or 128.
+ */
+mlx::core::array quantized_matmul(
+    const mlx::core::array& x,
+    const mlx::core::array& w,
+    const mlx::core::array& scales,
+    const mlx::core::array& biases,
+    int bits,
+    int group_size,
+    const std::optional<mlx::core::array>& bias = std::nullopt,
+    mlx::core::StreamOrDevice s = {});
+
+class QuantizedMatmul : public mlx::core::Primitive {
+ public:
+  QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias)
+      : mlx::core::Primitive(stream), bits_(bits), group_size_(group_size), has_bias_(has_bias) {}
+
+  void eval_cpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+  void eval_gpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+
+  const char* name() const override {
+    return "VllmMetalQuantizedMatmul";
+  }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(
+      const std::vector<mlx::core::array>& inputs) override;
+
+ private:
+  int bits_;
+  int group_size_;
+  bool has_bias_;
+};
+
+} // namespace vllm_metal

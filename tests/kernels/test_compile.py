@@ -1,0 +1,91 @@
+"""Every kernels_v2 .metal file and every instantiation compiles on the harness,
+the host builds exactly the instantiated kernel names, and the kernel constants
+reach every build from vllm_metal/metal/constants.py alone."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+from tools.msl_harness import KERNELS_DIR, MslCompileError, MslLibrary, kernel_defines
+from vllm_metal.metal import constants
+
+REPO = Path(__file__).resolve().parents[2]
+DTYPES = ["float16", "bfloat16", "float32"]
+
+
+def host_names(ext) -> set[str]:
+    """Every kernel name eval_gpu can ask for, built by the host's own name builders."""
+    shapes = ext._kernel_shapes()
+    names = set()
+    for dtype, hd, bs in itertools.product(DTYPES, shapes["head_sizes"], shapes["block_sizes"]):
+        plan = ext._metal_launch_plan([600], [1], 2, 1, hd, bs, dtype, "SplitKv", partition_size=256,
+                                      scale=1.0, max_blocks_per_seq=600 // bs + 1)
+        names.update(launch["kernel"] for launch in plan["launches"])
+    for dtype, (hq, hkv, hd), bs in itertools.product(DTYPES, shapes["gqa_decode_geometries"],
+                                                     shapes["block_sizes"]):
+        plan = ext._metal_launch_plan([10], [1], hq, hkv, hd, bs, dtype, "GqaDecode", partition_size=512,
+                                      scale=1.0, max_blocks_per_seq=2)
+        names.update(launch["kernel"] for launch in plan["launches"])
+    for dtype in DTYPES:
+        names.add(ext._reshape_and_cache_plan(dtype, 1, 64, 64)["launch"]["kernel"])
+    return names
+
+
+def test_every_metal_file_compiles(kernels):
+    assert sorted(kernels) == sorted(p.stem for p in KERNELS_DIR.glob("*.metal"))
+    assert all(lib.kernels for lib in kernels.values())
+
+
+def test_host_names_are_exactly_the_instantiations(kernels, ext):
+    instantiated = set().union(*(lib.kernels for lib in kernels.values()))
+    assert host_names(ext) == instantiated
+    # 63 varlen + 36 GQA decode (12 specializations x 3 dtypes) + 21 reduce + 3 cache writes
+    assert len(instantiated) == 63 + 36 + 21 + 3
+
+
+def test_block_size_instantiations_follow_constants_py(kernels):
+    gqa = kernels["paged_attention_gqa_decode"].kernels
+    sizes = {int(re.search(r"_bs(\d+)$", name).group(1)) for name in gqa}
+    assert sizes == set(constants.KERNEL_BLOCK_SIZES)
+
+
+def test_harness_defines_come_from_constants_py():
+    defines = kernel_defines()
+    assert defines["VLLM_METAL_PARTITION_SIZE"] == str(constants.PARTITION_SIZE)
+    assert defines["VLLM_METAL_KERNEL_BLOCK_SIZES"] == ",".join(map(str, constants.KERNEL_BLOCK_SIZES))
+
+
+def test_extension_was_built_with_constants_py(ext):
+    assert ext.PARTITION_SIZE == constants.PARTITION_SIZE
+    assert tuple(ext.KERNEL_BLOCK_SIZES) == tuple(constants.KERNEL_BLOCK_SIZES)
+    assert ext._kernel_shapes()["block_sizes"] == list(constants.KERNEL_BLOCK_SIZES)
+
+
+def test_kernels_refuse_to_build_without_the_constants(tmp_path):
+    with pytest.raises(MslCompileError, match="must come from vllm_metal/metal/constants.py"):
+        MslLibrary(KERNELS_DIR / "paged_attention_gqa_decode.metal", defines={}, cache_dir=tmp_path)
+
+
+def test_partition_size_not_dividing_a_block_size_is_a_compile_error(tmp_path):
+    # The GQA kernel asserts partitions hold whole pages: a drifted constant cannot slip through.
+    defines = dict(kernel_defines(), VLLM_METAL_PARTITION_SIZE="520")
+    with pytest.raises(MslCompileError, match="partitions must hold whole pages"):
+        MslLibrary(KERNELS_DIR / "paged_attention_gqa_decode.metal", defines=defines, cache_dir=tmp_path)
+
+
+def test_no_source_defines_its_own_copy_of_the_constants():
+    pattern = re.compile(r"#\s*define\s+VLLM_METAL_(PARTITION_SIZE|KERNEL_BLOCK_SIZES)\b|"
+                         r"\b(kPartitionSize|kKernelBlockSizes)\s*=\s*\d")
+    sources = [*KERNELS_DIR.glob("*"), *(REPO / "csrc").rglob("*.[ch]*")]
+    offenders = [str(p.relative_to(REPO)) for p in sources if p.is_file() and pattern.search(p.read_text())]
+    assert offenders == []
+
+
+def test_cmake_passes_the_same_macros_to_the_metal_compiler():
+    cmake = (REPO / "csrc" / "cmake" / "kernels_v2.cmake").read_text()
+    assert "-DVLLM_METAL_PARTITION_SIZE=${VLLM_METAL_PARTITION_SIZE}" in cmake
+    assert "-DVLLM_METAL_KERNEL_BLOCK_SIZES=${VLLM_METAL_KERNEL_BLOCK_SIZES}" in cmake

@@ -1,0 +1,1 @@
+"""Model-level adaptations of mlx-lm models (CPU fast path)."""

@@ -1,0 +1,126 @@
+"""Route an mlx-lm model's linear layers through vllm-metal's CPU kernels.
+
+MLX's Linux CPU backend computes matmuls with a reference BLAS and scalar
+quantized kernels; ``use_fast_cpu_linears`` switches every ``nn.Linear``,
+``nn.QuantizedLinear``, ``nn.Embedding`` and ``nn.QuantizedEmbedding`` (and so
+a tied ``as_linear`` head) to the extension's SIMD, multi-threaded ops. It
+changes the class of each module in place: parameters, parents and any other
+reference to the module stay as they are, and nothing is copied. On Metal it
+does nothing: MLX's own GPU kernels stay.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from vllm_metal.metal import get_ops
+from vllm_metal.ops.linear import BITS, GROUP_SIZES
+
+_FLOATS = (mx.float32, mx.bfloat16, mx.float16)
+
+# The modules call the extension directly, not vllm_metal.ops.linear: their
+# parameters are checked once when switched (_quantized_ok / _dense_ok), the
+# extension checks x itself, and a decode step makes ~200 of these calls.
+
+
+class FastLinear(nn.Linear):
+    """nn.Linear through ``dense_matmul``: x [..., K] -> [..., N]."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return get_ops().dense_matmul(x, self["weight"], self.get("bias"))
+
+
+class FastQuantizedLinear(nn.QuantizedLinear):
+    """nn.QuantizedLinear (affine) through ``quantized_matmul``: x [..., K] -> [..., N]."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return get_ops().quantized_matmul(x, self["weight"], self["scales"], self["biases"],
+                                          self.bits, self.group_size, self.get("bias"))
+
+
+class FastEmbedding(nn.Embedding):
+    """nn.Embedding through ``embedding_gather``; ``as_linear`` through ``dense_matmul``."""
+
+    activation_dtype: mx.Dtype | None = None  # see use_fast_cpu_linears
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return _as_activation(self, get_ops().embedding_gather(ids, self["weight"]))
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return get_ops().dense_matmul(x, self["weight"])
+
+
+class FastQuantizedEmbedding(nn.QuantizedEmbedding):
+    """nn.QuantizedEmbedding through ``embedding_gather`` (only the gathered rows
+    are dequantized); ``as_linear`` through ``quantized_matmul``."""
+
+    activation_dtype: mx.Dtype | None = None  # see use_fast_cpu_linears
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        rows = get_ops().embedding_gather(ids, self["weight"], self["scales"], self["biases"],
+                                          self.bits, self.group_size)
+        return _as_activation(self, rows)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return get_ops().quantized_matmul(x, self["weight"], self["scales"], self["biases"],
+                                          self.bits, self.group_size)
+
+
+def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = None) -> int:
+    """Switch the supported linear and embedding modules of ``model`` to the CPU ops.
+
+    Only when MLX's default device is the CPU; returns how many modules were
+    switched (0 on Metal). Modules the kernels do not cover (other quantization
+    modes or bit widths, integer weights) keep MLX's implementation. Idempotent.
+
+    ``activation_dtype`` (e.g. mx.float32) makes the token embeddings return that
+    dtype, so bf16/fp16 weights compute on fp32 activations: the ops follow MLX's
+    type promotion, so the activations then stay fp32 through the network.
+    """
+    if mx.default_device().type != mx.cpu:
+        return 0
+    get_ops()  # fail here, not in the first forward, if the extension is missing
+    switched = 0
+    for _, module in model.named_modules():
+        fast = _fast_class(module)
+        if fast is not None:
+            module.__class__ = fast
+            switched += 1
+        if isinstance(module, (FastEmbedding, FastQuantizedEmbedding)):
+            module.activation_dtype = activation_dtype
+    return switched
+
+
+def _as_activation(module: nn.Module, rows: mx.array) -> mx.array:
+    dtype = module.activation_dtype
+    return rows if dtype is None or rows.dtype == dtype else rows.astype(dtype)
+
+
+def _fast_class(module: nn.Module) -> type | None:
+    # Exact types only: a subclass may have changed what __call__ computes.
+    kind = type(module)
+    if kind is nn.Linear and _dense_ok(module):
+        return FastLinear
+    if kind is nn.Embedding and _dense_ok(module):
+        return FastEmbedding
+    if kind is nn.QuantizedLinear and _quantized_ok(module):
+        return FastQuantizedLinear
+    if kind is nn.QuantizedEmbedding and _quantized_ok(module):
+        return FastQuantizedEmbedding
+    return None
+
+
+def _dense_ok(module: nn.Module) -> bool:
+    bias = module.get("bias")
+    return (module["weight"].ndim == 2 and module["weight"].dtype in _FLOATS
+            and (bias is None or bias.dtype in _FLOATS))
+
+
+def _quantized_ok(module: nn.Module) -> bool:
+    scales, biases, bias = module["scales"], module.get("biases"), module.get("bias")
+    return (getattr(module, "mode", "affine") == "affine"
+            and module.bits in BITS and module.group_size in GROUP_SIZES
+            and biases is not None and module["weight"].dtype == mx.uint32
+            and scales.dtype in _FLOATS and biases.dtype == scales.dtype
+            and (bias is None or bias.dtype in _FLOATS))

@@ -1,0 +1,166 @@
+"""The linear-layer ops as lazy MLX graph nodes (CPU kernels of ``vllm_metal._ext``).
+
+``quantized_matmul`` and ``dense_matmul`` compute ``x @ W.T`` with fp32
+accumulation, ``embedding_gather`` reads rows of a dense or quantized table.
+Each validates its arguments (ValueError/TypeError naming the bad one) and
+returns an unevaluated array; nothing here calls ``mx.eval``. Ids outside the
+table raise when the result is evaluated. vllm_metal.ops.reference holds the
+pure-MLX versions.
+
+These are CPU kernels: on macOS they run on the CPU stream; the model only
+routes through them when MLX computes on the CPU (models/cpu_fast_path.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from numbers import Integral
+
+import mlx.core as mx
+
+from vllm_metal.metal import get_ops
+
+__all__ = ["dense_matmul", "embedding_gather", "quantized_matmul"]
+
+_FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+_ID_DTYPES = (mx.int32, mx.int64, mx.uint32, mx.int16, mx.uint16, mx.int8, mx.uint8)
+BITS = (4, 8)
+GROUP_SIZES = (32, 64, 128)
+
+
+def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *,
+                     bits: int, group_size: int, bias: mx.array | None = None) -> mx.array:
+    """``x @ W.T`` for an MLX affine-quantized ``W`` (``mx.quantize`` layout).
+
+    x:      [..., K] float32/bfloat16/float16
+    w:      uint32 [N, K * bits / 32]; field j of a word (lowest bits first) is column
+            32 / bits * word + j
+    scales, biases: [N, K / group_size], one float dtype; W = scales * q + biases
+    bias:   optional [N] float, added to every row
+    Returns [..., N], accumulated in float32, in MLX's promotion of the x, scales
+    and bias dtypes (as nn.QuantizedLinear returns: x's dtype when they agree).
+    """
+    bits = _choice("bits", bits, BITS)
+    group_size = _choice("group_size", group_size, GROUP_SIZES)
+    k = _float_input("x", x)
+    _array("w", w)
+    if w.dtype != mx.uint32 or w.ndim != 2:
+        raise TypeError(f"w must be a 2-D uint32 array [N, K * bits / 32], got {w.dtype} "
+                        f"{w.shape}")
+    n = w.shape[0]
+    if w.shape[1] * 32 != k * bits:
+        raise ValueError(f"w [N, K * bits / 32] = {w.shape} does not match x's K = {k} at "
+                         f"bits={bits}")
+    groups_shape = (n, k // group_size)
+    if k % group_size:
+        raise ValueError(f"x's K = {k} is not a multiple of group_size {group_size}")
+    for name, a in (("scales", scales), ("biases", biases)):
+        _float_array(name, a)
+        if a.shape != groups_shape:
+            raise ValueError(f"{name} must be [N, K / group_size] = {groups_shape}, got {a.shape}")
+    if biases.dtype != scales.dtype:
+        raise TypeError(f"biases dtype {biases.dtype} must equal scales dtype {scales.dtype}")
+    _check_bias(bias, n)
+    return get_ops().quantized_matmul(x, w, scales, biases, bits, group_size, bias,
+                                      stream=_stream())
+
+
+def dense_matmul(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
+    """``x @ w.T`` with fp32 accumulation.
+
+    x:    [..., K] float32/bfloat16/float16
+    w:    [N, K] float32/bfloat16/float16
+    bias: optional [N] float, added to every row
+    Returns [..., N], accumulated in float32, in MLX's promotion of the x, w and
+    bias dtypes (as nn.Linear returns: x's dtype when they agree).
+    """
+    k = _float_input("x", x)
+    _float_array("w", w)
+    if w.ndim != 2 or w.shape[1] != k:
+        raise ValueError(f"w must be [N, K] with x's K = {k}, got {w.shape}")
+    _check_bias(bias, w.shape[0])
+    return get_ops().dense_matmul(x, w, bias, stream=_stream())
+
+
+def embedding_gather(ids: mx.array, table: mx.array, scales: mx.array | None = None,
+                     biases: mx.array | None = None, *, bits: int | None = None,
+                     group_size: int | None = None) -> mx.array:
+    """Rows ``ids`` of an embedding table.
+
+    ids:    integer [...]
+    table:  dense [V, D] float, or quantized uint32 [V, D * bits / 32] with
+            scales/biases [V, D / group_size] (then bits and group_size are required)
+    Returns [..., D] in the table's dtype (dense) or the scales' dtype (quantized:
+    only the gathered rows are dequantized). An id outside [0, V) raises at evaluation.
+    """
+    _array("ids", ids)
+    if ids.dtype not in _ID_DTYPES:
+        raise TypeError(f"ids must be an integer array, got {ids.dtype}")
+    _array("table", table)
+    if table.ndim != 2:
+        raise ValueError(f"table must be 2-D, got shape {table.shape}")
+    if scales is None and biases is None:
+        if table.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"a dense table must be float32, bfloat16 or float16, got "
+                            f"{table.dtype} (quantized tables need scales and biases)")
+        return get_ops().embedding_gather(ids, table, stream=_stream())
+    if scales is None or biases is None:
+        raise ValueError("scales and biases must be given together")
+    bits = _choice("bits", bits, BITS)
+    group_size = _choice("group_size", group_size, GROUP_SIZES)
+    if table.dtype != mx.uint32:
+        raise TypeError(f"a quantized table must be uint32, got {table.dtype}")
+    d = table.shape[1] * 32 // bits
+    groups_shape = (table.shape[0], d // group_size)
+    if d % group_size:
+        raise ValueError(f"the table's row width D = {d} is not a multiple of group_size "
+                         f"{group_size}")
+    for name, a in (("scales", scales), ("biases", biases)):
+        _float_array(name, a)
+        if a.shape != groups_shape:
+            raise ValueError(f"{name} must be [V, D / group_size] = {groups_shape}, "
+                             f"got {a.shape}")
+    if biases.dtype != scales.dtype:
+        raise TypeError(f"biases dtype {biases.dtype} must equal scales dtype {scales.dtype}")
+    return get_ops().embedding_gather(ids, table, scales, biases, bits, group_size,
+                                      stream=_stream())
+
+
+def _stream() -> mx.Stream | mx.Device | None:
+    # CPU kernels: on macOS the default device is the GPU, so ask for the CPU stream.
+    return mx.cpu if sys.platform == "darwin" else None
+
+
+def _array(name: str, a: object) -> None:
+    if not isinstance(a, mx.array):
+        raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
+
+
+def _float_array(name: str, a: object) -> None:
+    _array(name, a)
+    if a.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16, got {a.dtype}")
+
+
+def _float_input(name: str, x: object) -> int:
+    """Validate x [..., K]; returns K."""
+    _float_array(name, x)
+    if x.ndim < 1:
+        raise ValueError(f"{name} must be at least 1-D [..., K], got a scalar")
+    return x.shape[-1]
+
+
+def _check_bias(bias: object, n: int) -> None:
+    if bias is None:
+        return
+    _float_array("bias", bias)
+    if bias.shape != (n,):
+        raise ValueError(f"bias must be [N] = ({n},), got {bias.shape}")
+
+
+def _choice(name: str, value: object, allowed: tuple[int, ...]) -> int:
+    if not isinstance(value, Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value}")
+    return int(value)
