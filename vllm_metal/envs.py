@@ -37,6 +37,13 @@ def _positive_int_or_zero(raw: str) -> int:
     return value
 
 
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError(f"expected a number > 0, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class EnvVar:
     default: str
@@ -59,6 +66,10 @@ VARIABLES: dict[str, EnvVar] = {
     "VLLM_METAL_GGUF_CACHE": EnvVar(
         "~/.cache/vllm-metal/gguf", str,
         "Where the config and tokenizer files derived from a GGUF's metadata are cached."),
+    "VLLM_METAL_CPU_KV_CACHE_GIB": EnvVar(
+        "4", _positive_float,
+        "On the CPU backend, the most KV cache (GiB) the budget may allocate; "
+        "--kv-cache-memory overrides it."),
     "VLLM_METAL_DEBUG_SYNC": EnvVar(
         "0", _bool,
         "Evaluate after every model forward (debugging aid; slower)."),

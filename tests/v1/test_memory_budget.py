@@ -23,3 +23,11 @@ def test_one_request_that_does_not_fit_is_refused_with_numbers_and_flags():
     message = str(info.value)
     assert "--gpu-memory-utilization" in message and "--max-model-len" in message
     assert "2.40 GiB" in message  # the budget
+
+
+def test_cap_limits_kv_but_never_below_one_request():
+    budget = MemoryBudget(device_total=16 * GiB, utilization=0.9, weights=0, activations=0)
+    block = 1 << 20
+    assert budget.kv_cache_bytes(block, 16, 4096, 64, cap=2 * GiB) == 2 * GiB
+    # One 4096-token request needs 256 blocks = 256 MiB: a smaller cap is raised to it.
+    assert budget.kv_cache_bytes(block, 16, 4096, 64, cap=1 << 20) == 257 * block

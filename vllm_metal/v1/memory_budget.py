@@ -37,8 +37,9 @@ class MemoryBudget:
         return self.budget - self.weights - self.activations
 
     def kv_cache_bytes(self, bytes_per_block: int, block_size: int, max_model_len: int,
-                       max_num_seqs: int) -> int:
-        """KV bytes to allocate: what the budget leaves, capped at what the scheduler can use.
+                       max_num_seqs: int, cap: int | None = None) -> int:
+        """KV bytes to allocate: what the budget leaves, capped at what the scheduler can use
+        and at ``cap`` (raised to one max-length request if smaller).
 
         Raises InsufficientMemoryError when one max-length request does not fit.
         """
@@ -56,4 +57,7 @@ class MemoryBudget:
         # More blocks than max_num_seqs full-length requests can never be used at
         # once; keeping them from other applications helps nobody.
         useful = one_request * max_num_seqs + bytes_per_block
-        return min(available, useful)
+        kv = min(available, useful)
+        if cap is not None:
+            kv = min(kv, max(cap, one_request + bytes_per_block))
+        return kv

@@ -21,6 +21,33 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm_metal")
 
 
+def _cpu_kv_cap() -> int | None:
+    """On the CPU backend the KV cache is host RAM shared with everything else:
+    cap it (VLLM_METAL_CPU_KV_CACHE_GIB) unless the user sized it with --kv-cache-memory."""
+    from vllm_metal import envs
+
+    if mx.metal.is_available():
+        return None
+    cap = int(envs.VLLM_METAL_CPU_KV_CACHE_GIB * 2**30)
+    available = _available_host_memory()
+    if available is not None:
+        # Leave room for the API server, the client and the OS: never OOM the host.
+        cap = min(cap, max(available - 2 * 2**30, 0))
+    return cap
+
+
+def _available_host_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 class MetalWorker(WorkerBase):
     def __init__(self, vllm_config: VllmConfig, local_rank: int, rank: int,
                  distributed_init_method: str, is_driver_worker: bool = False) -> None:
@@ -79,7 +106,8 @@ class MetalWorker(WorkerBase):
             activations=self._activation_bytes,
         )
         kv_bytes = budget.kv_cache_bytes(runner.kv_bytes_per_block(), runner.block_size,
-                                         runner.max_model_len, runner.max_num_reqs)
+                                         runner.max_model_len, runner.max_num_reqs,
+                                         cap=_cpu_kv_cap())
         logger.info("Memory budget %.2f GiB: weights %.2f GiB, activations %.2f GiB, "
                     "KV cache %.2f GiB", budget.budget / 2**30, budget.weights / 2**30,
                     budget.activations / 2**30, kv_bytes / 2**30)
