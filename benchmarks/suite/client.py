@@ -76,13 +76,16 @@ def summarize(raw: dict) -> dict:
 
 
 def run_level(base_url: str, launch: Launch, tokenizer: Path, level: Level, work: Path,
-              timeout: float | None) -> dict:
-    """Run one level; a failed or timed-out client becomes a row with `status`, not an exception."""
-    name = f"c{level.concurrency}-n{level.num_prompts}.json"
+              timeout: float | None, tag: str) -> dict:
+    """Run one level; a failed or timed-out client becomes a row with `status`, not an exception.
+
+    Result and log files in `work` are named after `tag` (the server) and the level.
+    """
+    name = f"{tag}-c{level.concurrency}-n{level.num_prompts}.json"
     result = work / name
     result.unlink(missing_ok=True)
     cmd = bench_command(base_url, launch, tokenizer, level, work, name)
-    log = work / f"client-c{level.concurrency}.log"
+    log = work / f"client-{tag}-c{level.concurrency}.log"
     row = {"concurrency": level.concurrency, "num_prompts": level.num_prompts,
            "seed": level.seed, "command": shlex.join(cmd)}
     begin = time.monotonic()

@@ -83,6 +83,7 @@ def run_server(server: Server, models: ModelFiles, cfg: SuiteConfig, work: Path)
         pace = client.probe_seconds_per_token(proc.base_url, launch)
         rec["probe_s_per_token"] = pace
         best_tok_s = 1.0 / pace if pace else None
+        measured = None
         for c, asked in zip(cfg.levels, cfg.requests):
             plan = plan_level(c, asked, client.OUTPUT_LEN, best_tok_s, cfg.time_cap_s)
             level = client.Level(c, plan.num_prompts, client.level_seed(c))
@@ -94,11 +95,13 @@ def run_server(server: Server, models: ModelFiles, cfg: SuiteConfig, work: Path)
                 timeout = (2 * max(cfg.time_cap_s, plan.estimate_s or 0) + 300
                            if cfg.time_cap_s else None)
                 row = client.run_level(proc.base_url, launch, models.tokenizer_dir, level, work,
-                                       timeout)
+                                       timeout, tag=server.name)
                 row["requested"] = asked
                 row["capped"] = plan.num_prompts < asked
                 if row.get("output_tok_s"):
-                    best_tok_s = max(best_tok_s or 0, row["output_tok_s"])
+                    # A measured level replaces the probe: the probe has no long prompt to prefill.
+                    measured = max(measured or 0, row["output_tok_s"])
+                    best_tok_s = measured
             print(f"   c={c}: {row.get('status')} {row.get('output_tok_s')}", flush=True)
             rec["levels"].append(row)
     except ServerStartError as e:
