@@ -14,6 +14,10 @@
 #include "ops/quantized_matmul.h"
 #include "ops/dense_matmul.h"
 #include "ops/embedding_gather.h"
+#include "ops/rms_norm.h"
+#include "ops/rope.h"
+#include "ops/decoder_stack.h"
+#include <nanobind/stl/vector.h>
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -106,6 +110,59 @@ dtypes.)");
       R"(Rows ids [...] of a dense table [V, D] (-> [..., D], table dtype) or of a
 quantized one (uint32 [V, D * bits / 32] with scales/biases [V, D / group_size]
 -> [..., D] in scales' dtype). Ids outside [0, V) raise at evaluation.)");
+
+  m.def(
+      "rms_norm",
+      &vllm_metal::rms_norm,
+      "x"_a,
+      "weight"_a.none(),
+      "eps"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(x [..., D] * rsqrt(mean(x^2) + eps) * weight [D] (weight may be None), fp32
+arithmetic; returns x's shape in MLX's promotion of x's and weight's dtypes.)");
+
+  m.def(
+      "rope",
+      &vllm_metal::rope,
+      "x"_a,
+      "dims"_a,
+      nb::kw_only(),
+      "traditional"_a,
+      "base"_a.none(),
+      "scale"_a,
+      "offset"_a,
+      "freqs"_a = nb::none(),
+      "stream"_a = nb::none(),
+      R"(Rotary embedding of x [B, ..., L, D] at positions offset [] or [B] + l, as
+mx.fast.rope: the first dims features turn by position * scale * inv_freq,
+inv_freq = base^(-2i/dims) or 1 / freqs. Returns x's shape and dtype.)");
+
+  m.attr("STACK_LAYER_INTS") = vllm_metal::kStackLayerInts;
+  m.attr("STACK_LAYER_FLOATS") = vllm_metal::kStackLayerFloats;
+  m.def(
+      "decoder_stack",
+      &vllm_metal::decoder_stack,
+      "x"_a,
+      "arrays"_a,
+      "ints"_a,
+      "floats"_a,
+      "final_norm"_a,
+      "final_eps"_a,
+      "positions"_a,
+      "slot_mapping"_a,
+      "block_tables"_a,
+      "seq_lens"_a,
+      "cu_seqlens_q"_a,
+      "num_heads"_a,
+      "num_kv_heads"_a,
+      "head_dim"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(A llama-family decoder stack (every layer, then the final RMSNorm) as one
+CPU node; the per-layer spec layout is in csrc/ops/decoder_stack.h. x float32
+[1, T, hidden]. Returns [hidden [1, T, hidden], key_cache_0, value_cache_0, ...],
+the caches written in place.)");
 
   m.def("_data_ptr", &vllm_metal::data_ptr, "array"_a,
         "Address of an evaluated array's first element (tests).");

@@ -56,6 +56,10 @@ VARIABLES: dict[str, EnvVar] = {
         "auto", _platform_mode,
         "auto: activate on Apple Silicon with Metal, or on Linux when no accelerator "
         "platform claims the machine; force (1): always activate; off (0): never."),
+    "VLLM_METAL_CPU_DECODER_STACK": EnvVar(
+        "1", _bool,
+        "1: on the CPU backend, run the decoder layers of llama/mistral/qwen2/qwen3 "
+        "models as one native node per step; 0: module by module (A/B)."),
     "VLLM_METAL_CPU_THREADS": EnvVar(
         "0", _positive_int_or_zero,
         "Threads of the extension's CPU kernel pool; 0 means one per hardware thread."),

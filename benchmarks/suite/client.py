@@ -1,4 +1,9 @@
-"""The workload: `vllm bench serve` on the random dataset, one run per concurrency level."""
+"""The workload: `vllm bench serve` on the random dataset, one run per concurrency level.
+
+The client's own warm-up is off (`--num-warmups 0`): it would resend the level's first
+prompt, which every server then answers from its prefix cache, and it costs the MLX
+peers ~45 s a level. The suite warms each server up once instead (probe.py).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import requests
 
 from benchmarks.suite.servers.base import Launch
 
@@ -46,7 +49,7 @@ def bench_command(base_url: str, launch: Launch, tokenizer: Path, level: Level,
            "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "0",
            "--num-prompts", str(level.num_prompts), "--max-concurrency", str(level.concurrency),
            "--request-rate", "inf", "--temperature", "0", "--ignore-eos",
-           "--seed", str(level.seed), "--num-warmups", "1", "--disable-tqdm",
+           "--seed", str(level.seed), "--num-warmups", "0", "--disable-tqdm",
            "--save-result", "--save-detailed", "--result-dir", str(result_dir),
            "--result-filename", result_name]
     if launch.extra_body:
@@ -103,19 +106,3 @@ def run_level(base_url: str, launch: Launch, tokenizer: Path, level: Level, work
         row.update(summarize(json.loads(result.read_text())))
         row["status"] = "ok" if row["completed"] else "all requests failed"
     return row
-
-
-def probe_seconds_per_token(base_url: str, launch: Launch, tokens: int = 16,
-                            timeout: float = 600) -> float | None:
-    """Seconds per generated token of one short greedy request: a rough single-stream pace
-    that sizes a level under the time cap. None when the probe fails."""
-    body = {"model": launch.model_name, "prompt": "The history of the city begins",
-            "max_tokens": tokens, "temperature": 0, **(launch.extra_body or {})}
-    begin = time.monotonic()
-    try:
-        r = requests.post(base_url + "/v1/completions", json=body, timeout=timeout)
-        r.raise_for_status()
-        produced = (r.json().get("usage") or {}).get("completion_tokens") or tokens
-    except (requests.RequestException, ValueError):
-        return None
-    return (time.monotonic() - begin) / max(1, produced)

@@ -9,6 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import requests
 
 from benchmarks.suite.servers.base import Launch
@@ -81,7 +82,24 @@ class ServerProcess:
         except ProcessLookupError:
             pass
 
-    def _reap_group(self) -> None:
-        # Workers (vLLM's engine core, servers' children) may outlive the leader: kill the rest.
-        if self.proc is not None:
-            self._signal(signal.SIGKILL)
+    def _reap_group(self, wait: float = 15.0) -> None:
+        # Workers (vLLM's engine core, servers' children) may outlive the leader: kill the
+        # rest and wait until they are gone, so the next server starts on an idle machine.
+        if self.proc is None:
+            return
+        self._signal(signal.SIGKILL)
+        deadline = time.monotonic() + wait
+        while group_members(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids of the live (not zombie) processes in process group `pgid`."""
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(proc.pid)
+        except (psutil.Error, OSError):
+            continue
+    return out

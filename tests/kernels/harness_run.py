@@ -4,7 +4,9 @@ The plan (kernel names, grids, threadgroup sizes, function constants, the
 parameter block as bytes) comes from the C++ dispatch layer, exactly what
 eval_gpu encodes on a Mac; this module binds numpy copies of the inputs to the
 kernels' [[buffer(n)]] slots and runs the launches in order. Outputs and
-scratch start as NaN, so anything a kernel fails to write shows.
+scratch start as NaN, so anything a kernel fails to write shows. Every run is
+repeated under at least two lane orders and must agree bit for bit: a missing
+barrier or a lane-order race would make them differ.
 """
 
 from __future__ import annotations
@@ -50,11 +52,26 @@ def query_lens(batch: PagedBatch) -> list[int]:
     return [int(x) for x in np.diff(cu)]
 
 
+DEFAULT_ORDERS = ("forward", "reverse")
+
+
+def check_orders(orders: tuple[str, ...]) -> None:
+    if len(set(orders)) < 2:
+        raise ValueError(f"run every kernel test under at least two lane orders, got {orders}")
+
+
+def assert_same_bits(results: list[np.ndarray], orders: tuple[str, ...]) -> None:
+    for order, result in zip(orders[1:], results[1:]):
+        assert result.tobytes() == results[0].tobytes(), f"lane orders {orders[0]} and {order} disagree"
+
+
 def run_paged_attention(kernels: dict, ext, batch: PagedBatch, route: str, *, partition_size: int = 512,
-                        order: str = "forward", sliding_window: int | None = None,
+                        orders: tuple[str, ...] = DEFAULT_ORDERS, sliding_window: int | None = None,
                         softcap: float | None = None, sinks: mx.array | None = None,
                         guard: bool = False) -> tuple[np.ndarray, dict]:
-    """(output as float32 [total_q, H, D], plan) of `route` run on the harness."""
+    """(output as float32 [total_q, H, D], plan) of `route` run on the harness under
+    each of `orders` (which must agree bit for bit)."""
+    check_orders(orders)
     q, kc, vc = raw(batch.query), raw(batch.key_cache), raw(batch.value_cache)
     dtype = batch.key_cache.dtype
     num_heads, head_size = q.shape[1], q.shape[2]
@@ -65,31 +82,43 @@ def run_paged_attention(kernels: dict, ext, batch: PagedBatch, route: str, *, pa
         max_blocks_per_seq=batch.block_tables.shape[1])
     rows = max(plan["partial_rows"], 1)
     parts = plan["num_partitions"]
-    buffers = {
-        0: q, 1: kc, 2: vc,
-        3: np.array(batch.block_tables, np.int32), 4: np.array(batch.seq_lens, np.int32),
-        5: np.array(batch.cu_seqlens_q, np.int32),
-        6: np.array(sinks.astype(mx.float32)) if sinks is not None else np.zeros(1, np.float32),
-        7: nan_like(q.shape, q),
-        8: np.full((rows, num_heads, parts, 2), np.nan, np.float32),
-        9: np.full((rows, num_heads, parts, head_size), np.nan, np.float32),
-        10: plan["params"],
-    }
-    for launch in plan["launches"]:
-        lib = find_library(kernels, launch["kernel"])
-        lib.dispatch(launch["kernel"], launch["grid"], launch["threads"], buffers,
-                     constants=launch["constants"], order=order, guard=guard)
-    return as_float32(buffers[7], dtype), plan
+    outputs = []
+    for order in orders:
+        buffers = {
+            0: q, 1: kc, 2: vc,
+            3: np.array(batch.block_tables, np.int32), 4: np.array(batch.seq_lens, np.int32),
+            5: np.array(batch.cu_seqlens_q, np.int32),
+            6: np.array(sinks.astype(mx.float32)) if sinks is not None else np.zeros(1, np.float32),
+            7: nan_like(q.shape, q),
+            8: np.full((rows, num_heads, parts, 2), np.nan, np.float32),
+            9: np.full((rows, num_heads, parts, head_size), np.nan, np.float32),
+            10: plan["params"],
+        }
+        for launch in plan["launches"]:
+            lib = find_library(kernels, launch["kernel"])
+            lib.dispatch(launch["kernel"], launch["grid"], launch["threads"], buffers,
+                         constants=launch["constants"], order=order, guard=guard)
+        outputs.append(buffers[7])
+    assert_same_bits(outputs, orders)
+    return as_float32(outputs[0], dtype), plan
 
 
 def run_reshape_and_cache(kernels: dict, ext, key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
                           value_cache: np.ndarray, slots: np.ndarray, dtype_name: str, *,
-                          order: str = "forward", guard: bool = False) -> None:
-    """Write key/value rows into the caches (in place) with the planned launch."""
+                          orders: tuple[str, ...] = DEFAULT_ORDERS, guard: bool = False) -> None:
+    """Write key/value rows into the caches (in place) with the planned launch, once
+    per lane order on fresh copies (all must agree bit for bit)."""
+    check_orders(orders)
     num_tokens = key.shape[0]
     row = key.shape[1] * key.shape[2]
     plan = ext._reshape_and_cache_plan(dtype_name, num_tokens, row, key_cache.shape[0] * key_cache.shape[1])
     launch = plan["launch"]
-    buffers = {0: key, 1: value, 2: key_cache, 3: value_cache, 4: slots.astype(np.int32), 5: plan["params"]}
-    find_library(kernels, launch["kernel"]).dispatch(
-        launch["kernel"], launch["grid"], launch["threads"], buffers, order=order, guard=guard)
+    results = []
+    for order in orders:
+        caches = (key_cache.copy(), value_cache.copy())
+        buffers = {0: key, 1: value, 2: caches[0], 3: caches[1], 4: slots.astype(np.int32), 5: plan["params"]}
+        find_library(kernels, launch["kernel"]).dispatch(
+            launch["kernel"], launch["grid"], launch["threads"], buffers, order=order, guard=guard)
+        results.append(np.concatenate([caches[0].reshape(-1), caches[1].reshape(-1)]))
+    assert_same_bits(results, orders)
+    key_cache[...], value_cache[...] = caches

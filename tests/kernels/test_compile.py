@@ -79,13 +79,32 @@ def test_partition_size_not_dividing_a_block_size_is_a_compile_error(tmp_path):
 
 def test_no_source_defines_its_own_copy_of_the_constants():
     pattern = re.compile(r"#\s*define\s+VLLM_METAL_(PARTITION_SIZE|KERNEL_BLOCK_SIZES)\b|"
-                         r"\b(kPartitionSize|kKernelBlockSizes)\s*=\s*\d")
+                         r"\b(kPartitionSize|kKernelBlockSizes)\s*=\s*\d|"
+                         r"^\s*(PARTITION_SIZE|KERNEL_BLOCK_SIZES)\s*=", re.MULTILINE)
     sources = [*KERNELS_DIR.glob("*"), *(REPO / "csrc").rglob("*.[ch]*")]
-    offenders = [str(p.relative_to(REPO)) for p in sources if p.is_file() and pattern.search(p.read_text())]
+    sources += [p for d in ("vllm_metal", "tools", "benchmarks") for p in (REPO / d).rglob("*.py")]
+    own = REPO / "vllm_metal" / "metal" / "constants.py"
+    offenders = [str(p.relative_to(REPO)) for p in sources
+                 if p.is_file() and p != own and pattern.search(p.read_text())]
     assert offenders == []
+    assert pattern.search(own.read_text())  # the pattern does find a definition
+
+
+def test_params_block_is_packed_four_byte_scalars(ext):
+    # Metal and C++ lay out a struct of 4-byte scalars identically: consecutive, no padding,
+    # so the bytes the host sets at buffer(10) read the same in the shader.
+    fields, size = ext._paged_params_layout()
+    assert [offset for _, offset in fields] == [4 * i for i in range(len(fields))]
+    assert size == 4 * len(fields)
+    header = (KERNELS_DIR / "paged_attention_params.h").read_text()
+    body = header[header.index("struct PagedAttentionParams"):header.index("};")]
+    declared = re.findall(r"^\s*(?:int|float)\s+(\w+);", body, re.MULTILINE)
+    assert [name for name, _ in fields] == declared  # the layout binding lists every member
 
 
 def test_cmake_passes_the_same_macros_to_the_metal_compiler():
     cmake = (REPO / "csrc" / "cmake" / "kernels_v2.cmake").read_text()
     assert "-DVLLM_METAL_PARTITION_SIZE=${VLLM_METAL_PARTITION_SIZE}" in cmake
     assert "-DVLLM_METAL_KERNEL_BLOCK_SIZES=${VLLM_METAL_KERNEL_BLOCK_SIZES}" in cmake
+    # MLX's JIT (VLLM_METAL_BUILD_FROM_SOURCE=1) compiles without fast math: so does the metallib.
+    assert "-fno-fast-math" in cmake

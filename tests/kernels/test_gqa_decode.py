@@ -1,10 +1,11 @@
 """paged_attention_gqa_decode (kernels_v2) on the MSL harness against the pure-MLX reference.
 
 Every geometry x block size specialization runs over contexts that sit on the
-partition boundaries (255/256/257, 511/512/513) and end in 1-3 tail tokens,
-in one partition and split into 256- and 512-key partitions (merged by
-paged_attention_v2_reduce), each under a different lane order; the dtype
-rotates so every geometry and every block size meets fp16, bf16 and fp32.
+partition boundaries (255/256/257, 511/512/513) and end in tails of 1-3 tokens
+(alone, after a 4-token step, past a partition boundary), in one partition and
+split into 256- and 512-key partitions (merged by paged_attention_v2_reduce),
+each under two lane orders that must agree bit for bit; the dtype rotates so
+every geometry and every block size meets fp16, bf16 and fp32.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from vllm_metal.ops.reference import paged_attention_ref
 GEOMETRIES = [(32, 8, 128), (24, 4, 256), (16, 2, 128), (16, 2, 256)]
 BLOCK_SIZES = [32, 16, 8]
 DTYPES = [mx.float16, mx.bfloat16, mx.float32]
-BOUNDARY_CONTEXTS = [1, 2, 3, 255, 256, 257, 511, 512, 513]
+# Partition boundaries 255/256/257 and 511/512/513; tails of 1-3 tokens after no
+# 4-token step (1-3), after one (5-7) and past a boundary (257, 262 = 256 + 4 + 2, 513).
+BOUNDARY_CONTEXTS = [1, 2, 3, 5, 6, 7, 255, 256, 257, 262, 511, 512, 513]
+ORDER_PAIRS = [("forward", "reverse"), ("reverse", "shuffled"), ("shuffled", "forward")]
 
 
 def decode_batch(contexts, geometry, block_size, dtype, seed=0):
@@ -53,34 +57,33 @@ def test_geometry_and_block_size(kernels, ext, geometry, block_size):
     dtype = DTYPES[index % 3]
     batch = decode_batch(BOUNDARY_CONTEXTS, geometry, block_size, dtype, seed=index)
     ref = expected(batch)
-    outputs = []
-    for partition, order in ((None, "forward"), (256, "reverse"), (512, "shuffled")):
+    for partition, orders in zip((None, 256, 512), ORDER_PAIRS):
         out, plan = run_paged_attention(kernels, ext, batch, "GqaDecode", partition_size=partition or 4096,
-                                        order=order)
+                                        orders=orders)
         assert plan["num_partitions"] == (1 if partition is None else -(-513 // partition))
+        assert [launch["kernel"] for launch in plan["launches"]][0].startswith("paged_attention_gqa_decode_")
+        assert len(plan["launches"]) == (1 if partition is None else 2)  # split: then the reduce
         assert_matches(out, ref, dtype)
-        outputs.append(out)
-    # A missed barrier or a lane-order race would make the orders disagree bit for bit.
-    forward_again, _ = run_paged_attention(kernels, ext, batch, "GqaDecode", partition_size=4096,
-                                           order="reverse")
-    np.testing.assert_array_equal(forward_again, outputs[0])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_long_context_many_partitions(kernels, ext, dtype):
     batch = decode_batch([2049, 1300], (16, 2, 128), 16, dtype, seed=3)
-    out, plan = run_paged_attention(kernels, ext, batch, "GqaDecode", partition_size=256, order="shuffled")
+    out, plan = run_paged_attention(kernels, ext, batch, "GqaDecode", partition_size=256,
+                                    orders=("shuffled", "reverse"))
     assert plan["num_partitions"] == 9
     assert_matches(out, expected(batch), dtype)
 
 
+@pytest.mark.parametrize("window", [300, 301])
 @pytest.mark.parametrize("partition", [None, 256])
-def test_sliding_window(kernels, ext, partition):
-    # The window starts mid-partition; whole partitions before it are empty.
+def test_sliding_window(kernels, ext, partition, window):
+    # The window starts mid-partition (301: mid-page, off the 4-token grid too);
+    # whole partitions before it are empty.
     batch = decode_batch([5, 300, 700, 1024], (32, 8, 128), 16, mx.float32, seed=4)
     out, _ = run_paged_attention(kernels, ext, batch, "GqaDecode", partition_size=partition or 4096,
-                                 sliding_window=300)
-    assert_matches(out, expected(batch, sliding_window=300), mx.float32)
+                                 sliding_window=window)
+    assert_matches(out, expected(batch, sliding_window=window), mx.float32)
 
 
 @pytest.mark.parametrize("partition", [None, 512])

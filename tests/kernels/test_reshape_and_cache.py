@@ -27,7 +27,7 @@ def test_rows_land_in_their_slots_and_padding_is_skipped(kernels, ext, dtype):
     ref_k, ref_v = reshape_and_cache_ref(key, value, key_cache, value_cache, slots)
     kc, vc = raw(key_cache), raw(value_cache)
     run_reshape_and_cache(kernels, ext, raw(key), raw(value), kc, vc, np.array(slots), DTYPE_NAMES[dtype],
-                          order="reverse")
+                          orders=("reverse", "shuffled"))
     np.testing.assert_array_equal(kc, raw(ref_k))  # bit-exact copy
     np.testing.assert_array_equal(vc, raw(ref_v))
 

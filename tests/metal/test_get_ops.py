@@ -37,6 +37,24 @@ def test_logs_once_when_loaded(caplog):
     assert len(loaded) == 1
 
 
+def test_logs_the_metal_line_when_metal_is_available(caplog, monkeypatch):
+    # What a Mac logs; the library configuration itself is tested in test_kernel_loading.py.
+    import vllm_metal.metal as loader
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(mx.metal, "is_available", lambda: True)
+    monkeypatch.setattr(loader, "_configure_metal", lambda ext, from_source: "prebuilt test.metallib")
+    get_ops.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="vllm_metal"):
+            ext = get_ops()
+    finally:
+        get_ops.cache_clear()
+    lines = [r.message for r in caplog.records if "kernels loaded" in r.message]
+    assert lines == [f"Native paged-attention Metal kernels loaded (prebuilt test.metallib, "
+                     f"{ext.gpu_core_count()} GPU cores)"]
+
+
 def test_mlx_version_mismatch_is_refused_with_rebuild_hint():
     with pytest.raises(ImportError, match="built against MLX 0.1.0 .* rebuild"):
         check_mlx_version("0.1.0", mx.__version__)

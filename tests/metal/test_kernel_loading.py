@@ -15,7 +15,7 @@ import pytest
 
 import vllm_metal.metal as loader
 from tools.msl_harness import MslLibrary
-from vllm_metal.metal import get_ops, kernel_sources
+from vllm_metal.metal import constants, get_ops, kernel_sources
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,8 @@ def test_prebuilt_metallib_is_used_and_a_missing_one_refused(tmp_path):
 def test_jit_source_holds_every_kernel_and_compiles(tmp_path):
     ext = RecordingExt(__file__=str(tmp_path / "_ext.so"))
     assert "JIT" in loader._configure_metal(ext, from_source=True)
-    assert ext.source.startswith("#define VLLM_METAL_PARTITION_SIZE 512\n")
+    assert ext.source.startswith(f"#define VLLM_METAL_PARTITION_SIZE {constants.PARTITION_SIZE}\n")
+    assert ext.source.isascii()  # MLX hands the string to Metal as ASCII
     # MLX compiles the string as one file: it must compile on the harness as one file too.
     single = tmp_path / "all_kernels.metal"
     single.write_text(ext.source)
@@ -68,18 +69,79 @@ def test_jit_source_holds_every_kernel_and_compiles(tmp_path):
     assert len(library.kernels) == 63 + 36 + 21 + 3
 
 
-def test_staleness_check_drives_the_rebuild(monkeypatch, tmp_path):
+def test_probe_reads_the_installed_extension_in_a_child_process():
+    from vllm_metal.metal import build
+
+    assert build.probe_extension() == build.extension_facts(get_ops())
+
+
+@pytest.mark.parametrize("edit,reason", [
+    ({}, None),
+    ({"mlx_version": "0.0.1"}, "built against MLX 0.0.1"),
+    ({"partition_size": 256}, "constants.py changed"),
+    ({"block_sizes": [16]}, "constants.py changed"),
+    ({"kernels_hash": "0" * 64}, "kernels_v2/ changed"),
+], ids=["current", "mlx", "partition", "blocks", "kernels"])
+def test_stale_reason_names_what_changed(edit, reason):
+    import mlx.core as mx
+
+    from vllm_metal.metal import build
+
+    facts = dict(build.extension_facts(get_ops()), **edit)
+    found = build.stale_reason(facts, REPO, mx.__version__)
+    assert found is None if reason is None else reason in found
+    assert "does not import" in build.stale_reason(None, REPO, mx.__version__)
+
+
+class FakeBuild:
+    """Records the build steps _load_from_source takes; the probe reports `facts`."""
+
+    def __init__(self, monkeypatch, facts):
+        from vllm_metal.metal import build
+
+        self.rebuilt, self.compiled = [], []
+        monkeypatch.setattr(build, "probe_extension", lambda: facts)
+        monkeypatch.setattr(build, "rebuild_extension", self.rebuilt.append)
+        monkeypatch.setattr(build, "compile_on_harness", lambda root: self.compiled.append(root) or 1)
+
+
+@pytest.mark.parametrize("platform", ["linux", "darwin"])
+def test_stale_extension_is_rebuilt_before_its_first_import(monkeypatch, platform):
+    from vllm_metal.metal import build
+
+    stale = dict(build.extension_facts(get_ops()), kernels_hash="0" * 64)
+    fake = FakeBuild(monkeypatch, stale)
+    # As in a fresh process: the extension not imported yet (the probe ran in a child).
+    monkeypatch.delitem(sys.modules, "vllm_metal._ext")
+    monkeypatch.setattr(sys, "platform", platform)
+    assert loader._load_from_source() is get_ops()
+    assert fake.rebuilt == [REPO]
+    assert fake.compiled == ([REPO] if platform == "linux" else [])  # macOS JIT-compiles instead
+
+
+def test_current_extension_is_not_rebuilt(monkeypatch):
+    from vllm_metal.metal import build
+
+    fake = FakeBuild(monkeypatch, build.extension_facts(get_ops()))
+    monkeypatch.delitem(sys.modules, "vllm_metal._ext")
+    monkeypatch.setattr(sys, "platform", "linux")
+    loader._load_from_source()
+    assert (fake.rebuilt, fake.compiled) == ([], [REPO])
+
+
+def test_stale_extension_already_imported_is_refused(monkeypatch, tmp_path):
     ext = get_ops()
-    assert not loader._is_stale(ext)
     copy = tmp_path / "kernels_v2"
     shutil.copytree(REPO / "kernels_v2", copy)
     (copy / "reshape_and_cache.h").write_text("// changed\n")
-    monkeypatch.setattr(kernel_sources, "kernels_dir", lambda *_: copy)
-    assert loader._is_stale(ext)
-    # The extension is imported here already: a rebuild could not take effect, so say so.
-    monkeypatch.setattr(sys, "platform", "linux")
-    with pytest.raises(ImportError, match="already imported"):
+    fake_root = tmp_path
+    (fake_root / "csrc").mkdir()
+    monkeypatch.setattr(kernel_sources, "source_tree", lambda: fake_root)
+    fake = FakeBuild(monkeypatch, None)
+    with pytest.raises(ImportError, match=r"stale \(kernels_v2/ changed\) and already imported"):
         loader._load_from_source()
+    assert fake.rebuilt == []
+    assert ext is get_ops()
 
 
 def test_build_from_source_on_linux_recompiles_the_kernels_on_the_harness():

@@ -14,13 +14,11 @@ DEFAULT_CACHE = REPO / "build" / "msl_harness"
 
 
 def kernel_defines() -> dict[str, str]:
-    """The compile-time macros every kernel build gets, from vllm_metal/metal/constants.py."""
-    from vllm_metal.metal import constants
+    """The compile-time macros every kernel build gets, from vllm_metal/metal/constants.py
+    (the same function builds them for the macOS JIT source)."""
+    from vllm_metal.metal import kernel_sources
 
-    return {
-        "VLLM_METAL_PARTITION_SIZE": str(constants.PARTITION_SIZE),
-        "VLLM_METAL_KERNEL_BLOCK_SIZES": ",".join(str(b) for b in constants.KERNEL_BLOCK_SIZES),
-    }
+    return kernel_sources.constant_defines()
 
 
 def compile_kernels(kernels_dir: str | os.PathLike = KERNELS_DIR,

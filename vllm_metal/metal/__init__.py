@@ -6,6 +6,10 @@ Checks at load (each failure is an ImportError that says what to do):
 - the kernels_v2/ sources hash to the stamp the build recorded (no stale kernels).
 Then, on macOS with Metal, it points the extension at the prebuilt .metallib (or,
 with VLLM_METAL_BUILD_FROM_SOURCE=1, at kernels_v2/ to JIT-compile).
+
+VLLM_METAL_BUILD_FROM_SOURCE=1 (source checkouts) first rebuilds a stale
+extension (stamp, constants or MLX version differ) and, on Linux, recompiles
+kernels_v2/ on the MSL CPU harness; see vllm_metal/metal/build.py.
 """
 
 from __future__ import annotations
@@ -66,33 +70,27 @@ def _import_ext() -> ModuleType:
     return _ext
 
 
-def _is_stale(ext: ModuleType) -> bool:
-    try:
-        check_constants(ext)
-        check_kernels_stamp(ext.kernels_hash, kernel_sources.kernels_dir(Path(ext.__file__).parent))
-    except ImportError:
-        return True
-    return False
-
-
 def _load_from_source() -> ModuleType:
-    """VLLM_METAL_BUILD_FROM_SOURCE=1: rebuild what is stale before using it."""
+    """VLLM_METAL_BUILD_FROM_SOURCE=1: rebuild a stale extension before importing it,
+    and on Linux recompile kernels_v2/ on the MSL harness."""
+    import mlx.core as mx
+
+    from vllm_metal.metal import build
+
     root = kernel_sources.source_tree()
     if root is None:
         raise ImportError("VLLM_METAL_BUILD_FROM_SOURCE=1 needs a vllm-metal source checkout "
                           "(an editable install); this one is installed from a wheel")
+    loaded = sys.modules.get("vllm_metal._ext")
+    if loaded is None:
+        build.rebuild_if_stale(root, mx.__version__)  # probes in a child: this process stays clean
+    else:
+        # A module once imported stays: a rebuild could not take effect here.
+        reason = build.stale_reason(build.extension_facts(loaded), root, mx.__version__)
+        if reason is not None:
+            raise ImportError(f"the extension is stale ({reason}) and already imported in this "
+                              f"process, so a rebuild cannot take effect; {_REBUILD_HINT}")
     if sys.platform != "darwin":
-        from vllm_metal.metal import build
-
-        try:
-            stale = _is_stale(_import_ext())
-        except ImportError:
-            stale = True
-        if stale:
-            if "vllm_metal._ext" in sys.modules:
-                raise ImportError("the stale extension is already imported in this process; "
-                                  f"{_REBUILD_HINT}")
-            build.rebuild_extension(root)
         count = build.compile_on_harness(root)
         logger.info("kernels_v2 compiled on the MSL CPU harness (%d kernels)", count)
     return _import_ext()

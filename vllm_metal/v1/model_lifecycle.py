@@ -9,9 +9,13 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from vllm_metal import envs
+from vllm_metal.attention.context import get_forward_context
 from vllm_metal.attention.paged_attention import PagedAttention
 from vllm_metal.attention.patching import find_layers, walk_and_wrap
+from vllm_metal.models.cpu_fast_functions import cpu_fast_functions
 from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
+from vllm_metal.models.decoder_stack import DecoderStackPlan, plan_decoder_stack
 
 logger = logging.getLogger("vllm_metal")
 
@@ -30,10 +34,21 @@ class LoadedModel:
     model: nn.Module
     dims: ModelDims
     dtype: mx.Dtype
+    # MLX computes on the CPU: build norms and RoPE as our single-node kernels.
+    cpu_fast: bool = False
+    # The whole layer stack as one CPU node (None: module by module).
+    stack: DecoderStackPlan | None = None
 
     def backbone(self, input_ids: mx.array) -> mx.array:
         """input_ids int32 [1, total_q] -> final hidden states [1, total_q, hidden]."""
-        return _inner_model(self.model)(input_ids)
+        inner = _inner_model(self.model)
+        if self.stack is not None:
+            ctx = get_forward_context()
+            x = inner.embed_tokens(input_ids)
+            if self.stack.accepts(x, ctx):
+                return self.stack(x, ctx)
+        with cpu_fast_functions(self.cpu_fast):
+            return inner(input_ids)
 
     def logits(self, hidden: mx.array) -> mx.array:
         """hidden [..., hidden] -> logits [..., vocab] (the model's own head)."""
@@ -58,12 +73,16 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
     walk_and_wrap(model, lambda module, index, window: PagedAttention(
         module, index, sliding_window=window))
     mx.eval(model.parameters())
+    cpu = mx.default_device().type == mx.cpu
+    stack = None
+    if cpu and fast_linears and envs.VLLM_METAL_CPU_DECODER_STACK:
+        stack = plan_decoder_stack(_inner_model(model))
     logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB, "
-                "%d linear/embedding layers on the fast CPU path",
+                "%d linear/embedding layers on the fast CPU path%s",
                 type(model).__module__.rsplit(".", 1)[-1], dims.num_layers, dims.num_heads,
                 dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20,
-                fast_linears)
-    return LoadedModel(model, dims, dtype)
+                fast_linears, ", decoder stack as one CPU node" if stack else "")
+    return LoadedModel(model, dims, dtype, cpu_fast=cpu, stack=stack)
 
 
 def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:

@@ -3,7 +3,8 @@
 from benchmarks.suite.servers.llama_cpp_python import LlamaCppPython
 from benchmarks.suite.servers.llama_server import LlamaServer
 from benchmarks.suite.servers.mlx_lm_server import MlxLmServer
-from benchmarks.suite.servers.ours import Ours
+from benchmarks.suite.servers.ours import Ours, OursMpExecutor
 from benchmarks.suite.servers.vllm_mlx import VllmMlx
 
-SERVERS = {cls.name: cls for cls in (Ours, LlamaServer, LlamaCppPython, MlxLmServer, VllmMlx)}
+SERVERS = {cls.name: cls for cls in (Ours, OursMpExecutor, LlamaServer, LlamaCppPython,
+                                     MlxLmServer, VllmMlx)}

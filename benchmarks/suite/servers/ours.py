@@ -1,4 +1,13 @@
-"""Our server: `vllm-metal serve` (vLLM + this plugin) from the venv running the suite."""
+"""Our server, `vllm-metal serve` (vLLM + this plugin) from the venv running the suite, in
+the process layouts `vllm serve` offers.
+
+vLLM 0.33's `vllm serve` always runs the engine core in a process of its own: its
+AsyncLLM builds an AsyncMPClient unconditionally (VLLM_ENABLE_V1_MULTIPROCESSING is
+read only by the offline LLMEngine; EngineCoreClient.make_client raises
+NotImplementedError for asyncio without multiprocessing). So the layouts to compare
+are two processes (API server; engine core with the model worker inside: the uni
+executor, the default) and three (the worker split out by the mp executor).
+"""
 
 from __future__ import annotations
 
@@ -14,8 +23,10 @@ SERVED_NAME = "bench-model"
 
 class Ours(Server):
     name = "ours"
-    label = "vllm-metal (`vllm-metal serve`, MLX CPU backend + our kernels, GGUF Q4_1)"
-    startup_timeout = 1200.0   # minutes today on 2 cores: model load and warm-up compile
+    label = ("vllm-metal (`vllm-metal serve`, MLX CPU backend + our kernels, GGUF Q4_1; "
+             "API server + engine core: 2 processes)")
+    startup_timeout = 1200.0   # minutes on a loaded 2-core machine: model load and warm-up
+    layout_args: tuple[str, ...] = ()   # appended to the shared --ours-args
 
     def __init__(self, cache_root: Path, extra_args: str = DEFAULT_ARGS) -> None:
         super().__init__(cache_root)
@@ -24,6 +35,12 @@ class Ours(Server):
     def launch(self, models: ModelFiles, port: int) -> Launch:
         cli = Path(sys.executable).with_name("vllm-metal")
         argv = [str(cli), "serve", str(models.gguf), "--served-model-name", SERVED_NAME,
-                "--host", "127.0.0.1", "--port", str(port), *self.extra_args]
-        # Unset, so the server runs in vLLM's default (multiprocess) layout.
-        return Launch(argv=argv, model_name=SERVED_NAME, env={})
+                "--host", "127.0.0.1", "--port", str(port), *self.extra_args, *self.layout_args]
+        return Launch(argv=argv, model_name=SERVED_NAME)
+
+
+class OursMpExecutor(Ours):
+    name = "ours-mp"
+    label = ("vllm-metal, same server with the model worker in its own process "
+             "(`--distributed-executor-backend mp`: 3 processes)")
+    layout_args = ("--distributed-executor-backend", "mp")

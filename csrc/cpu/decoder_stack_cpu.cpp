@@ -1,0 +1,146 @@
+#include "cpu/decoder_stack_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/norm_rope_cpu.h"
+
+namespace vllm_metal::cpu {
+
+namespace {
+
+// out[t, n] = x[t, :] @ W.T (+ bias), fp32 in and out.
+void linear(const StackLinear& l, const float* x, int64_t t, float* out) {
+  LinearIO io{x, Elem::F32, t, l.bias, l.bias_type, out, Elem::F32};
+  if (l.quant.bits) {
+    quantized_matmul_cpu(l.quant, io);
+  } else {
+    dense_matmul_cpu(l.dense, io);
+  }
+}
+
+void norm(const StackNorm& n, const float* x, int64_t rows, int64_t d, float* out) {
+  rms_norm_cpu({x, Elem::F32, n.w, n.type, out, Elem::F32, rows, d, n.eps});
+}
+
+// x [t, heads, head_dim] in place, token i at positions[i].
+void rotate(const StackLayer& l, float* x, const int32_t* positions, int64_t t, int heads,
+            int head_dim) {
+  RopeArgs r{};
+  r.x = x;
+  r.out = x;
+  r.type = Elem::F32;
+  r.b = t;
+  r.m = heads;
+  r.l = 1;
+  r.d = head_dim;
+  r.dims = l.rope_dims;
+  r.traditional = l.rope_traditional;
+  r.offsets = positions;
+  r.num_offsets = t;
+  r.freqs = l.rope_freqs;
+  r.base = l.rope_base;
+  r.scale = l.rope_scale;
+  rope_cpu(r);
+}
+
+void check_slots(const StackArgs& a) {
+  const int64_t slots = static_cast<int64_t>(a.num_blocks) * a.block_size;
+  for (int64_t i = 0; i < a.t; ++i) {
+    if (a.slot_mapping[i] >= slots) {
+      throw std::out_of_range("decoder_stack: slot_mapping[" + std::to_string(i) + "] = " +
+                              std::to_string(a.slot_mapping[i]) + " is outside the cache's " +
+                              std::to_string(slots) + " slots");
+    }
+  }
+}
+
+void write_cache(const StackArgs& a, const StackLayer& l, const float* k, const float* v) {
+  const int64_t row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  for (int64_t i = 0; i < a.t; ++i) {
+    const int64_t slot = a.slot_mapping[i];
+    if (slot < 0) continue;
+    std::memcpy(l.key_cache + slot * row, k + i * row, row * sizeof(float));
+    std::memcpy(l.value_cache + slot * row, v + i * row, row * sizeof(float));
+  }
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+} // namespace
+
+dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
+  check_slots(a);
+  const int64_t t = a.t, hidden = a.hidden;
+  const int64_t q_width = static_cast<int64_t>(a.num_heads) * a.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  int64_t inter = 0;
+  for (const auto& l : a.layers) inter = std::max(inter, l.gate.out_features());
+
+  // h: the residual stream; scratch sized for the widest layer.
+  std::vector<float> h(a.x, a.x + t * hidden);
+  std::vector<float> xn(t * hidden), q(t * q_width), k(t * kv_width), v(t * kv_width),
+      attn(t * q_width), gate(t * inter), up(t * inter), tmp(t * hidden);
+
+  PagedAttentionArgs pa{};
+  pa.query = q.data();
+  pa.query_dtype = mlx::core::float32;
+  pa.kv_dtype = mlx::core::float32;
+  pa.block_tables = a.block_tables;
+  pa.seq_lens = a.seq_lens;
+  pa.cu_seqlens_q = a.cu_seqlens_q;
+  pa.sinks = nullptr;
+  pa.out = attn.data();
+  pa.total_q = static_cast<int>(t);
+  pa.num_heads = a.num_heads;
+  pa.num_kv_heads = a.num_kv_heads;
+  pa.head_size = a.head_dim;
+  pa.num_blocks = a.num_blocks;
+  pa.block_size = a.block_size;
+  pa.num_seqs = a.num_seqs;
+  pa.max_blocks_per_seq = a.max_blocks_per_seq;
+  check_paged_metadata(pa);
+
+  dispatch::PagedDispatch route{};
+  for (const auto& l : a.layers) {
+    norm(l.input_norm, h.data(), t, hidden, xn.data());
+    linear(l.q, xn.data(), t, q.data());
+    linear(l.k, xn.data(), t, k.data());
+    linear(l.v, xn.data(), t, v.data());
+    if (l.qk_norm) {
+      norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
+      norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
+    }
+    rotate(l, q.data(), a.positions, t, a.num_heads, a.head_dim);
+    rotate(l, k.data(), a.positions, t, a.num_kv_heads, a.head_dim);
+    write_cache(a, l, k.data(), v.data());
+
+    pa.key_cache = l.key_cache;
+    pa.value_cache = l.value_cache;
+    pa.scale = l.attn_scale;
+    pa.sliding_window = l.sliding_window;
+    pa.softcap = l.softcap;
+    route = paged_attention_cpu(pa);
+
+    linear(l.o, attn.data(), t, tmp.data());
+    for (int64_t i = 0; i < t * hidden; ++i) h[i] += tmp[i];
+
+    norm(l.post_norm, h.data(), t, hidden, xn.data());
+    const int64_t width = l.gate.out_features();
+    linear(l.gate, xn.data(), t, gate.data());
+    linear(l.up, xn.data(), t, up.data());
+    silu_mul(gate.data(), up.data(), t * width);
+    linear(l.down, gate.data(), t, tmp.data());
+    for (int64_t i = 0; i < t * hidden; ++i) h[i] += tmp[i];
+  }
+  norm(a.final_norm, h.data(), t, hidden, a.out);
+  return route;
+}
+
+} // namespace vllm_metal::cpu

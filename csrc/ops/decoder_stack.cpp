@@ -1,0 +1,368 @@
+#include "ops/decoder_stack.h"
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "cpu/decoder_stack_cpu.h"
+#include "dispatch/diagnostics.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "ops/cpu_inputs.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+namespace {
+
+// x, final_norm, positions, slot_mapping, block_tables, seq_lens, cu_seqlens_q.
+constexpr int kFixedInputs = 7;
+const char* const kLinearNames[kStackLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("decoder_stack: " + msg);
+}
+
+struct LinearIndex {
+  int w = -1, scales = -1, biases = -1, bias = -1;
+  int bits = 0, group_size = 0;
+};
+
+// Where each array of a layer sits in the flat `arrays` list.
+struct LayerIndex {
+  int input_norm = -1;
+  LinearIndex lin[kStackLinears];
+  int q_norm = -1, k_norm = -1;
+  int post_norm = -1;
+  int freqs = -1;
+  int key_cache = -1, value_cache = -1;
+};
+
+std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_arrays) {
+  if (ints.empty() || ints.size() % kStackLayerInts != 0) {
+    fail("ints must hold " + std::to_string(kStackLayerInts) + " entries per layer");
+  }
+  std::vector<LayerIndex> layers(ints.size() / kStackLayerInts);
+  int next = 0;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const int* spec = ints.data() + li * kStackLayerInts;
+    LayerIndex& L = layers[li];
+    auto take_linear = [&](int j) {
+      LinearIndex& x = L.lin[j];
+      x.bits = spec[3 * j];
+      x.group_size = spec[3 * j + 1];
+      x.w = next++;
+      if (x.bits) {
+        x.scales = next++;
+        x.biases = next++;
+      }
+      if (spec[3 * j + 2]) x.bias = next++;
+    };
+    L.input_norm = next++;
+    for (int j = 0; j < 4; ++j) take_linear(j);
+    const int* tail = spec + 3 * kStackLinears;
+    if (tail[0]) {
+      L.q_norm = next++;
+      L.k_norm = next++;
+    }
+    L.post_norm = next++;
+    for (int j = 4; j < kStackLinears; ++j) take_linear(j);
+    if (tail[3]) L.freqs = next++;
+    L.key_cache = next++;
+    L.value_cache = next++;
+  }
+  if (static_cast<size_t>(next) != num_arrays) {
+    fail("the spec describes " + std::to_string(next) + " arrays, got " +
+         std::to_string(num_arrays));
+  }
+  return layers;
+}
+
+int64_t linear_in(const mx::array& w, int bits) {
+  return bits ? static_cast<int64_t>(w.shape(1)) * 32 / bits : w.shape(1);
+}
+
+void check_linear(const std::vector<mx::array>& arrays, const LinearIndex& x, int64_t n,
+                  int64_t k, const std::string& where) {
+  const mx::array& w = arrays[x.w];
+  if (w.ndim() != 2) fail(where + ": weight must be 2-D");
+  if (x.bits) {
+    if ((x.bits != 4 && x.bits != 8) || w.dtype() != mx::uint32) {
+      fail(where + ": quantized weights must be uint32 with bits 4 or 8");
+    }
+    if (x.group_size != 32 && x.group_size != 64 && x.group_size != 128) {
+      fail(where + ": group_size must be 32, 64 or 128");
+    }
+    const auto& s = arrays[x.scales];
+    const auto& b = arrays[x.biases];
+    const mx::Shape groups = {static_cast<int>(n), static_cast<int>(k / x.group_size)};
+    if (s.shape() != groups || b.shape() != groups || !is_linear_float(s.dtype()) ||
+        b.dtype() != s.dtype() || k % x.group_size != 0) {
+      fail(where + ": scales/biases must be float [N, K / group_size], one dtype");
+    }
+  } else if (!is_linear_float(w.dtype())) {
+    fail(where + ": dense weights must be float");
+  }
+  if (w.shape(0) != n || linear_in(w, x.bits) != k) {
+    fail(where + ": weight is " + std::to_string(w.shape(0)) + " x " +
+         std::to_string(linear_in(w, x.bits)) + ", expected " + std::to_string(n) + " x " +
+         std::to_string(k));
+  }
+  if (x.bias >= 0) {
+    const auto& b = arrays[x.bias];
+    if (b.ndim() != 1 || b.shape(0) != n || !is_linear_float(b.dtype())) {
+      fail(where + ": bias must be float [" + std::to_string(n) + "]");
+    }
+  }
+}
+
+void check_vector(const mx::array& a, int64_t n, const std::string& where) {
+  if (a.ndim() != 1 || a.shape(0) != n || !is_linear_float(a.dtype())) {
+    fail(where + " must be float [" + std::to_string(n) + "]");
+  }
+}
+
+mx::array as_int32(const mx::array& a, const mx::Stream& s) {
+  return a.dtype() == mx::int32 ? a : mx::astype(a, mx::int32, s);
+}
+
+cpu::StackLinear linear_of(const std::vector<RowContiguous>& in, const LinearIndex& x) {
+  cpu::StackLinear l;
+  const auto& w = in[kFixedInputs + x.w].view;
+  if (x.bits) {
+    const auto& s = in[kFixedInputs + x.scales].view;
+    l.quant = cpu::QuantMatrix{w.data<uint32_t>(), s.data<void>(),
+                               in[kFixedInputs + x.biases].view.data<void>(), elem_of(s.dtype()),
+                               x.bits, x.group_size, w.shape(0), linear_in(w, x.bits)};
+  } else {
+    l.dense = cpu::DenseMatrix{w.data<void>(), elem_of(w.dtype()), w.shape(0), w.shape(1)};
+  }
+  if (x.bias >= 0) {
+    const auto& b = in[kFixedInputs + x.bias].view;
+    l.bias = b.data<void>();
+    l.bias_type = elem_of(b.dtype());
+  }
+  return l;
+}
+
+cpu::StackNorm norm_of(const std::vector<RowContiguous>& in, int index, float eps) {
+  const auto& w = in[kFixedInputs + index].view;
+  return cpu::StackNorm{w.data<void>(), elem_of(w.dtype()), eps};
+}
+
+} // namespace
+
+std::vector<mx::array> decoder_stack(
+    const mx::array& x,
+    const std::vector<mx::array>& arrays,
+    const std::vector<int>& ints,
+    const std::vector<float>& floats,
+    const mx::array& final_norm,
+    float final_eps,
+    const mx::array& positions,
+    const mx::array& slot_mapping,
+    const mx::array& block_tables,
+    const mx::array& seq_lens,
+    const mx::array& cu_seqlens_q,
+    int num_heads,
+    int num_kv_heads,
+    int head_dim,
+    mx::StreamOrDevice s) {
+  if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1) {
+    fail("x must be float32 [1, T, hidden]");
+  }
+  if (num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || num_heads % num_kv_heads) {
+    fail("num_heads must be a positive multiple of num_kv_heads, head_dim positive");
+  }
+  const auto layers = index_layers(ints, arrays.size());
+  if (floats.size() != layers.size() * kStackLayerFloats) {
+    fail("floats must hold " + std::to_string(kStackLayerFloats) + " entries per layer");
+  }
+  const int64_t t = x.shape(1), hidden = x.shape(2);
+  const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
+  const int64_t kv_width = static_cast<int64_t>(num_kv_heads) * head_dim;
+  check_vector(final_norm, hidden, "final_norm");
+  for (const auto* m : {&positions, &slot_mapping}) {
+    if (m->ndim() != 1 || m->shape(0) != t || !mx::issubdtype(m->dtype(), mx::integer)) {
+      fail("positions and slot_mapping must be integer [T]");
+    }
+  }
+  const mx::array& cache0 = arrays[layers[0].key_cache];
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const LayerIndex& L = layers[li];
+    const std::string where = "layer " + std::to_string(li);
+    const int64_t inter = arrays[L.lin[4].w].shape(0);
+    const int64_t dims[kStackLinears][2] = {{q_width, hidden}, {kv_width, hidden},
+                                            {kv_width, hidden}, {hidden, q_width},
+                                            {inter, hidden}, {inter, hidden}, {hidden, inter}};
+    for (int j = 0; j < kStackLinears; ++j) {
+      check_linear(arrays, L.lin[j], dims[j][0], dims[j][1], where + " " + kLinearNames[j]);
+    }
+    check_vector(arrays[L.input_norm], hidden, where + " input_norm");
+    check_vector(arrays[L.post_norm], hidden, where + " post_norm");
+    if (L.q_norm >= 0) {
+      check_vector(arrays[L.q_norm], head_dim, where + " q_norm");
+      check_vector(arrays[L.k_norm], head_dim, where + " k_norm");
+    }
+    const int* tail = ints.data() + li * kStackLayerInts + 3 * kStackLinears;
+    const int rope_dims = tail[1];
+    if (rope_dims <= 0 || rope_dims % 2 || rope_dims > head_dim) {
+      fail(where + ": rope dims must be even and in (0, head_dim]");
+    }
+    if (L.freqs >= 0) check_vector(arrays[L.freqs], rope_dims / 2, where + " rope freqs");
+    for (int c : {L.key_cache, L.value_cache}) {
+      const auto& cache = arrays[c];
+      if (cache.dtype() != mx::float32 || cache.ndim() != 4 || cache.shape(2) != num_kv_heads ||
+          cache.shape(3) != head_dim || cache.shape() != cache0.shape()) {
+        fail(where + ": caches must be float32 [num_blocks, block_size, num_kv_heads, head_dim], "
+             "all of one shape");
+      }
+    }
+  }
+
+  auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {x, final_norm, as_int32(positions, stream),
+                                   as_int32(slot_mapping, stream), as_int32(block_tables, stream),
+                                   as_int32(seq_lens, stream), as_int32(cu_seqlens_q, stream)};
+  inputs.insert(inputs.end(), arrays.begin(), arrays.end());
+  std::vector<mx::Shape> shapes = {x.shape()};
+  std::vector<mx::Dtype> dtypes = {mx::float32};
+  for (size_t li = 0; li < layers.size(); ++li) {
+    for (int i = 0; i < 2; ++i) {
+      shapes.push_back(cache0.shape());
+      dtypes.push_back(mx::float32);
+    }
+  }
+  return mx::array::make_arrays(
+      std::move(shapes), std::move(dtypes),
+      std::make_shared<DecoderStack>(stream, ints, floats, final_eps, num_heads, num_kv_heads,
+                                     head_dim),
+      std::move(inputs));
+}
+
+void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
+                            std::vector<mx::array>& outputs) {
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  const auto layers = index_layers(ints_, inputs.size() - kFixedInputs);
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+
+  // The cache outputs alias the inputs' buffers (in-place writes); a cache
+  // that is not row-contiguous is first copied into a fresh buffer.
+  std::vector<bool> is_cache(inputs.size(), false);
+  std::vector<std::pair<const char*, cpu::StridedLayout>> copies;
+  std::vector<char*> copy_dst;
+  for (size_t li = 0; li < layers.size(); ++li) {
+    for (int c = 0; c < 2; ++c) {
+      const int index = kFixedInputs + (c ? layers[li].value_cache : layers[li].key_cache);
+      is_cache[index] = true;
+      const mx::array& cache = inputs[index];
+      mx::array& dst = outputs[1 + 2 * li + c];
+      if (cache.flags().row_contiguous) {
+        dst.copy_shared_buffer(cache);
+        continue;
+      }
+      dst.set_data(mx::allocator::malloc(dst.nbytes()));
+      copies.emplace_back(cache.data<char>(), cpu::StridedLayout{
+          {cache.shape().begin(), cache.shape().end()},
+          {cache.strides().begin(), cache.strides().end()}, cache.itemsize()});
+      copy_dst.push_back(dst.data<char>());
+    }
+  }
+  // Caches are read through the outputs; every other input row-contiguous.
+  std::vector<RowContiguous> in;
+  in.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    in.push_back(is_cache[i] ? RowContiguous{inputs[i]} : row_contiguous(inputs[i], encoder));
+  }
+
+  cpu::StackArgs a;
+  const auto& x = in[0].view;
+  a.x = x.data<float>();
+  a.out = out.data<float>();
+  a.t = x.shape(1);
+  a.hidden = x.shape(2);
+  a.num_heads = num_heads_;
+  a.num_kv_heads = num_kv_heads_;
+  a.head_dim = head_dim_;
+  const auto& cache0 = outputs[1];
+  a.num_blocks = cache0.shape(0);
+  a.block_size = cache0.shape(1);
+  a.positions = in[2].view.data<int32_t>();
+  a.slot_mapping = in[3].view.data<int32_t>();
+  a.block_tables = in[4].view.data<int32_t>();
+  a.seq_lens = in[5].view.data<int32_t>();
+  a.cu_seqlens_q = in[6].view.data<int32_t>();
+  a.num_seqs = in[4].view.shape(0);
+  a.max_blocks_per_seq = in[4].view.shape(1);
+  a.final_norm = cpu::StackNorm{in[1].view.data<void>(), elem_of(in[1].view.dtype()),
+                                final_eps_};
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const LayerIndex& L = layers[li];
+    const int* tail = ints_.data() + li * kStackLayerInts + 3 * kStackLinears;
+    const float* f = floats_.data() + li * kStackLayerFloats;
+    cpu::StackLayer l;
+    l.input_norm = norm_of(in, L.input_norm, f[0]);
+    l.q = linear_of(in, L.lin[0]);
+    l.k = linear_of(in, L.lin[1]);
+    l.v = linear_of(in, L.lin[2]);
+    l.o = linear_of(in, L.lin[3]);
+    l.qk_norm = L.q_norm >= 0;
+    if (l.qk_norm) {
+      l.q_norm = norm_of(in, L.q_norm, f[2]);
+      l.k_norm = norm_of(in, L.k_norm, f[2]);
+    }
+    l.post_norm = norm_of(in, L.post_norm, f[1]);
+    l.gate = linear_of(in, L.lin[4]);
+    l.up = linear_of(in, L.lin[5]);
+    l.down = linear_of(in, L.lin[6]);
+    l.rope_dims = tail[1];
+    l.rope_traditional = tail[2] != 0;
+    l.rope_freqs = L.freqs >= 0 ? in[kFixedInputs + L.freqs].view.data<float>() : nullptr;
+    l.rope_base = f[3];
+    l.rope_scale = f[4];
+    l.attn_scale = f[5];
+    l.softcap = f[6];
+    l.sliding_window = tail[4];
+    l.key_cache = outputs[1 + 2 * li].data<float>();
+    l.value_cache = outputs[2 + 2 * li].data<float>();
+    a.layers.push_back(l);
+  }
+
+  for (const auto& i : inputs) encoder.set_input_array(i);
+  for (auto& o : outputs) encoder.set_output_array(o);
+  encoder.dispatch([in = std::move(in), copies = std::move(copies),
+                    copy_dst = std::move(copy_dst), a = std::move(a)]() {
+    for (const auto& r : in) r.fill();
+    for (size_t i = 0; i < copies.size(); ++i) {
+      cpu::copy_to_row_contiguous(copies[i].first, copies[i].second, copy_dst[i]);
+    }
+    dispatch::record_paged_dispatch(cpu::decoder_stack_cpu(a));
+  });
+}
+
+void DecoderStack::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "VllmMetalDecoderStack is a CPU kernel; on Metal the model runs module by module");
+}
+
+bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const DecoderStack&>(other);
+  return ints_ == o.ints_ && floats_ == o.floats_ && final_eps_ == o.final_eps_ &&
+         num_heads_ == o.num_heads_ && num_kv_heads_ == o.num_kv_heads_ &&
+         head_dim_ == o.head_dim_;
+}
+
+std::vector<mx::Shape> DecoderStack::output_shapes(const std::vector<mx::array>& inputs) {
+  std::vector<mx::Shape> shapes = {inputs[0].shape()};
+  const size_t caches = 2 * (ints_.size() / kStackLayerInts);
+  const auto layers = index_layers(ints_, inputs.size() - kFixedInputs);
+  for (size_t i = 0; i < caches; ++i) {
+    shapes.push_back(inputs[kFixedInputs + layers[0].key_cache].shape());
+  }
+  return shapes;
+}
+
+} // namespace vllm_metal

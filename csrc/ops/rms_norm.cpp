@@ -1,0 +1,82 @@
+#include "ops/rms_norm.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "cpu/norm_rope_cpu.h"
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "ops/cpu_inputs.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("rms_norm: " + msg);
+}
+
+} // namespace
+
+mx::array rms_norm(
+    const mx::array& x,
+    const std::optional<mx::array>& weight,
+    float eps,
+    mx::StreamOrDevice s) {
+  if (!is_linear_float(x.dtype())) fail("x must be float32, bfloat16 or float16");
+  if (x.ndim() < 1 || x.shape(-1) < 1) fail("x must have a non-empty last axis");
+  std::vector<mx::array> inputs = {x};
+  mx::Dtype out_type = x.dtype();
+  if (weight.has_value()) {
+    if (!is_linear_float(weight->dtype())) fail("weight must be float32, bfloat16 or float16");
+    if (weight->ndim() != 1 || weight->shape(0) != x.shape(-1)) {
+      fail("weight must be [D] with D = x's last axis " + std::to_string(x.shape(-1)));
+    }
+    inputs.push_back(*weight);
+    out_type = mx::promote_types(x.dtype(), weight->dtype());
+  }
+  return mx::array(x.shape(), out_type,
+                   std::make_shared<RmsNorm>(mx::to_stream(s), eps), std::move(inputs));
+}
+
+void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  auto& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  std::vector<RowContiguous> in;
+  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+
+  cpu::RmsNormArgs args{};
+  args.x = in[0].view.data<void>();
+  args.x_type = elem_of(in[0].view.dtype());
+  args.w = in.size() > 1 ? in[1].view.data<void>() : nullptr;
+  args.w_type = in.size() > 1 ? elem_of(in[1].view.dtype()) : args.x_type;
+  args.out = out.data<void>();
+  args.out_type = elem_of(out.dtype());
+  args.d = out.shape(-1);
+  args.rows = leading_rows(out);
+  args.eps = eps_;
+  encoder.dispatch([in = std::move(in), args]() {
+    for (const auto& r : in) r.fill();
+    cpu::rms_norm_cpu(args);
+  });
+}
+
+void RmsNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(
+      "VllmMetalRmsNorm is a CPU kernel; on Metal use mx.fast.rms_norm");
+}
+
+bool RmsNorm::is_equivalent(const mx::Primitive& other) const {
+  return eps_ == static_cast<const RmsNorm&>(other).eps_;
+}
+
+std::vector<mx::Shape> RmsNorm::output_shapes(const std::vector<mx::array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+} // namespace vllm_metal

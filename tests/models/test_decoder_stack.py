@@ -1,0 +1,103 @@
+"""The one-node decoder stack against the module-by-module forward of the same
+model (mlx-lm's own layer code over our paged ops), step by step, and which
+models it takes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from tests.tiny_models import cached_tiny_model
+from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
+from vllm_metal.models.decoder_stack import plan_decoder_stack
+from vllm_metal.v1.model_lifecycle import _inner_model, load_model
+
+BLOCK = 16
+
+
+def _meta(seqs: list[tuple[int, int, int]]) -> AttentionMetadata:
+    """seqs: (first block id, tokens already cached, new tokens) per sequence."""
+    positions, slots, cu, lens, tables = [], [], [0], [], []
+    for block, cached, new in seqs:
+        pos = list(range(cached, cached + new))
+        positions += pos
+        slots += [block * BLOCK + p for p in pos]   # each sequence owns one block
+        cu.append(cu[-1] + new)
+        lens.append(cached + new)
+        tables.append([block])
+    i32 = lambda v: mx.array(v, dtype=mx.int32)  # noqa: E731
+    return AttentionMetadata(i32(positions), i32(cu), i32(lens), i32(tables), i32(slots))
+
+
+def _run(loaded, steps, seed: int):
+    d = loaded.dims
+    caches = lambda: [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim))  # noqa: E731
+                      for _ in range(d.num_layers)]
+    kc, vc = caches(), caches()
+    rng = np.random.default_rng(seed)
+    outs = []
+    for seqs in steps:
+        meta = _meta(seqs)
+        ids = mx.array(rng.integers(0, d.vocab_size, (1, int(meta.positions.shape[0]))),
+                       dtype=mx.int32)
+        ctx = ForwardContext(meta, kc, vc)
+        with forward_context(ctx):
+            h = loaded.backbone(ids)
+        mx.eval(h, ctx.key_caches, ctx.value_caches)
+        kc, vc = ctx.key_caches, ctx.value_caches
+        outs.append(np.array(h))
+    return outs, np.array(mx.stack(kc)), np.array(mx.stack(vc))
+
+
+# A prefill of 7 and 4 tokens, then one decode step each, then a chunk of 3 next to a decode.
+STEPS = [[(0, 0, 7), (1, 0, 4)], [(0, 7, 1), (1, 4, 1)], [(0, 8, 3), (1, 5, 1)]]
+
+
+@pytest.mark.parametrize("family,kwargs", [
+    ("llama", {}),
+    ("llama", {"quantize_bits": 4, "group_size": 32}),
+    ("mistral", {"quantize_bits": 8, "group_size": 64}),
+    ("qwen2", {}),
+    ("qwen3", {"quantize_bits": 4, "group_size": 64}),
+    ("llama", {"rope_scaling": "llama3"}),
+    ("llama", {"rope_scaling": "linear"}),
+])
+def test_stack_matches_the_module_path(family, kwargs):
+    loaded = load_model(str(cached_tiny_model(family, **kwargs)), mx.float32)
+    assert loaded.stack is not None, "this model should run as one node"
+    modules = dataclasses.replace(loaded, stack=None)
+    got, got_k, got_v = _run(loaded, STEPS, seed=1)
+    want, want_k, want_v = _run(modules, STEPS, seed=1)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(got_k, want_k, rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(got_v, want_v, rtol=2e-4, atol=2e-5)
+
+
+def test_yarn_with_prescaled_input_keeps_the_module_path():
+    # YaRN multiplies q/k before mx.fast.rope: the probe sees that and declines.
+    loaded = load_model(str(cached_tiny_model("llama", rope_scaling="yarn")), mx.float32)
+    rope = _inner_model(loaded.model).layers[0].self_attn.inner.rope
+    if getattr(rope, "mscale", 1.0) == 1.0:
+        pytest.skip("this YaRN config has no input scale")
+    assert loaded.stack is None
+
+
+def test_disabled_by_env(monkeypatch):
+    monkeypatch.setenv("VLLM_METAL_CPU_DECODER_STACK", "0")
+    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
+    assert loaded.stack is None
+
+
+def test_unknown_backbone_is_declined():
+    import mlx.nn as nn
+
+    class Other(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = []
+
+    assert plan_decoder_stack(Other()) is None

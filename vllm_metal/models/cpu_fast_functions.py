@@ -1,0 +1,71 @@
+"""Route ``mx.fast.rms_norm`` and ``mx.fast.rope`` to single-node CPU kernels
+while a forward graph is being built.
+
+On MLX's CPU backend those two functions expand into ~11 and ~28 graph nodes;
+a 30-layer decode step spent most of its ~3200 nodes on them. mlx-lm models
+call them through ``mx.fast`` at call time, from many module classes (plain,
+llama3, yarn, ... RoPE; RMSNorm and q/k norms), so swapping the two functions
+for the duration of the forward covers every model without knowing its
+classes. Calls the kernels do not cover (other dtypes, shapes, an explicit
+stream) go to MLX's own functions unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from numbers import Integral
+
+import mlx.core as mx
+
+from vllm_metal.metal import get_ops
+
+_FLOATS = (mx.float32, mx.bfloat16, mx.float16)
+_MLX_RMS_NORM = mx.fast.rms_norm
+_MLX_ROPE = mx.fast.rope
+
+
+def _rms_norm(x, weight, eps, *, stream=None):
+    if (stream is None and x.dtype in _FLOATS and x.ndim >= 1 and x.shape[-1] > 0
+            and (weight is None or (weight.dtype in _FLOATS and weight.shape == x.shape[-1:]))):
+        return get_ops().rms_norm(x, weight, eps)
+    return _MLX_RMS_NORM(x, weight, eps, stream=stream)
+
+
+def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, stream=None):
+    if (stream is None and a.dtype in _FLOATS and a.ndim >= 3 and dims > 0 and dims % 2 == 0
+            and dims <= a.shape[-1] and (base is None) != (freqs is None)
+            and (freqs is None or (freqs.dtype in _FLOATS and freqs.shape == (dims // 2,)))):
+        off = _offset(offset, a.shape[0])
+        if off is not None:
+            return get_ops().rope(a, dims, traditional=traditional, base=base, scale=scale,
+                                  offset=off, freqs=freqs)
+    return _MLX_ROPE(a, dims, traditional=traditional, base=base, scale=scale, offset=offset,
+                     freqs=freqs, stream=stream)
+
+
+def _offset(offset, batch: int) -> mx.array | None:
+    if isinstance(offset, Integral) and not isinstance(offset, bool):
+        return mx.array(int(offset), dtype=mx.int32)
+    if (isinstance(offset, mx.array) and mx.issubdtype(offset.dtype, mx.integer)
+            and (offset.ndim == 0 or (offset.ndim == 1 and offset.size in (1, batch)))):
+        return offset
+    return None
+
+
+@contextlib.contextmanager
+def cpu_fast_functions(enabled: bool = True) -> Iterator[None]:
+    """Within the block, mx.fast.rms_norm / mx.fast.rope build our CPU nodes.
+
+    Only for graph building on the CPU backend (the caller decides: ``enabled``);
+    not re-entrant across threads: one model forward is built at a time.
+    """
+    if not enabled:
+        yield
+        return
+    fast = mx.fast
+    fast.rms_norm, fast.rope = _rms_norm, _rope
+    try:
+        yield
+    finally:
+        fast.rms_norm, fast.rope = _MLX_RMS_NORM, _MLX_ROPE
