@@ -17,6 +17,7 @@
 #include "ops/rms_norm.h"
 #include "ops/rope.h"
 #include "ops/decoder_stack.h"
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
 namespace nb = nanobind;
@@ -140,29 +141,33 @@ inv_freq = base^(-2i/dims) or 1 / freqs. Returns x's shape and dtype.)");
 
   m.attr("STACK_LAYER_INTS") = vllm_metal::kStackLayerInts;
   m.attr("STACK_LAYER_FLOATS") = vllm_metal::kStackLayerFloats;
+  nb::class_<vllm_metal::DecoderStackWeights>(
+      m, "DecoderStackWeights",
+      R"(A llama-family model's decoder weights for decoder_stack, validated and
+resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
+      .def(nb::init<std::vector<mlx::core::array>, std::vector<int>, std::vector<float>,
+                    mlx::core::array, float, int, int, int, int>(),
+           "arrays"_a, "ints"_a, "floats"_a, "final_norm"_a, "final_eps"_a, "hidden"_a,
+           "num_heads"_a, "num_kv_heads"_a, "head_dim"_a)
+      .def_prop_ro("num_layers", &vllm_metal::DecoderStackWeights::num_layers);
   m.def(
       "decoder_stack",
       &vllm_metal::decoder_stack,
+      "weights"_a,
       "x"_a,
-      "arrays"_a,
-      "ints"_a,
-      "floats"_a,
-      "final_norm"_a,
-      "final_eps"_a,
+      "key_caches"_a,
+      "value_caches"_a,
       "positions"_a,
       "slot_mapping"_a,
       "block_tables"_a,
       "seq_lens"_a,
       "cu_seqlens_q"_a,
-      "num_heads"_a,
-      "num_kv_heads"_a,
-      "head_dim"_a,
       nb::kw_only(),
       "stream"_a = nb::none(),
-      R"(A llama-family decoder stack (every layer, then the final RMSNorm) as one
-CPU node; the per-layer spec layout is in csrc/ops/decoder_stack.h. x float32
-[1, T, hidden]. Returns [hidden [1, T, hidden], key_cache_0, value_cache_0, ...],
-the caches written in place.)");
+      R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
+[1, T, hidden]; caches float32 [num_blocks, block_size, num_kv_heads, head_dim],
+one key and one value per layer. Returns [hidden [1, T, hidden], key_cache_0,
+value_cache_0, ...], the caches written in place.)");
 
   m.def("_data_ptr", &vllm_metal::data_ptr, "array"_a,
         "Address of an evaluated array's first element (tests).");

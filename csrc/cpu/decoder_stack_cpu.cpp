@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cpu/norm_rope_cpu.h"
+#include "cpu/tile_math.h"
 
 namespace vllm_metal::cpu {
 
@@ -20,6 +21,24 @@ void linear(const StackLinear& l, const float* x, int64_t t, float* out) {
   } else {
     dense_matmul_cpu(l.dense, io);
   }
+}
+
+// outs[i] = x @ ls[i].W.T for linears sharing x: quantized ones in one pool job.
+template <int N>
+void linears(const StackLinear* const (&ls)[N], const float* x, int64_t t, float* const (&outs)[N]) {
+  bool quant = true;
+  for (const auto* l : ls) quant = quant && l->quant.bits;
+  if (!quant) {
+    for (int i = 0; i < N; ++i) linear(*ls[i], x, t, outs[i]);
+    return;
+  }
+  QuantMatrix ws[N];
+  LinearIO ios[N];
+  for (int i = 0; i < N; ++i) {
+    ws[i] = ls[i]->quant;
+    ios[i] = LinearIO{x, Elem::F32, t, ls[i]->bias, ls[i]->bias_type, outs[i], Elem::F32};
+  }
+  quantized_matmuls_cpu(ws, ios, N);
 }
 
 void norm(const StackNorm& n, const float* x, int64_t rows, int64_t d, float* out) {
@@ -68,9 +87,17 @@ void write_cache(const StackArgs& a, const StackLayer& l, const float* k, const 
   }
 }
 
+// g = silu(g) * u. sigmoid from e = exp(-|g|) <= 1 (never overflows):
+// 1 / (1 + e) for g >= 0, e / (1 + e) below; vectorizes (no libm call).
 void silu_mul(float* g, const float* u, int64_t n) {
+  constexpr float kLog2e = 1.4426950408889634f;
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    const float e = exp2_nonpositive(-std::fabs(x) * kLog2e);
+    const float sig = (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+    g[i] = x * sig * u[i];
+  }
 }
 
 } // namespace
@@ -110,9 +137,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   dispatch::PagedDispatch route{};
   for (const auto& l : a.layers) {
     norm(l.input_norm, h.data(), t, hidden, xn.data());
-    linear(l.q, xn.data(), t, q.data());
-    linear(l.k, xn.data(), t, k.data());
-    linear(l.v, xn.data(), t, v.data());
+    linears<3>({&l.q, &l.k, &l.v}, xn.data(), t, {q.data(), k.data(), v.data()});
     if (l.qk_norm) {
       norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
       norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
@@ -133,8 +158,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
 
     norm(l.post_norm, h.data(), t, hidden, xn.data());
     const int64_t width = l.gate.out_features();
-    linear(l.gate, xn.data(), t, gate.data());
-    linear(l.up, xn.data(), t, up.data());
+    linears<2>({&l.gate, &l.up}, xn.data(), t, {gate.data(), up.data()});
     silu_mul(gate.data(), up.data(), t * width);
     linear(l.down, gate.data(), t, tmp.data());
     for (int64_t i = 0; i < t * hidden; ++i) h[i] += tmp[i];

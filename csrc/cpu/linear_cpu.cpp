@@ -201,6 +201,24 @@ void zero_k(const LinearIO& io, int64_t n) {
   finish(io, n, b, 0, n);
 }
 
+// Output columns [c0, c1) of a quantized GEMV (m <= kQuantGemvMaxRows).
+void quant_gemv_columns(const LinearKernels& kern, const QuantMatrix& w, const LinearIO& io,
+                        const PreparedX& px, int64_t c0, int64_t c1) {
+  const int64_t n = w.n, k = w.k, m = io.m;
+  const int64_t groups = k / w.group_size;
+  const int64_t sub = m > kGemvRows ? kGemvSubCols : n;
+  ColumnBlock b = column_block(io, n, c0, c1);
+  for (int64_t s0 = c0; s0 < c1; s0 += sub) {
+    const int64_t s1 = std::min(c1, s0 + sub);
+    for (int64_t i = 0; i < m; i += kGemvRows) {
+      const int mr = static_cast<int>(std::min<int64_t>(kGemvRows, m - i));
+      kern.quant_gemv(w, px.x + i * k, px.xsum.get() + i * groups, mr, s0, s1,
+                      b.y + i * b.ldy + (s0 - c0), b.ldy);
+    }
+  }
+  finish(io, n, b, c0, c1);
+}
+
 } // namespace
 
 void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io) {
@@ -208,7 +226,6 @@ void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io) {
   if (m == 0 || n == 0) return;
   if (k == 0) return zero_k(io, n);
   const LinearKernels& kern = linear_kernels();
-  const int64_t groups = k / w.group_size;
   const int64_t weight_bytes = n * k * w.bits / 8;
 
   if (m > kQuantGemvMaxRows) {
@@ -229,18 +246,42 @@ void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io) {
   // are in L1, so the weights come from memory once.
   const bool parallel = weight_bytes >= kSerialBytes;
   PreparedX px = prepare_x(io, k, w.bits == 4, w.group_size);
-  const int64_t sub = m > kGemvRows ? kGemvSubCols : n;
   for_columns(n, item_columns(n, 8, parallel), parallel, [&](int64_t c0, int64_t c1) {
-    ColumnBlock b = column_block(io, n, c0, c1);
-    for (int64_t s0 = c0; s0 < c1; s0 += sub) {
-      const int64_t s1 = std::min(c1, s0 + sub);
-      for (int64_t i = 0; i < m; i += kGemvRows) {
-        const int mr = static_cast<int>(std::min<int64_t>(kGemvRows, m - i));
-        kern.quant_gemv(w, px.x + i * k, px.xsum.get() + i * groups, mr, s0, s1,
-                        b.y + i * b.ldy + (s0 - c0), b.ldy);
-      }
+    quant_gemv_columns(kern, w, io, px, c0, c1);
+  });
+}
+
+void quantized_matmuls_cpu(const QuantMatrix* ws, const LinearIO* ios, int count) {
+  bool shared = count > 1 && ios[0].m > 0 && ios[0].m <= kQuantGemvMaxRows && ws[0].k > 0;
+  int64_t total_n = 0;
+  for (int i = 0; i < count && shared; ++i) {
+    shared = ws[i].k == ws[0].k && ws[i].bits == ws[0].bits &&
+        ws[i].group_size == ws[0].group_size && ios[i].x == ios[0].x &&
+        ios[i].x_type == ios[0].x_type && ios[i].m == ios[0].m && ws[i].n > 0;
+    total_n += ws[i].n;
+  }
+  if (!shared) {
+    for (int i = 0; i < count; ++i) quantized_matmul_cpu(ws[i], ios[i]);
+    return;
+  }
+  // One job over the rows of every matrix: x is prepared once, small matrices
+  // (a GQA model's k/v) share the pool with the large ones.
+  const LinearKernels& kern = linear_kernels();
+  PreparedX px = prepare_x(ios[0], ws[0].k, ws[0].bits == 4, ws[0].group_size);
+  const int64_t cols = item_columns(total_n, 8, true);
+  struct Item {
+    int matrix;
+    int64_t c0, c1;
+  };
+  std::vector<Item> items;
+  for (int i = 0; i < count; ++i) {
+    for (int64_t c0 = 0; c0 < ws[i].n; c0 += cols) {
+      items.push_back({i, c0, std::min(ws[i].n, c0 + cols)});
     }
-    finish(io, n, b, c0, c1);
+  }
+  ThreadPool::instance().parallel_for(static_cast<int>(items.size()), [&](int it) {
+    const Item& item = items[it];
+    quant_gemv_columns(kern, ws[item.matrix], ios[item.matrix], px, item.c0, item.c1);
   });
 }
 

@@ -45,6 +45,9 @@ struct LinearIO {
 };
 
 void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io);
+// count products sharing one x (the same io.x, m, k, bits, group_size): for
+// GEMV-sized m one pool job covers every matrix; otherwise one call each.
+void quantized_matmuls_cpu(const QuantMatrix* ws, const LinearIO* ios, int count);
 void dense_matmul_cpu(const DenseMatrix& w, const LinearIO& io);
 
 // out[t, :] = row ids[t] of the table (dequantized for a quantized table),

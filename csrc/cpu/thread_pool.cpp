@@ -17,6 +17,8 @@ namespace {
 // How long an idle worker spins before sleeping: longer than the gaps between
 // the jobs of one forward, short enough that idle servers use no CPU.
 constexpr auto kSpin = std::chrono::microseconds(200);
+// Polls (~10-40 ns each) the caller spins on a straggling worker before yielding.
+constexpr int kCallerSpinPolls = 2000;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -131,7 +133,15 @@ void ThreadPool::parallel_for(int n, const std::function<void(int)>& fn) {
   // Every item is claimed; close the job and wait for the workers inside it
   // (seq_cst: a worker either sees the job closed or is counted in active_).
   open_.store(false);
-  while (active_.load() != 0) cpu_relax();
+  // A worker still inside was usually just slower by a few microseconds; if it
+  // was preempted instead (other processes share the cores), yield to it.
+  for (int polls = 0; active_.load() != 0; ++polls) {
+    if (polls < kCallerSpinPolls) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   fn_ = nullptr;
   if (error_) std::rethrow_exception(error_);
 }

@@ -1,12 +1,14 @@
 #include "ops/decoder_stack.h"
 
 #include <optional>
+#include <utility>
 #include <stdexcept>
 #include <string>
 
 #include "cpu/decoder_stack_cpu.h"
 #include "dispatch/diagnostics.h"
 #include "mlx/allocator.h"
+#include "mlx/transforms.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
 
@@ -16,8 +18,8 @@ namespace mx = mlx::core;
 
 namespace {
 
-// x, final_norm, positions, slot_mapping, block_tables, seq_lens, cu_seqlens_q.
-constexpr int kFixedInputs = 7;
+// x, positions, slot_mapping, block_tables, seq_lens, cu_seqlens_q; then the caches.
+constexpr int kFixedInputs = 6;
 const char* const kLinearNames[kStackLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};
 
@@ -37,7 +39,6 @@ struct LayerIndex {
   int q_norm = -1, k_norm = -1;
   int post_norm = -1;
   int freqs = -1;
-  int key_cache = -1, value_cache = -1;
 };
 
 std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_arrays) {
@@ -70,8 +71,6 @@ std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_ar
     L.post_norm = next++;
     for (int j = 4; j < kStackLinears; ++j) take_linear(j);
     if (tail[3]) L.freqs = next++;
-    L.key_cache = next++;
-    L.value_cache = next++;
   }
   if (static_cast<size_t>(next) != num_arrays) {
     fail("the spec describes " + std::to_string(next) + " arrays, got " +
@@ -128,70 +127,70 @@ mx::array as_int32(const mx::array& a, const mx::Stream& s) {
   return a.dtype() == mx::int32 ? a : mx::astype(a, mx::int32, s);
 }
 
-cpu::StackLinear linear_of(const std::vector<RowContiguous>& in, const LinearIndex& x) {
+cpu::StackLinear linear_of(const std::vector<mx::array>& arrays, const LinearIndex& x) {
   cpu::StackLinear l;
-  const auto& w = in[kFixedInputs + x.w].view;
+  const auto& w = arrays[x.w];
   if (x.bits) {
-    const auto& s = in[kFixedInputs + x.scales].view;
-    l.quant = cpu::QuantMatrix{w.data<uint32_t>(), s.data<void>(),
-                               in[kFixedInputs + x.biases].view.data<void>(), elem_of(s.dtype()),
-                               x.bits, x.group_size, w.shape(0), linear_in(w, x.bits)};
+    const auto& s = arrays[x.scales];
+    l.quant = cpu::QuantMatrix{w.data<uint32_t>(), s.data<void>(), arrays[x.biases].data<void>(),
+                               elem_of(s.dtype()), x.bits, x.group_size, w.shape(0),
+                               linear_in(w, x.bits)};
   } else {
     l.dense = cpu::DenseMatrix{w.data<void>(), elem_of(w.dtype()), w.shape(0), w.shape(1)};
   }
   if (x.bias >= 0) {
-    const auto& b = in[kFixedInputs + x.bias].view;
-    l.bias = b.data<void>();
-    l.bias_type = elem_of(b.dtype());
+    l.bias = arrays[x.bias].data<void>();
+    l.bias_type = elem_of(arrays[x.bias].dtype());
   }
   return l;
 }
 
-cpu::StackNorm norm_of(const std::vector<RowContiguous>& in, int index, float eps) {
-  const auto& w = in[kFixedInputs + index].view;
+cpu::StackNorm norm_of(const mx::array& w, float eps) {
   return cpu::StackNorm{w.data<void>(), elem_of(w.dtype()), eps};
+}
+
+// Evaluated and row-contiguous, so raw views taken once stay valid.
+mx::array materialized(const mx::array& a) {
+  mx::array out = a;
+  mx::eval(out);
+  if (!out.flags().row_contiguous) {
+    out = mx::contiguous(out, false, mx::Device::cpu);
+    mx::eval(out);
+  }
+  return out;
 }
 
 } // namespace
 
-std::vector<mx::array> decoder_stack(
-    const mx::array& x,
-    const std::vector<mx::array>& arrays,
-    const std::vector<int>& ints,
-    const std::vector<float>& floats,
-    const mx::array& final_norm,
+DecoderStackWeights::DecoderStackWeights(
+    std::vector<mx::array> arrays,
+    std::vector<int> ints,
+    std::vector<float> floats,
+    mx::array final_norm,
     float final_eps,
-    const mx::array& positions,
-    const mx::array& slot_mapping,
-    const mx::array& block_tables,
-    const mx::array& seq_lens,
-    const mx::array& cu_seqlens_q,
+    int hidden,
     int num_heads,
     int num_kv_heads,
-    int head_dim,
-    mx::StreamOrDevice s) {
-  if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1) {
-    fail("x must be float32 [1, T, hidden]");
+    int head_dim)
+    : final_norm_(std::move(final_norm)),
+      hidden_(hidden),
+      num_heads_(num_heads),
+      num_kv_heads_(num_kv_heads),
+      head_dim_(head_dim) {
+  if (hidden <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 ||
+      num_heads % num_kv_heads) {
+    fail("hidden, num_heads, num_kv_heads, head_dim must be positive, num_heads a multiple "
+         "of num_kv_heads");
   }
-  if (num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 || num_heads % num_kv_heads) {
-    fail("num_heads must be a positive multiple of num_kv_heads, head_dim positive");
-  }
-  const auto layers = index_layers(ints, arrays.size());
-  if (floats.size() != layers.size() * kStackLayerFloats) {
+  const auto index = index_layers(ints, arrays.size());
+  if (floats.size() != index.size() * kStackLayerFloats) {
     fail("floats must hold " + std::to_string(kStackLayerFloats) + " entries per layer");
   }
-  const int64_t t = x.shape(1), hidden = x.shape(2);
   const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv_width = static_cast<int64_t>(num_kv_heads) * head_dim;
-  check_vector(final_norm, hidden, "final_norm");
-  for (const auto* m : {&positions, &slot_mapping}) {
-    if (m->ndim() != 1 || m->shape(0) != t || !mx::issubdtype(m->dtype(), mx::integer)) {
-      fail("positions and slot_mapping must be integer [T]");
-    }
-  }
-  const mx::array& cache0 = arrays[layers[0].key_cache];
-  for (size_t li = 0; li < layers.size(); ++li) {
-    const LayerIndex& L = layers[li];
+  check_vector(final_norm_, hidden, "final_norm");
+  for (size_t li = 0; li < index.size(); ++li) {
+    const LayerIndex& L = index[li];
     const std::string where = "layer " + std::to_string(li);
     const int64_t inter = arrays[L.lin[4].w].shape(0);
     const int64_t dims[kStackLinears][2] = {{q_width, hidden}, {kv_width, hidden},
@@ -206,77 +205,143 @@ std::vector<mx::array> decoder_stack(
       check_vector(arrays[L.q_norm], head_dim, where + " q_norm");
       check_vector(arrays[L.k_norm], head_dim, where + " k_norm");
     }
-    const int* tail = ints.data() + li * kStackLayerInts + 3 * kStackLinears;
-    const int rope_dims = tail[1];
+    const int rope_dims = ints[li * kStackLayerInts + 3 * kStackLinears + 1];
     if (rope_dims <= 0 || rope_dims % 2 || rope_dims > head_dim) {
       fail(where + ": rope dims must be even and in (0, head_dim]");
     }
-    if (L.freqs >= 0) check_vector(arrays[L.freqs], rope_dims / 2, where + " rope freqs");
-    for (int c : {L.key_cache, L.value_cache}) {
-      const auto& cache = arrays[c];
-      if (cache.dtype() != mx::float32 || cache.ndim() != 4 || cache.shape(2) != num_kv_heads ||
-          cache.shape(3) != head_dim || cache.shape() != cache0.shape()) {
-        fail(where + ": caches must be float32 [num_blocks, block_size, num_kv_heads, head_dim], "
-             "all of one shape");
-      }
+    if (L.freqs >= 0) {
+      check_vector(arrays[L.freqs], rope_dims / 2, where + " rope freqs");
+      if (arrays[L.freqs].dtype() != mx::float32) fail(where + ": rope freqs must be float32");
     }
   }
 
-  auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs = {x, final_norm, as_int32(positions, stream),
-                                   as_int32(slot_mapping, stream), as_int32(block_tables, stream),
-                                   as_int32(seq_lens, stream), as_int32(cu_seqlens_q, stream)};
-  inputs.insert(inputs.end(), arrays.begin(), arrays.end());
-  std::vector<mx::Shape> shapes = {x.shape()};
-  std::vector<mx::Dtype> dtypes = {mx::float32};
-  for (size_t li = 0; li < layers.size(); ++li) {
-    for (int i = 0; i < 2; ++i) {
-      shapes.push_back(cache0.shape());
-      dtypes.push_back(mx::float32);
+  for (auto& a : arrays) a = materialized(a);
+  final_norm_ = materialized(final_norm_);
+  arrays_ = std::move(arrays);
+  final_norm_view_ = norm_of(final_norm_, final_eps);
+  for (size_t li = 0; li < index.size(); ++li) {
+    const LayerIndex& L = index[li];
+    const int* tail = ints.data() + li * kStackLayerInts + 3 * kStackLinears;
+    const float* f = floats.data() + li * kStackLayerFloats;
+    cpu::StackLayer l;
+    l.input_norm = norm_of(arrays_[L.input_norm], f[0]);
+    l.q = linear_of(arrays_, L.lin[0]);
+    l.k = linear_of(arrays_, L.lin[1]);
+    l.v = linear_of(arrays_, L.lin[2]);
+    l.o = linear_of(arrays_, L.lin[3]);
+    l.qk_norm = L.q_norm >= 0;
+    if (l.qk_norm) {
+      l.q_norm = norm_of(arrays_[L.q_norm], f[2]);
+      l.k_norm = norm_of(arrays_[L.k_norm], f[2]);
+    }
+    l.post_norm = norm_of(arrays_[L.post_norm], f[1]);
+    l.gate = linear_of(arrays_, L.lin[4]);
+    l.up = linear_of(arrays_, L.lin[5]);
+    l.down = linear_of(arrays_, L.lin[6]);
+    l.rope_dims = tail[1];
+    l.rope_traditional = tail[2] != 0;
+    l.rope_freqs = L.freqs >= 0 ? arrays_[L.freqs].data<float>() : nullptr;
+    l.rope_base = f[3];
+    l.rope_scale = f[4];
+    l.attn_scale = f[5];
+    l.softcap = f[6];
+    l.sliding_window = tail[4];
+    l.key_cache = nullptr;
+    l.value_cache = nullptr;
+    layers_.push_back(l);
+  }
+}
+
+std::vector<mx::array> decoder_stack(
+    std::shared_ptr<DecoderStackWeights> weights,
+    const mx::array& x,
+    const std::vector<mx::array>& key_caches,
+    const std::vector<mx::array>& value_caches,
+    const mx::array& positions,
+    const mx::array& slot_mapping,
+    const mx::array& block_tables,
+    const mx::array& seq_lens,
+    const mx::array& cu_seqlens_q,
+    mx::StreamOrDevice s) {
+  if (!weights) fail("weights must be given");
+  if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1 ||
+      x.shape(2) != weights->hidden()) {
+    fail("x must be float32 [1, T, hidden = " + std::to_string(weights->hidden()) + "]");
+  }
+  const int layers = weights->num_layers();
+  if (static_cast<int>(key_caches.size()) != layers ||
+      static_cast<int>(value_caches.size()) != layers) {
+    fail("give one key and one value cache per layer (" + std::to_string(layers) + ")");
+  }
+  const mx::Shape cache_shape = key_caches[0].shape();
+  for (const auto* list : {&key_caches, &value_caches}) {
+    for (const auto& c : *list) {
+      if (c.dtype() != mx::float32 || c.ndim() != 4 || c.shape() != cache_shape ||
+          c.shape(2) != weights->num_kv_heads() || c.shape(3) != weights->head_dim()) {
+        fail("caches must be float32 [num_blocks, block_size, num_kv_heads, head_dim], all "
+             "of one shape");
+      }
     }
   }
-  return mx::array::make_arrays(
-      std::move(shapes), std::move(dtypes),
-      std::make_shared<DecoderStack>(stream, ints, floats, final_eps, num_heads, num_kv_heads,
-                                     head_dim),
-      std::move(inputs));
+  const int t = x.shape(1);
+  for (const auto* m : {&positions, &slot_mapping}) {
+    if (m->ndim() != 1 || m->shape(0) != t || !mx::issubdtype(m->dtype(), mx::integer)) {
+      fail("positions and slot_mapping must be integer [T]");
+    }
+  }
+  if (block_tables.ndim() != 2 || seq_lens.ndim() != 1 || cu_seqlens_q.ndim() != 1 ||
+      seq_lens.shape(0) != block_tables.shape(0) ||
+      cu_seqlens_q.shape(0) != block_tables.shape(0) + 1) {
+    fail("block_tables [S, max_blocks], seq_lens [S] and cu_seqlens_q [S + 1] disagree");
+  }
+  auto stream = mx::to_stream(s);
+  std::vector<mx::array> inputs = {x, as_int32(positions, stream), as_int32(slot_mapping, stream),
+                                   as_int32(block_tables, stream), as_int32(seq_lens, stream),
+                                   as_int32(cu_seqlens_q, stream)};
+  inputs.insert(inputs.end(), key_caches.begin(), key_caches.end());
+  inputs.insert(inputs.end(), value_caches.begin(), value_caches.end());
+  std::vector<mx::Shape> shapes(1 + 2 * layers, cache_shape);
+  shapes[0] = x.shape();
+  std::vector<mx::Dtype> dtypes(1 + 2 * layers, mx::float32);
+  auto outs = mx::array::make_arrays(std::move(shapes), std::move(dtypes),
+                                     std::make_shared<DecoderStack>(stream, std::move(weights)),
+                                     std::move(inputs));
+  // make_arrays orders outputs as given: hidden, then keys, then values;
+  // return them interleaved per layer.
+  std::vector<mx::array> result = {outs[0]};
+  for (int i = 0; i < layers; ++i) {
+    result.push_back(outs[1 + i]);
+    result.push_back(outs[1 + layers + i]);
+  }
+  return result;
 }
 
 void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
                             std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  const auto layers = index_layers(ints_, inputs.size() - kFixedInputs);
+  const int layers = weights_->num_layers();
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
 
   // The cache outputs alias the inputs' buffers (in-place writes); a cache
   // that is not row-contiguous is first copied into a fresh buffer.
-  std::vector<bool> is_cache(inputs.size(), false);
   std::vector<std::pair<const char*, cpu::StridedLayout>> copies;
   std::vector<char*> copy_dst;
-  for (size_t li = 0; li < layers.size(); ++li) {
-    for (int c = 0; c < 2; ++c) {
-      const int index = kFixedInputs + (c ? layers[li].value_cache : layers[li].key_cache);
-      is_cache[index] = true;
-      const mx::array& cache = inputs[index];
-      mx::array& dst = outputs[1 + 2 * li + c];
-      if (cache.flags().row_contiguous) {
-        dst.copy_shared_buffer(cache);
-        continue;
-      }
-      dst.set_data(mx::allocator::malloc(dst.nbytes()));
-      copies.emplace_back(cache.data<char>(), cpu::StridedLayout{
-          {cache.shape().begin(), cache.shape().end()},
-          {cache.strides().begin(), cache.strides().end()}, cache.itemsize()});
-      copy_dst.push_back(dst.data<char>());
+  for (int i = 0; i < 2 * layers; ++i) {
+    const mx::array& cache = inputs[kFixedInputs + i];
+    mx::array& dst = outputs[1 + i];
+    if (cache.flags().row_contiguous) {
+      dst.copy_shared_buffer(cache);
+      continue;
     }
+    dst.set_data(mx::allocator::malloc(dst.nbytes()));
+    copies.emplace_back(cache.data<char>(), cpu::StridedLayout{
+        {cache.shape().begin(), cache.shape().end()},
+        {cache.strides().begin(), cache.strides().end()}, cache.itemsize()});
+    copy_dst.push_back(dst.data<char>());
   }
-  // Caches are read through the outputs; every other input row-contiguous.
   std::vector<RowContiguous> in;
-  in.reserve(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    in.push_back(is_cache[i] ? RowContiguous{inputs[i]} : row_contiguous(inputs[i], encoder));
-  }
+  for (int i = 0; i < kFixedInputs; ++i) in.push_back(row_contiguous(inputs[i], encoder));
 
   cpu::StackArgs a;
   const auto& x = in[0].view;
@@ -284,57 +349,30 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.out = out.data<float>();
   a.t = x.shape(1);
   a.hidden = x.shape(2);
-  a.num_heads = num_heads_;
-  a.num_kv_heads = num_kv_heads_;
-  a.head_dim = head_dim_;
-  const auto& cache0 = outputs[1];
-  a.num_blocks = cache0.shape(0);
-  a.block_size = cache0.shape(1);
-  a.positions = in[2].view.data<int32_t>();
-  a.slot_mapping = in[3].view.data<int32_t>();
-  a.block_tables = in[4].view.data<int32_t>();
-  a.seq_lens = in[5].view.data<int32_t>();
-  a.cu_seqlens_q = in[6].view.data<int32_t>();
-  a.num_seqs = in[4].view.shape(0);
-  a.max_blocks_per_seq = in[4].view.shape(1);
-  a.final_norm = cpu::StackNorm{in[1].view.data<void>(), elem_of(in[1].view.dtype()),
-                                final_eps_};
-  for (size_t li = 0; li < layers.size(); ++li) {
-    const LayerIndex& L = layers[li];
-    const int* tail = ints_.data() + li * kStackLayerInts + 3 * kStackLinears;
-    const float* f = floats_.data() + li * kStackLayerFloats;
-    cpu::StackLayer l;
-    l.input_norm = norm_of(in, L.input_norm, f[0]);
-    l.q = linear_of(in, L.lin[0]);
-    l.k = linear_of(in, L.lin[1]);
-    l.v = linear_of(in, L.lin[2]);
-    l.o = linear_of(in, L.lin[3]);
-    l.qk_norm = L.q_norm >= 0;
-    if (l.qk_norm) {
-      l.q_norm = norm_of(in, L.q_norm, f[2]);
-      l.k_norm = norm_of(in, L.k_norm, f[2]);
-    }
-    l.post_norm = norm_of(in, L.post_norm, f[1]);
-    l.gate = linear_of(in, L.lin[4]);
-    l.up = linear_of(in, L.lin[5]);
-    l.down = linear_of(in, L.lin[6]);
-    l.rope_dims = tail[1];
-    l.rope_traditional = tail[2] != 0;
-    l.rope_freqs = L.freqs >= 0 ? in[kFixedInputs + L.freqs].view.data<float>() : nullptr;
-    l.rope_base = f[3];
-    l.rope_scale = f[4];
-    l.attn_scale = f[5];
-    l.softcap = f[6];
-    l.sliding_window = tail[4];
-    l.key_cache = outputs[1 + 2 * li].data<float>();
-    l.value_cache = outputs[2 + 2 * li].data<float>();
-    a.layers.push_back(l);
+  a.num_heads = weights_->num_heads();
+  a.num_kv_heads = weights_->num_kv_heads();
+  a.head_dim = weights_->head_dim();
+  a.num_blocks = outputs[1].shape(0);
+  a.block_size = outputs[1].shape(1);
+  a.positions = in[1].view.data<int32_t>();
+  a.slot_mapping = in[2].view.data<int32_t>();
+  a.block_tables = in[3].view.data<int32_t>();
+  a.seq_lens = in[4].view.data<int32_t>();
+  a.cu_seqlens_q = in[5].view.data<int32_t>();
+  a.num_seqs = in[3].view.shape(0);
+  a.max_blocks_per_seq = in[3].view.shape(1);
+  a.final_norm = weights_->final_norm();
+  a.layers = weights_->layers();
+  for (int li = 0; li < layers; ++li) {
+    a.layers[li].key_cache = outputs[1 + li].data<float>();
+    a.layers[li].value_cache = outputs[1 + layers + li].data<float>();
   }
 
   for (const auto& i : inputs) encoder.set_input_array(i);
   for (auto& o : outputs) encoder.set_output_array(o);
+  // The task holds the weights: a step in flight keeps them alive.
   encoder.dispatch([in = std::move(in), copies = std::move(copies),
-                    copy_dst = std::move(copy_dst), a = std::move(a)]() {
+                    copy_dst = std::move(copy_dst), a = std::move(a), keep = weights_]() {
     for (const auto& r : in) r.fill();
     for (size_t i = 0; i < copies.size(); ++i) {
       cpu::copy_to_row_contiguous(copies[i].first, copies[i].second, copy_dst[i]);
@@ -349,19 +387,12 @@ void DecoderStack::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array
 }
 
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
-  const auto& o = static_cast<const DecoderStack&>(other);
-  return ints_ == o.ints_ && floats_ == o.floats_ && final_eps_ == o.final_eps_ &&
-         num_heads_ == o.num_heads_ && num_kv_heads_ == o.num_kv_heads_ &&
-         head_dim_ == o.head_dim_;
+  return weights_ == static_cast<const DecoderStack&>(other).weights_;
 }
 
 std::vector<mx::Shape> DecoderStack::output_shapes(const std::vector<mx::array>& inputs) {
-  std::vector<mx::Shape> shapes = {inputs[0].shape()};
-  const size_t caches = 2 * (ints_.size() / kStackLayerInts);
-  const auto layers = index_layers(ints_, inputs.size() - kFixedInputs);
-  for (size_t i = 0; i < caches; ++i) {
-    shapes.push_back(inputs[kFixedInputs + layers[0].key_cache].shape());
-  }
+  std::vector<mx::Shape> shapes(1 + 2 * weights_->num_layers(), inputs[kFixedInputs].shape());
+  shapes[0] = inputs[0].shape();
   return shapes;
 }
 

@@ -2,8 +2,10 @@
 // norm) as one CPU primitive. See cpu/decoder_stack_cpu.h for why.
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "cpu/decoder_stack_cpu.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -17,48 +19,86 @@ namespace vllm_metal {
 // arrays, per layer in this order:
 //   input_norm_w; each linear as w [+ scales, biases if quantized] [+ bias];
 //   (q, k, v, o); [q_norm_w, k_norm_w]; post_norm_w; (gate, up, down);
-//   [rope freqs float [rope_dims / 2]]; key_cache; value_cache
+//   [rope freqs float [rope_dims / 2]]
 inline constexpr int kStackLinears = 7;
 inline constexpr int kStackLayerInts = 3 * kStackLinears + 5;
 inline constexpr int kStackLayerFloats = 7;
 
 /**
+ * A model's decoder weights, validated and resolved to raw views once at load,
+ * so that a step passes only the activations, caches and metadata. Holds the
+ * arrays (evaluated, row-contiguous), keeping their memory alive.
+ */
+class DecoderStackWeights {
+ public:
+  DecoderStackWeights(
+      std::vector<mlx::core::array> arrays,
+      std::vector<int> ints,
+      std::vector<float> floats,
+      mlx::core::array final_norm,
+      float final_eps,
+      int hidden,
+      int num_heads,
+      int num_kv_heads,
+      int head_dim);
+
+  int num_layers() const {
+    return static_cast<int>(layers_.size());
+  }
+  int hidden() const {
+    return hidden_;
+  }
+  int num_heads() const {
+    return num_heads_;
+  }
+  int num_kv_heads() const {
+    return num_kv_heads_;
+  }
+  int head_dim() const {
+    return head_dim_;
+  }
+  // Layers with every field but the caches set; the final norm.
+  const std::vector<cpu::StackLayer>& layers() const {
+    return layers_;
+  }
+  const cpu::StackNorm& final_norm() const {
+    return final_norm_view_;
+  }
+
+ private:
+  std::vector<mlx::core::array> arrays_;
+  mlx::core::array final_norm_;
+  std::vector<cpu::StackLayer> layers_;
+  cpu::StackNorm final_norm_view_{};
+  int hidden_, num_heads_, num_kv_heads_, head_dim_;
+};
+
+/**
  * x              float32 [1, T, hidden] token embeddings
- * final_norm     [hidden] weight of the final RMSNorm, eps final_eps
+ * key_caches, value_caches  one per layer, float32
+ *                [num_blocks, block_size, num_kv_heads, head_dim], all one shape
  * positions, slot_mapping  int32 [T]; block_tables int32 [S, max_blocks];
  * seq_lens int32 [S]; cu_seqlens_q int32 [S + 1]  (as ops.paged_attention)
- * caches         float32 [num_blocks, block_size, num_kv_heads, head_dim]
- * returns        [hidden_out [1, T, hidden], key_cache_0, value_cache_0, ...]:
- *                the caches alias the inputs' buffers (written in place)
+ * returns        [hidden_out [1, T, hidden] (after the final norm),
+ *                 key_cache_0, value_cache_0, ...]: the caches alias the
+ *                 inputs' buffers (written in place)
  */
 std::vector<mlx::core::array> decoder_stack(
+    std::shared_ptr<DecoderStackWeights> weights,
     const mlx::core::array& x,
-    const std::vector<mlx::core::array>& arrays,
-    const std::vector<int>& ints,
-    const std::vector<float>& floats,
-    const mlx::core::array& final_norm,
-    float final_eps,
+    const std::vector<mlx::core::array>& key_caches,
+    const std::vector<mlx::core::array>& value_caches,
     const mlx::core::array& positions,
     const mlx::core::array& slot_mapping,
     const mlx::core::array& block_tables,
     const mlx::core::array& seq_lens,
     const mlx::core::array& cu_seqlens_q,
-    int num_heads,
-    int num_kv_heads,
-    int head_dim,
     mlx::core::StreamOrDevice s = {});
 
 class DecoderStack : public mlx::core::Primitive {
  public:
-  DecoderStack(mlx::core::Stream stream, std::vector<int> ints, std::vector<float> floats,
-               float final_eps, int num_heads, int num_kv_heads, int head_dim)
-      : mlx::core::Primitive(stream),
-        ints_(std::move(ints)),
-        floats_(std::move(floats)),
-        final_eps_(final_eps),
-        num_heads_(num_heads),
-        num_kv_heads_(num_kv_heads),
-        head_dim_(head_dim) {}
+  DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights)
+      : mlx::core::Primitive(stream), weights_(std::move(weights)) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -75,12 +115,7 @@ class DecoderStack : public mlx::core::Primitive {
       const std::vector<mlx::core::array>& inputs) override;
 
  private:
-  std::vector<int> ints_;
-  std::vector<float> floats_;
-  float final_eps_;
-  int num_heads_;
-  int num_kv_heads_;
-  int head_dim_;
+  std::shared_ptr<DecoderStackWeights> weights_;
 };
 
 } // namespace vllm_metal

@@ -40,17 +40,9 @@ class Unsupported(Exception):
 
 @dataclass
 class DecoderStackPlan:
-    """The flattened spec of every layer; caches are filled in per step."""
+    """The model's decoder weights as the extension holds them (built once)."""
 
-    arrays: list[mx.array]          # per-layer arrays, caches as placeholders
-    cache_slots: list[tuple[int, int]]  # (key, value) index in arrays, per layer
-    ints: list[int]
-    floats: list[float]
-    final_norm: mx.array
-    final_eps: float
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
+    weights: object   # vllm_metal._ext.DecoderStackWeights
 
     def __call__(self, x: mx.array, ctx: ForwardContext) -> mx.array:
         """x float32 [1, T, hidden] embeddings -> final-norm hidden [1, T, hidden].
@@ -58,18 +50,12 @@ class DecoderStackPlan:
         Replaces ctx's caches with the op's (in-place) outputs, as the
         attention wrappers do.
         """
-        arrays = list(self.arrays)
-        for i, (k, v) in enumerate(self.cache_slots):
-            arrays[k] = ctx.key_caches[i]
-            arrays[v] = ctx.value_caches[i]
         meta = ctx.metadata
         outs = get_ops().decoder_stack(
-            x, arrays, self.ints, self.floats, self.final_norm, self.final_eps,
-            meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-            meta.cu_seqlens_q, self.num_heads, self.num_kv_heads, self.head_dim)
-        for i in range(len(self.cache_slots)):
-            ctx.key_caches[i] = outs[1 + 2 * i]
-            ctx.value_caches[i] = outs[2 + 2 * i]
+            self.weights, x, ctx.key_caches, ctx.value_caches, meta.positions,
+            meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q)
+        ctx.key_caches[:] = outs[1::2]
+        ctx.value_caches[:] = outs[2::2]
         return outs[0]
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
@@ -100,7 +86,6 @@ def _plan(backbone: nn.Module) -> DecoderStackPlan:
     arrays: list[mx.array] = []
     ints: list[int] = []
     floats: list[float] = []
-    slots: list[tuple[int, int]] = []
     heads: set[tuple[int, int, int]] = set()
     for index, layer in enumerate(backbone.layers):
         where = f"layer {index}"
@@ -144,13 +129,13 @@ def _plan(backbone: nn.Module) -> DecoderStackPlan:
             arrays += _linear_arrays(lin)
         if rope["freqs"] is not None:
             arrays.append(rope["freqs"].astype(mx.float32))
-        slots.append((len(arrays), len(arrays) + 1))
-        arrays += [mx.zeros((0,)), mx.zeros((0,))]   # the step's caches go here
     if len(heads) != 1:
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
-    return DecoderStackPlan(arrays, slots, ints, floats, backbone.norm.weight,
-                            backbone.norm.eps, num_heads, num_kv_heads, head_dim)
+    hidden = int(backbone.norm.weight.shape[0])
+    return DecoderStackPlan(get_ops().DecoderStackWeights(
+        arrays, ints, floats, backbone.norm.weight, backbone.norm.eps, hidden, num_heads,
+        num_kv_heads, head_dim))
 
 
 def _exact_norm(module: nn.Module, where: str) -> None:
