@@ -7,6 +7,8 @@
 #include <string>
 
 #include "cpu/norm_rope_cpu.h"
+#include "cpu/isa.h"
+#include "cpu/thread_pool.h"
 #include "cpu/tile_math.h"
 
 namespace vllm_metal::cpu {
@@ -88,8 +90,9 @@ void write_cache(const StackArgs& a, const StackLayer& l, const float* k, const 
 }
 
 // g = silu(g) * u. sigmoid from e = exp(-|g|) <= 1 (never overflows):
-// 1 / (1 + e) for g >= 0, e / (1 + e) below; vectorizes (no libm call).
-void silu_mul(float* g, const float* u, int64_t n) {
+// 1 / (1 + e) for g >= 0, e / (1 + e) below; no libm call, so it vectorizes.
+VLLM_METAL_INLINE void silu_mul_span(float* __restrict g, const float* __restrict u,
+                                     int64_t n) {
   constexpr float kLog2e = 1.4426950408889634f;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
@@ -98,6 +101,38 @@ void silu_mul(float* g, const float* u, int64_t n) {
     const float sig = (x >= 0.0f ? 1.0f : e) / (1.0f + e);
     g[i] = x * sig * u[i];
   }
+}
+
+// One body, compiled per instruction set (this file is built for the
+// baseline ISA; see cpu/isa.h).
+#if VLLM_METAL_X86_DISPATCH
+VLLM_METAL_TARGET_AVX512 void silu_mul_avx512(float* g, const float* u, int64_t n) {
+  silu_mul_span(g, u, n);
+}
+VLLM_METAL_TARGET_AVX2 void silu_mul_avx2(float* g, const float* u, int64_t n) {
+  silu_mul_span(g, u, n);
+}
+#endif
+
+void silu_mul_range(float* g, const float* u, int64_t n) {
+#if VLLM_METAL_X86_DISPATCH
+  switch (active_isa()) {
+    case Isa::Avx512: return silu_mul_avx512(g, u, n);
+    case Isa::Avx2: return silu_mul_avx2(g, u, n);
+    default: break;
+  }
+#endif
+  silu_mul_span(g, u, n);
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  constexpr int64_t kParallel = 1 << 16;  // a prefill chunk's MLP, not a decode step's
+  const int items = n >= kParallel ? 2 * ThreadPool::instance().size() : 1;
+  if (items == 1) return silu_mul_range(g, u, n);
+  ThreadPool::instance().parallel_for(items, [&](int i) {
+    const int64_t a = n * i / items, b = n * (i + 1) / items;
+    silu_mul_range(g + a, u + a, b - a);
+  });
 }
 
 } // namespace
