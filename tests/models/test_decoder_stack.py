@@ -12,7 +12,7 @@ import pytest
 
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
-from vllm_metal.models.decoder_stack import plan_decoder_stack
+from vllm_metal.models.decoder_stack import _plan, plan_decoder_stack
 from vllm_metal.v1.model_lifecycle import _inner_model, load_model
 
 BLOCK = 16
@@ -101,3 +101,25 @@ def test_unknown_backbone_is_declined():
             self.layers = []
 
     assert plan_decoder_stack(Other()) is None
+
+
+def test_slot_outside_the_cache_raises_at_evaluation():
+    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
+    d = loaded.dims
+    meta = _meta([(0, 0, 3)])
+    meta.slot_mapping = mx.array([0, 1, 4 * BLOCK], dtype=mx.int32)   # 4 blocks: 64 slots
+    kc = [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers)]
+    vc = [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers)]
+    ctx = ForwardContext(meta, kc, vc)
+    with forward_context(ctx), pytest.raises(RuntimeError, match="slot_mapping"):
+        mx.eval(loaded.backbone(mx.array([[1, 2, 3]], dtype=mx.int32)))
+
+
+def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
+    # The extension validates every weight once, when the plan is built.
+    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
+    backbone = _inner_model(loaded.model)
+    layer = backbone.layers[1]
+    layer.mlp.down_proj.weight = layer.mlp.down_proj.weight[:, :-1]   # K no longer matches
+    with pytest.raises(ValueError, match="layer 1 down_proj"):
+        _plan(backbone)
