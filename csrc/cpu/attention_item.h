@@ -58,4 +58,12 @@ int attention_tile_keys(int num_kv_heads, int head_size);
 // The kernel for this cache dtype and head size on the active ISA.
 AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, int head_size);
 
+// The single-row kernel (rows == 1: a decode step), same outputs as the tile
+// kernel: it walks the keys page run by page run with the next run prefetched,
+// and every query head of a group reads each K/V row while it is in L1. On
+// AVX2 / AVX-512 with head size 64, 128 or 256 it is the intrinsics kernel of
+// decode_row.inc (rows read in place, fp16 / bf16 widened in registers);
+// otherwise the portable one (fp16 / bf16 runs decoded into the tiles).
+AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size);
+
 } // namespace vllm_metal::cpu

@@ -1,9 +1,10 @@
-// The CPU side of the GqaDecode route: one query row per sequence, one work
-// item per (sequence, partition). An item decodes each K/V page row of its
-// partition once into fp32 tiles (all KV heads of a token in one contiguous
-// read) and every query head of each GQA group reuses them, as the Metal
-// kernel's simdgroups share their KV head's reads; long contexts spread over
-// all threads.
+// The CPU side of the GqaDecode route: one query row per sequence. Each
+// sequence's keys (its sliding window, if any) are cut into equal pieces of at
+// most `partition_size` keys; a work item is one (sequence, piece) and runs
+// the single-row kernel (attention_item.h: every query head of a GQA group
+// reads each K/V row while it is in L1, the next page is prefetched). The
+// last piece of a sequence to finish merges the pieces' softmax states and
+// writes the output, so the call is one pass over the thread pool.
 #pragma once
 
 #include "cpu/paged_attention_cpu.h"
@@ -11,10 +12,7 @@
 
 namespace vllm_metal::cpu {
 
-// Partition z covers keys [z * partition_size, (z + 1) * partition_size) of
-// each sequence's window (the Metal kernel's partitions); with
-// num_partitions > 1 the partitions' softmax states are merged afterwards.
-// Requires total_q == num_seqs (checked).
-void gqa_decode_cpu(const PagedAttentionArgs& args, int partition_size, int num_partitions, ThreadPool& pool);
+// Requires total_q == num_seqs and partition_size >= 1 (checked).
+void gqa_decode_cpu(const PagedAttentionArgs& args, int partition_size, ThreadPool& pool);
 
 }  // namespace vllm_metal::cpu

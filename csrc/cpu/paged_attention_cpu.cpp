@@ -58,7 +58,8 @@ class Planner {
         split_partition_(split_partition),
         rows_(rows_per_item(p.num_heads)),
         tile_(attention_tile_keys(p.num_kv_heads, p.head_size)),
-        kernel_(select_attention_item(p.kv_dtype, p.head_size)) {}
+        kernel_(select_attention_item(p.kv_dtype, p.head_size)),
+        decode_kernel_(select_decode_item(p.kv_dtype, p.head_size)) {}
 
   void run(ThreadPool& pool) {
     plan();
@@ -158,7 +159,7 @@ class Planner {
     a.row_hi = row_hi;
     a.softcap = p_.softcap;
     a.tile = tile_;
-    kernel_(a);
+    (rows == 1 ? decode_kernel_ : kernel_)(a);
 
     if (w.partial >= 0) {
       float* dst = partials_.data() + static_cast<size_t>(w.partial) * slot_floats();
@@ -204,6 +205,7 @@ class Planner {
   const int rows_;
   const int tile_;
   const AttentionItemFn kernel_;
+  const AttentionItemFn decode_kernel_;
   std::vector<WorkItem> items_;
   std::vector<MergeGroup> groups_;
   int num_partials_ = 0;
@@ -318,12 +320,12 @@ dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args) {
     d = forced_dispatch(args, *forced, forced_partition);
   } else {
     const dispatch::DispatchEnv env{pool.size(), dispatch::gqa_decode_disabled()};
-    d = dispatch::decide_paged_dispatch(describe_problem(args), env);
+    d = dispatch::decide_cpu_paged_dispatch(describe_problem(args), env, args.sliding_window);
   }
   if (args.total_q == 0) return d;
   switch (d.route) {
     case dispatch::PagedRoute::GqaDecode:
-      gqa_decode_cpu(args, d.partition_size, d.num_partitions, pool);
+      gqa_decode_cpu(args, d.partition_size, pool);
       break;
     case dispatch::PagedRoute::SplitKv:
       Planner(args, d.partition_size).run(pool);

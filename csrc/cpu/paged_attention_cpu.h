@@ -41,16 +41,16 @@ void check_paged_metadata(const PagedAttentionArgs& args);
 // The dispatch inputs of this call (reads seq_lens and cu_seqlens_q).
 dispatch::PagedProblem describe_problem(const PagedAttentionArgs& args);
 
-// Decides the route (dispatch::decide_paged_dispatch with the pool's thread
-// count as compute units, or the forced route) and runs it on the calling
-// thread plus the extension's thread pool. Throws std::invalid_argument /
+// Decides the route (dispatch::decide_cpu_paged_dispatch with the pool's
+// thread count, or the forced route) and runs it on the calling thread plus
+// the extension's thread pool; decode rows run the single-row kernel. Throws std::invalid_argument /
 // std::out_of_range on inconsistent metadata (checked before any output is
 // written) or a block id outside the cache. Returns the route taken.
 dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args);
 
 // Tests and benchmarks: make the CPU backend take `route` (with partitions of
-// `partition_size` keys for SplitKv / GqaDecode) instead of deciding; nullopt
-// restores the decision.
+// at most `partition_size` keys for SplitKv / GqaDecode) instead of deciding;
+// nullopt restores the decision.
 void force_cpu_route(std::optional<dispatch::PagedRoute> route, int partition_size);
 
 } // namespace vllm_metal::cpu

@@ -1,9 +1,11 @@
 #include "dispatch/dispatch_bindings.h"
 
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstddef>
 #include <stdexcept>
 
@@ -82,6 +84,70 @@ nb::dict to_dict(const dispatch::KernelLaunch& l) {
   return out;
 }
 
+using F32Array = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
+using I32Array = nb::ndarray<const int32_t, nb::c_contig, nb::device::cpu>;
+
+// Benchmarks: time cpu::paged_attention_cpu itself, without MLX's graph and
+// stream overheads, cycling over one block table per "layer" so that a call
+// meets the pages of the other layers' calls, not its own, in the caches.
+nb::tuple time_cpu_paged_attention(const F32Array& query, const F32Array& key_cache, const F32Array& value_cache,
+                                   const I32Array& block_tables, const I32Array& seq_lens,
+                                   const I32Array& cu_seqlens_q, float scale, int rounds) {
+  if (query.ndim() != 3) throw std::invalid_argument("query must be [total_q, num_heads, head_size]");
+  if (key_cache.ndim() != 4) throw std::invalid_argument("key_cache must be [num_blocks, block_size, kv_heads, d]");
+  for (size_t i = 0; i < 4; ++i) {
+    if (value_cache.ndim() != 4 || value_cache.shape(i) != key_cache.shape(i)) {
+      throw std::invalid_argument("value_cache must have key_cache's shape");
+    }
+  }
+  if (key_cache.shape(3) != query.shape(2)) throw std::invalid_argument("key_cache head size differs from query's");
+  if (block_tables.ndim() != 3) throw std::invalid_argument("block_tables must be [layers, num_seqs, max_blocks]");
+  const size_t num_seqs = block_tables.shape(1);
+  if (seq_lens.ndim() != 1 || seq_lens.shape(0) != num_seqs) throw std::invalid_argument("seq_lens must be [num_seqs]");
+  if (cu_seqlens_q.ndim() != 1 || cu_seqlens_q.shape(0) != num_seqs + 1) {
+    throw std::invalid_argument("cu_seqlens_q must be [num_seqs + 1]");
+  }
+  if (rounds < 1) throw std::invalid_argument("rounds must be >= 1");
+  std::vector<float> out(query.size());
+  cpu::PagedAttentionArgs a{};
+  a.query = query.data();
+  a.key_cache = key_cache.data();
+  a.value_cache = value_cache.data();
+  a.seq_lens = seq_lens.data();
+  a.cu_seqlens_q = cu_seqlens_q.data();
+  a.out = out.data();
+  a.total_q = static_cast<int>(query.shape(0));
+  a.num_heads = static_cast<int>(query.shape(1));
+  a.head_size = static_cast<int>(query.shape(2));
+  a.num_blocks = static_cast<int>(key_cache.shape(0));
+  a.block_size = static_cast<int>(key_cache.shape(1));
+  a.num_kv_heads = static_cast<int>(key_cache.shape(2));
+  a.num_seqs = static_cast<int>(num_seqs);
+  a.max_blocks_per_seq = static_cast<int>(block_tables.shape(2));
+  a.scale = scale;
+  if (a.num_kv_heads < 1 || a.num_heads % a.num_kv_heads != 0) {
+    throw std::invalid_argument("num_heads must be a multiple of the cache's kv heads");
+  }
+  const int layers = static_cast<int>(block_tables.shape(0));
+  const int64_t table_size = int64_t(num_seqs) * a.max_blocks_per_seq;
+  std::vector<double> seconds;
+  dispatch::PagedDispatch d;
+  {
+    nb::gil_scoped_release release;
+    for (int r = 0; r < rounds; ++r) {
+      for (int layer = 0; layer < layers; ++layer) {
+        a.block_tables = block_tables.data() + layer * table_size;
+        const auto start = std::chrono::steady_clock::now();
+        d = cpu::paged_attention_cpu(a);
+        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+    }
+  }
+  nb::list times;
+  for (double s : seconds) times.append(s);
+  return nb::make_tuple(times, dispatch::route_name(d.route));
+}
+
 template <typename T>
 nb::bytes as_bytes(const T& v) {
   return nb::bytes(reinterpret_cast<const char*>(&v), sizeof(T));
@@ -112,6 +178,22 @@ void bind_dispatch(nb::module_& m) {
       "seq_lens"_a, "query_lens"_a, "num_heads"_a, "num_kv_heads"_a, "head_size"_a, "block_size"_a,
       "dtype"_a, "query_dtype"_a = nb::none(), "compute_units"_a, "gqa_decode_disabled"_a = false,
       "The dispatch decision (dict: route, partition_size, num_partitions, scratch_bytes, reason).");
+
+  m.def(
+      "_cpu_paged_dispatch",
+      [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
+         int num_kv_heads, int head_size, int block_size, const std::string& dtype,
+         const std::optional<std::string>& query_dtype, int threads, bool gqa_decode_disabled, int sliding_window) {
+        auto p = make_problem(seq_lens, query_lens, num_heads, num_kv_heads, head_size, block_size, dtype,
+                              query_dtype);
+        if (threads < 1) throw std::invalid_argument("threads must be >= 1");
+        if (sliding_window < 0) throw std::invalid_argument("sliding_window must be >= 0");
+        return to_dict(dispatch::decide_cpu_paged_dispatch(p, {threads, gqa_decode_disabled}, sliding_window));
+      },
+      "seq_lens"_a, "query_lens"_a, "num_heads"_a, "num_kv_heads"_a, "head_size"_a, "block_size"_a,
+      "dtype"_a, "query_dtype"_a = nb::none(), "threads"_a, "gqa_decode_disabled"_a = false,
+      "sliding_window"_a = 0,
+      "The CPU backend's dispatch decision for this many kernel threads (dict as _paged_dispatch).");
 
   m.def(
       "_metal_launch_plan",
@@ -201,6 +283,11 @@ void bind_dispatch(nb::module_& m) {
       },
       "route"_a.none(), "partition_size"_a = kPartitionSize,
       "Tests/benchmarks: the CPU backend takes this route instead of deciding (None: decide again).");
+
+  m.def("_time_cpu_paged_attention", &time_cpu_paged_attention, "query"_a, "key_cache"_a, "value_cache"_a,
+        "block_tables"_a, "seq_lens"_a, "cu_seqlens_q"_a, "scale"_a, "rounds"_a = 1,
+        "Benchmarks: run the CPU paged attention (fp32) once per layer's block table [layers, num_seqs, "
+        "max_blocks], `rounds` times; returns (seconds per call, last route).");
 
   m.def("gpu_core_count", &dispatch::gpu_core_count,
         "GPU cores the dispatch budgets for (IORegistry on macOS; the documented fallback elsewhere).");

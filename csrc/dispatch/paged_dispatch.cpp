@@ -169,4 +169,47 @@ PagedDispatch decide_paged_dispatch(const PagedProblem& p, const DispatchEnv& en
   return d;
 }
 
+int cpu_decode_partition(const int32_t* spans, int num_seqs, int threads) {
+  int64_t total = 0;
+  int longest_span = 1;
+  for (int s = 0; s < num_seqs; ++s) {
+    total += std::max(spans[s], 0);
+    longest_span = std::max(longest_span, static_cast<int>(spans[s]));
+  }
+  if (threads <= 1) return longest_span;  // one thread: splitting only adds merges
+  const int64_t share = ceil_div(total, int64_t(threads) * kCpuPiecesPerThread);
+  return static_cast<int>(std::clamp<int64_t>(share, kCpuMinPiece, std::max(longest_span, kCpuMinPiece)));
+}
+
+PagedDispatch decide_cpu_paged_dispatch(const PagedProblem& p, const DispatchEnv& env, int sliding_window) {
+  if (p.seq_lens.size() != p.query_lens.size()) {
+    throw std::invalid_argument("paged dispatch: seq_lens and query_lens differ in length");
+  }
+  const int num_seqs = static_cast<int>(p.seq_lens.size());
+  bool decode = num_seqs > 0;
+  for (int s = 0; s < num_seqs && decode; ++s) decode = p.query_lens[s] == 1;
+  if (!decode || env.gqa_decode_disabled) {
+    PagedDispatch d = decide_paged_dispatch(p, env);
+    if (decode) d.reason = "GQA decode disabled (VLLM_METAL_DISABLE_GQA_DECODE); " + d.reason;
+    return d;
+  }
+  std::vector<int32_t> spans(p.seq_lens);
+  if (sliding_window > 0) {
+    for (int32_t& s : spans) s = std::min(s, sliding_window);
+  }
+  PagedDispatch d;
+  d.route = PagedRoute::GqaDecode;
+  d.partition_size = cpu_decode_partition(spans.data(), num_seqs, env.compute_units);
+  int64_t pieces = 0;
+  for (int32_t s : spans) {
+    const int n = static_cast<int>(ceil_div(std::max(s, 1), d.partition_size));
+    d.num_partitions = std::max(d.num_partitions, n);
+    pieces += n > 1 ? n : 0;
+  }
+  d.scratch_bytes = pieces * p.num_heads * int64_t(p.head_size + 2) * 4;
+  d.reason = "CPU GQA decode: up to " + describe(d.partition_size, d.num_partitions, d.scratch_bytes) + " for " +
+      std::to_string(env.compute_units) + " thread(s)";
+  return d;
+}
+
 }  // namespace vllm_metal::dispatch

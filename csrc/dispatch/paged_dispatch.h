@@ -1,7 +1,8 @@
 // Which paged-attention route a call takes: a pure function of the shapes,
 // dtypes, sequence lengths, compute units and environment, shared by eval_gpu
-// (Metal), eval_cpu (Linux) and the diagnostics. The rules are documented in
-// docs/kernels.md ("Dispatch").
+// (Metal), eval_cpu (Linux; its own rule for pure decode batches) and the
+// diagnostics. The rules are documented in docs/kernels.md ("Dispatch") and,
+// for the CPU's decode rule, docs/gqa-decode.md ("The CPU counterpart").
 #pragma once
 
 #include <cstdint>
@@ -55,5 +56,21 @@ bool is_kernel_block_size(int block_size);
 int64_t complete_partition_work(const PagedProblem& problem, int partition_size);
 
 PagedDispatch decide_paged_dispatch(const PagedProblem& problem, const DispatchEnv& env);
+
+// The CPU backend's decision (env.compute_units = kernel threads). Pure
+// decode batches take GqaDecode whenever it is not disabled: the CPU kernel
+// serves every geometry, block size and dtype pair, and its partitions are cut
+// to share the keys evenly among the threads (cpu_decode_partition) rather
+// than to fill a GPU. Every other batch follows decide_paged_dispatch.
+// sliding_window > 0 limits each row to its last sliding_window keys.
+PagedDispatch decide_cpu_paged_dispatch(const PagedProblem& problem, const DispatchEnv& env, int sliding_window = 0);
+
+// Keys per partition of CPU GQA decode: about 1 / (kCpuPiecesPerThread x
+// threads) of all keys to attend, at least kCpuMinPiece, so that equal pieces
+// keep every thread busy; a sequence of `span` keys is cut into
+// ceil(span / partition) equal pieces. spans: keys each sequence attends.
+inline constexpr int kCpuPiecesPerThread = 2;
+inline constexpr int kCpuMinPiece = 64;
+int cpu_decode_partition(const int32_t* spans, int num_seqs, int threads);
 
 }  // namespace vllm_metal::dispatch

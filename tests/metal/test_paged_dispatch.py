@@ -149,3 +149,119 @@ def test_gpu_core_count_has_a_fallback_off_apple():
     # docs/kernels.md: 8 cores when the IORegistry cannot be read (always, off Apple).
     cores = get_ops().gpu_core_count()
     assert cores == 8 if sys.platform != "darwin" else cores >= 1
+
+
+# The CPU backend's decision (decide_cpu_paged_dispatch, docs/gqa-decode.md "The CPU
+# counterpart"): its own GqaDecode admission and partitions; everything else as above.
+CPU_PIECES_PER_THREAD = 2  # kCpuPiecesPerThread
+CPU_MIN_PIECE = 64  # kCpuMinPiece
+
+
+def cpu_decide(seq_lens, query_lens=None, *, shape=SMOLLM, block_size=16, dtype="float32", query_dtype=None,
+               threads=2, disabled=False, sliding_window=0):
+    return get_ops()._cpu_paged_dispatch(
+        seq_lens, query_lens if query_lens is not None else [1] * len(seq_lens), shape["num_heads"],
+        shape["num_kv_heads"], shape["head_size"], block_size, dtype, query_dtype=query_dtype,
+        threads=threads, gqa_decode_disabled=disabled, sliding_window=sliding_window)
+
+
+def cpu_partition(spans, threads):
+    """The documented rule: about 1 / (2 x threads) of all keys per piece, at least 64."""
+    longest = max(spans + [1])
+    if threads <= 1:
+        return longest
+    share = -(-sum(spans) // (threads * CPU_PIECES_PER_THREAD))
+    return min(max(share, CPU_MIN_PIECE), max(longest, CPU_MIN_PIECE))
+
+
+@pytest.mark.parametrize("shape", [SMOLLM, LLAMA, {"num_heads": 4, "num_kv_heads": 4, "head_size": 64},
+                                   {"num_heads": 8, "num_kv_heads": 1, "head_size": 80}],
+                         ids=["smollm", "llama", "mha", "mqa-d80"])
+@pytest.mark.parametrize("block_size", [16, 5])
+def test_cpu_takes_gqa_decode_for_every_geometry_and_block_size(shape, block_size):
+    d = cpu_decide([700, 20], shape=shape, block_size=block_size, dtype="bfloat16", query_dtype="float32")
+    assert d["route"] == "GqaDecode"
+
+
+def test_cpu_decision_leaves_the_metal_decision_alone():
+    # SmolLM2's geometry has no Metal GQA kernel: Metal still splits or goes varlen.
+    assert decide([300], shape=SMOLLM, cores=2)["route"] == "SplitKv"
+    assert decide([300] * 16, shape=SMOLLM, cores=2)["route"] == "Varlen"
+    assert cpu_decide([300], threads=2)["route"] == "GqaDecode"
+    assert cpu_decide([300] * 16, threads=2)["route"] == "GqaDecode"
+
+
+@pytest.mark.parametrize("seq_lens,threads", [([300], 2), ([2000], 2), ([8000], 4), ([300] * 3, 2),
+                                              ([8000, 300, 300], 2), ([40], 2), ([100], 2)])
+def test_cpu_partitions_share_the_keys_evenly(seq_lens, threads):
+    d = cpu_decide(seq_lens, threads=threads)
+    assert d["partition_size"] == cpu_partition(seq_lens, threads)
+    assert d["num_partitions"] == max(-(-n // d["partition_size"]) for n in seq_lens)
+
+
+def test_cpu_single_sequence_is_cut_into_two_pieces_per_thread():
+    for threads in (2, 3, 4):
+        assert cpu_decide([4000], threads=threads)["num_partitions"] == CPU_PIECES_PER_THREAD * threads
+
+
+def test_cpu_many_sequences_are_not_split():
+    d = cpu_decide([300] * 16, threads=2)
+    assert d["num_partitions"] == 1 and d["scratch_bytes"] == 0
+
+
+def test_cpu_one_thread_never_splits():
+    d = cpu_decide([9000, 5], threads=1)
+    assert d["num_partitions"] == 1 and d["partition_size"] == 9000
+
+
+def test_cpu_scratch_counts_the_pieces_of_split_sequences():
+    d = cpu_decide([2000, 30], threads=2)  # 2000 -> 4 pieces; 30 stays whole
+    assert d["num_partitions"] == 4
+    assert d["scratch_bytes"] == 4 * SMOLLM["num_heads"] * (SMOLLM["head_size"] + 2) * 4
+
+
+def test_cpu_sliding_window_limits_the_keys_to_share():
+    d = cpu_decide([8000], threads=2, sliding_window=1000)
+    assert d["partition_size"] == cpu_partition([1000], 2)
+    assert d["num_partitions"] == -(-1000 // d["partition_size"])  # pieces cut the window only
+
+
+@pytest.mark.parametrize("seq_lens,query_lens", [([400, 300], [400, 300]), ([3000], [3]),
+                                                 ([300, 900], [1, 40])])
+def test_cpu_prefill_and_mixed_batches_follow_the_general_rules(seq_lens, query_lens):
+    cpu = cpu_decide(seq_lens, query_lens, threads=2)
+    metal = decide(seq_lens, query_lens, shape=SMOLLM, dtype="float32", cores=2)
+    assert cpu == metal
+
+
+def test_cpu_disabled_gqa_decode_takes_the_general_path():
+    cpu = cpu_decide([3000], threads=2, disabled=True)
+    metal = decide([3000], shape=SMOLLM, dtype="float32", cores=2, disabled=True)
+    assert (cpu["route"], cpu["partition_size"], cpu["num_partitions"]) == (
+        metal["route"], metal["partition_size"], metal["num_partitions"])
+    assert cpu["route"] == "SplitKv" and "disabled" in cpu["reason"]
+
+
+def test_cpu_random_shapes_never_fail():
+    rng = random.Random(1)
+    for _ in range(300):
+        kv = rng.choice([1, 2, 3, 8])
+        shape = {"num_heads": kv * rng.choice([1, 3, 4, 8]), "num_kv_heads": kv,
+                 "head_size": rng.choice([32, 64, 80, 128])}
+        n = rng.randint(0, 6)
+        q = [rng.choice([1, 1, 1, 5]) for _ in range(n)]
+        lens = [qi + rng.randint(0, 70_000) for qi in q]
+        d = cpu_decide(lens, q, shape=shape, threads=rng.randint(1, 64), disabled=rng.random() < 0.2,
+                       sliding_window=rng.choice([0, 0, 100, 5000]))
+        assert d["route"] in ("Varlen", "SplitKv", "GqaDecode")
+        if d["route"] == "GqaDecode":
+            assert d["partition_size"] >= 1 and d["num_partitions"] >= 1
+
+
+def test_cpu_bad_arguments_raise_value_errors():
+    with pytest.raises(ValueError, match="threads must be >= 1"):
+        cpu_decide([10], threads=0)
+    with pytest.raises(ValueError, match="sliding_window must be >= 0"):
+        cpu_decide([10], sliding_window=-1)
+    with pytest.raises(ValueError, match="same length"):
+        cpu_decide([10, 2], [1])

@@ -4,6 +4,7 @@ the pure-MLX reference, and the dispatch diagnostics they report on Linux."""
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from tests.ops.paged_inputs import assert_close, make_batch
@@ -90,11 +91,21 @@ def test_diagnostics_report_gqa_decode_and_its_partition(diagnostics):
     assert diagnostics.last_paged_dispatch() is None  # nothing recorded since enabling
     mx.eval(run(make_batch([3000, 40], [1, 1], num_heads=32, num_kv_heads=8, head_size=128)))
     assert diagnostics.last_paged_dispatch() == "GqaDecode"
-    assert diagnostics.last_gqa_partition_size() in (256, 512)
+    # The CPU cuts its own partitions (docs/gqa-decode.md): the decision for this pool.
+    decided = diagnostics._cpu_paged_dispatch([3000, 40], [1, 1], 32, 8, 128, 16, "float32",
+                                              threads=diagnostics.cpu_threads())
+    assert diagnostics.last_gqa_partition_size() == decided["partition_size"]
+
+
+def test_cpu_serves_gqa_decode_for_geometries_without_a_metal_kernel(diagnostics):
+    batch = make_batch([3000, 300], [1, 1], num_heads=9, num_kv_heads=3, head_size=64)
+    assert_close(run(batch), paged_attention_ref(*batch.args()), mx.float32)
+    assert diagnostics.last_paged_dispatch() == "GqaDecode"
 
 
 def test_diagnostics_report_split_kv_and_varlen(diagnostics):
-    mx.eval(run(make_batch([3000], [1], num_heads=9, num_kv_heads=3, head_size=64)))
+    # A short chunk over a long context: too few (row, head) pairs for the threads.
+    mx.eval(run(make_batch([3000], [3], num_heads=9, num_kv_heads=3, head_size=64)))
     assert diagnostics.last_paged_dispatch() == "SplitKv"
     assert diagnostics.last_gqa_partition_size() is None
     mx.eval(run(make_batch([400, 300], [400, 300], num_heads=9, num_kv_heads=3, head_size=64)))
@@ -132,3 +143,24 @@ def test_nothing_is_recorded_while_diagnostics_are_off():
     ext._set_paged_dispatch_diagnostics(False)
     mx.eval(run(make_batch([30], [1])))
     assert ext.last_paged_dispatch() is None
+
+
+def test_timing_hook_runs_the_decided_route_and_checks_its_arguments():
+    # benchmarks/bench_decode_attention.py times paged_attention_cpu through this hook.
+    ext = get_ops()
+    rng = np.random.default_rng(0)
+    key = rng.standard_normal((8, 16, 3, 64), dtype=np.float32)
+    value = rng.standard_normal((8, 16, 3, 64), dtype=np.float32)
+    tables = np.arange(8, dtype=np.int32).reshape(2, 2, 2)  # 2 "layers", 2 sequences of 2 pages
+    query = rng.standard_normal((2, 9, 64), dtype=np.float32)
+    seq_lens = np.array([20, 32], np.int32)
+    cu = np.array([0, 1, 2], np.int32)
+    times, route = ext._time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, 0.125, 3)
+    assert len(times) == 6 and all(t > 0 for t in times)
+    assert route == "GqaDecode"
+    with pytest.raises(ValueError, match="block_tables must be"):
+        ext._time_cpu_paged_attention(query, key, value, tables[0], seq_lens, cu, 0.125)
+    with pytest.raises(ValueError, match="value_cache must have key_cache's shape"):
+        ext._time_cpu_paged_attention(query, key, value[:4], tables, seq_lens, cu, 0.125)
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        ext._time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, 0.125, 0)
