@@ -14,7 +14,8 @@ void set_paged_dispatch_diagnostics(bool enabled);
 void record_paged_dispatch(const PagedDispatch& dispatch);
 // Route name of the last recorded call; None before any (or when off).
 std::optional<std::string> last_paged_dispatch();
-// 256 or 512 when the last recorded call took GqaDecode, else None.
+// Keys per partition of the last recorded GqaDecode call (256 or 512 on Metal;
+// on the CPU backend its even piece size), else None.
 std::optional<int> last_gqa_partition_size();
 
 }  // namespace vllm_metal::dispatch

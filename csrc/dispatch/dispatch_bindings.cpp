@@ -164,7 +164,8 @@ void bind_dispatch(nb::module_& m) {
         "Route of the most recent recorded paged-attention call: 'GqaDecode', 'SplitKv', "
         "'Varlen' (or 'NaxPrefill'); None if none was recorded.");
   m.def("last_gqa_partition_size", &dispatch::last_gqa_partition_size,
-        "Partition size (256 or 512) of the last recorded call if it took GqaDecode, else None.");
+        "Keys per partition of the last recorded call if it took GqaDecode (256 or 512 on Metal, "
+        "the even piece size on the CPU backend), else None.");
 
   m.def(
       "_paged_dispatch",
