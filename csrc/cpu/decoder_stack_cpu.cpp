@@ -127,12 +127,8 @@ void silu_mul_range(float* g, const float* u, int64_t n) {
 
 void silu_mul(float* g, const float* u, int64_t n) {
   constexpr int64_t kParallel = 1 << 16;  // a prefill chunk's MLP, not a decode step's
-  const int items = n >= kParallel ? 2 * ThreadPool::instance().size() : 1;
-  if (items == 1) return silu_mul_range(g, u, n);
-  ThreadPool::instance().parallel_for(items, [&](int i) {
-    const int64_t a = n * i / items, b = n * (i + 1) / items;
-    silu_mul_range(g + a, u + a, b - a);
-  });
+  parallel_ranges(n, n >= kParallel ? 2 * ThreadPool::instance().size() : 1,
+                  [&](int64_t a, int64_t b) { silu_mul_range(g + a, u + a, b - a); });
 }
 
 } // namespace
@@ -167,10 +163,16 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   pa.block_size = a.block_size;
   pa.num_seqs = a.num_seqs;
   pa.max_blocks_per_seq = a.max_blocks_per_seq;
-  check_paged_metadata(pa);
-
+  // Every layer reads the same metadata: check and decide once (again only
+  // when a layer's sliding window differs from the last one planned).
   dispatch::PagedDispatch route{};
+  int planned_window = -1;
   for (const auto& l : a.layers) {
+    if (l.sliding_window != planned_window) {  // before this layer writes its cache
+      pa.sliding_window = l.sliding_window;
+      route = plan_paged_attention_cpu(pa);
+      planned_window = l.sliding_window;
+    }
     norm(l.input_norm, h.data(), t, hidden, xn.data());
     linears<3>({&l.q, &l.k, &l.v}, xn.data(), t, {q.data(), k.data(), v.data()});
     if (l.qk_norm) {
@@ -184,9 +186,8 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     pa.key_cache = l.key_cache;
     pa.value_cache = l.value_cache;
     pa.scale = l.attn_scale;
-    pa.sliding_window = l.sliding_window;
     pa.softcap = l.softcap;
-    route = paged_attention_cpu(pa);
+    run_paged_attention_cpu(pa, route);
 
     linear(l.o, attn.data(), t, tmp.data());
     for (int64_t i = 0; i < t * hidden; ++i) h[i] += tmp[i];

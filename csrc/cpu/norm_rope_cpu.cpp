@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include "cpu/thread_pool.h"
@@ -15,17 +16,12 @@ namespace {
 // pool costs more than the work (a decode step's norms are ~1-10k elements).
 constexpr int64_t kParallelElems = 1 << 16;
 
-template <typename F>
-void for_chunks(int64_t n, int64_t elems_per_item, F&& fn) {
+// fn over [0, n) rows, split over the pool only past kParallelElems elements.
+void for_chunks(int64_t n, int64_t elems_per_item,
+                const std::function<void(int64_t, int64_t)>& fn) {
   const int threads = ThreadPool::instance().size();
-  if (n * elems_per_item < kParallelElems || threads == 1 || n < 2) {
-    fn(0, n);
-    return;
-  }
-  const int items = static_cast<int>(std::min<int64_t>(n, 4 * threads));
-  ThreadPool::instance().parallel_for(items, [&](int item) {
-    fn(n * item / items, n * (item + 1) / items);
-  });
+  const bool parallel = n * elems_per_item >= kParallelElems && threads > 1;
+  parallel_ranges(n, parallel ? static_cast<int>(std::min<int64_t>(n, 4 * threads)) : 1, fn);
 }
 
 template <typename S>

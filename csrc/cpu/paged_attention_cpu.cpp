@@ -305,9 +305,8 @@ void force_cpu_route(std::optional<dispatch::PagedRoute> route, int partition_si
   g_forced_partition = partition_size;
 }
 
-dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args) {
+dispatch::PagedDispatch plan_paged_attention_cpu(const PagedAttentionArgs& args) {
   check_paged_metadata(args);
-  ThreadPool& pool = ThreadPool::instance();
   std::optional<dispatch::PagedRoute> forced;
   int forced_partition;
   {
@@ -315,14 +314,14 @@ dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args) {
     forced = g_forced_route;
     forced_partition = g_forced_partition;
   }
-  dispatch::PagedDispatch d;
-  if (forced) {
-    d = forced_dispatch(args, *forced, forced_partition);
-  } else {
-    const dispatch::DispatchEnv env{pool.size(), dispatch::gqa_decode_disabled()};
-    d = dispatch::decide_cpu_paged_dispatch(describe_problem(args), env, args.sliding_window);
-  }
-  if (args.total_q == 0) return d;
+  if (forced) return forced_dispatch(args, *forced, forced_partition);
+  const dispatch::DispatchEnv env{ThreadPool::instance().size(), dispatch::gqa_decode_disabled()};
+  return dispatch::decide_cpu_paged_dispatch(describe_problem(args), env, args.sliding_window);
+}
+
+void run_paged_attention_cpu(const PagedAttentionArgs& args, const dispatch::PagedDispatch& d) {
+  if (args.total_q == 0) return;
+  ThreadPool& pool = ThreadPool::instance();
   switch (d.route) {
     case dispatch::PagedRoute::GqaDecode:
       gqa_decode_cpu(args, d.partition_size, pool);
@@ -333,6 +332,11 @@ dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args) {
     default:
       Planner(args, 0).run(pool);
   }
+}
+
+dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args) {
+  const dispatch::PagedDispatch d = plan_paged_attention_cpu(args);
+  run_paged_attention_cpu(args, d);
   return d;
 }
 

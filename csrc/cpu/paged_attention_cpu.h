@@ -48,6 +48,12 @@ dispatch::PagedProblem describe_problem(const PagedAttentionArgs& args);
 // written) or a block id outside the cache. Returns the route taken.
 dispatch::PagedDispatch paged_attention_cpu(const PagedAttentionArgs& args);
 
+// The two halves of paged_attention_cpu, for callers that run several calls
+// over the same metadata (the decoder stack's layers): plan checks the
+// metadata and decides the route; run executes a decided route.
+dispatch::PagedDispatch plan_paged_attention_cpu(const PagedAttentionArgs& args);
+void run_paged_attention_cpu(const PagedAttentionArgs& args, const dispatch::PagedDispatch& d);
+
 // Tests and benchmarks: make the CPU backend take `route` (with partitions of
 // at most `partition_size` keys for SplitKv / GqaDecode) instead of deciding;
 // nullopt restores the decision.

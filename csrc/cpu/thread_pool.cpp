@@ -146,4 +146,12 @@ void ThreadPool::parallel_for(int n, const std::function<void(int)>& fn) {
   if (error_) std::rethrow_exception(error_);
 }
 
+void parallel_ranges(int64_t n, int items, const std::function<void(int64_t, int64_t)>& fn) {
+  if (items <= 1 || n < 2) {
+    fn(0, n);
+    return;
+  }
+  ThreadPool::instance().parallel_for(items, [&](int i) { fn(n * i / items, n * (i + 1) / items); });
+}
+
 } // namespace vllm_metal::cpu

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
@@ -56,6 +57,10 @@ class ThreadPool {
   std::mutex error_mtx_;
   std::exception_ptr error_;
 };
+
+// fn(begin, end) over [0, n) cut into `items` contiguous ranges, run on the
+// pool (on the caller alone when items <= 1).
+void parallel_ranges(int64_t n, int items, const std::function<void(int64_t, int64_t)>& fn);
 
 // Number of threads VLLM_METAL_CPU_THREADS asks for (hardware count if 0/unset).
 int configured_threads();

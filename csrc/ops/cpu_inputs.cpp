@@ -32,6 +32,32 @@ RowContiguous row_contiguous(const mx::array& a, mx::cpu::CommandEncoder& encode
   return r;
 }
 
+std::optional<cpu::StridedLayout> alias_cache(const mx::array& cache, mx::array& out) {
+  if (cache.flags().row_contiguous) {
+    out.copy_shared_buffer(cache);
+    return std::nullopt;
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  return cpu::StridedLayout{
+      {cache.shape().begin(), cache.shape().end()},
+      {cache.strides().begin(), cache.strides().end()},
+      cache.itemsize()};
+}
+
+cpu::LinearIO linear_io(const std::vector<RowContiguous>& in, int bias_index, void* dst,
+                        mx::Dtype out_type) {
+  const auto& x = in[0].view;
+  cpu::LinearIO io;
+  io.x = x.data<void>();
+  io.x_type = elem_of(x.dtype());
+  io.m = leading_rows(x);
+  io.bias = bias_index >= 0 ? in[bias_index].view.data<void>() : nullptr;
+  io.bias_type = bias_index >= 0 ? elem_of(in[bias_index].view.dtype()) : cpu::Elem::F32;
+  io.out = dst;
+  io.out_type = elem_of(out_type);
+  return io;
+}
+
 int64_t leading_rows(const mx::array& x) {
   int64_t m = 1;
   for (int d = 0; d + 1 < static_cast<int>(x.ndim()); ++d) m *= x.shape(d);

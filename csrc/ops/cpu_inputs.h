@@ -8,6 +8,7 @@
 
 #include "cpu/linear_cpu.h"
 #include "cpu/strided_copy.h"
+#include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"
 
@@ -30,6 +31,38 @@ struct RowContiguous {
 };
 
 RowContiguous row_contiguous(const mlx::core::array& a, mlx::core::cpu::CommandEncoder& encoder);
+
+// Point `out` at `cache`'s own buffer, so a kernel writing `out` updates the
+// cache in place. A cache that is not row-contiguous gets a fresh buffer
+// instead, and the layout the task must first copy it from.
+std::optional<cpu::StridedLayout> alias_cache(const mlx::core::array& cache,
+                                              mlx::core::array& out);
+
+// The eval_cpu of a one-output CPU op: allocates `out`, takes row-contiguous
+// views of `inputs`, registers both with the stream's encoder and, once the
+// inputs are computed, runs task(views, out's data) on the stream.
+template <typename Task>
+void dispatch_on_rows(const mlx::core::Stream& stream,
+                      const std::vector<mlx::core::array>& inputs,
+                      mlx::core::array& out,
+                      Task task) {
+  out.set_data(mlx::core::allocator::malloc(out.nbytes()));
+  auto& encoder = mlx::core::cpu::get_command_encoder(stream);
+  std::vector<RowContiguous> in;
+  in.reserve(inputs.size());
+  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  encoder.dispatch([in = std::move(in), dst = out.data<void>(), task = std::move(task)]() {
+    for (const auto& r : in) r.fill();
+    task(in, dst);
+  });
+}
+
+// The LinearIO of a matmul whose x is in[0] and optional bias in[bias_index]
+// (-1: none), writing out_type into dst.
+cpu::LinearIO linear_io(const std::vector<RowContiguous>& in, int bias_index, void* dst,
+                        mlx::core::Dtype out_type);
 
 // Rows of x [..., K]: the product of its leading dimensions.
 int64_t leading_rows(const mlx::core::array& x);

@@ -329,16 +329,10 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   std::vector<char*> copy_dst;
   for (int i = 0; i < 2 * layers; ++i) {
     const mx::array& cache = inputs[kFixedInputs + i];
-    mx::array& dst = outputs[1 + i];
-    if (cache.flags().row_contiguous) {
-      dst.copy_shared_buffer(cache);
-      continue;
+    if (auto layout = alias_cache(cache, outputs[1 + i])) {
+      copies.emplace_back(cache.data<char>(), std::move(*layout));
+      copy_dst.push_back(outputs[1 + i].data<char>());
     }
-    dst.set_data(mx::allocator::malloc(dst.nbytes()));
-    copies.emplace_back(cache.data<char>(), cpu::StridedLayout{
-        {cache.shape().begin(), cache.shape().end()},
-        {cache.strides().begin(), cache.strides().end()}, cache.itemsize()});
-    copy_dst.push_back(dst.data<char>());
   }
   std::vector<RowContiguous> in;
   for (int i = 0; i < kFixedInputs; ++i) in.push_back(row_contiguous(inputs[i], encoder));

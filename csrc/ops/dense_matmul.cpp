@@ -4,8 +4,6 @@
 #include <string>
 
 #include "cpu/linear_cpu.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {
@@ -49,29 +47,12 @@ mx::array dense_matmul(
 void DenseMatmul::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<RowContiguous> in;
-  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
-
-  const auto& x = in[0].view;
-  const auto& wv = in[1].view;
-  cpu::DenseMatrix w{wv.data<void>(), elem_of(wv.dtype()), wv.shape(0), wv.shape(1)};
-  cpu::LinearIO io;
-  io.x = x.data<void>();
-  io.x_type = elem_of(x.dtype());
-  io.m = leading_rows(x);
-  io.bias = has_bias_ ? in[2].view.data<void>() : nullptr;
-  io.bias_type = has_bias_ ? elem_of(in[2].view.dtype()) : cpu::Elem::F32;
-  io.out = out.data<void>();
-  io.out_type = elem_of(out.dtype());
-
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  encoder.dispatch([in = std::move(in), w, io]() {
-    for (const auto& r : in) r.fill();
-    cpu::dense_matmul_cpu(w, io);
+  const int bias = has_bias_ ? 2 : -1;
+  const mx::Dtype out_type = outputs[0].dtype();
+  dispatch_on_rows(stream(), inputs, outputs[0], [bias, out_type](const std::vector<RowContiguous>& in, void* dst) {
+    const auto& w = in[1].view;
+    cpu::dense_matmul_cpu({w.data<void>(), elem_of(w.dtype()), w.shape(0), w.shape(1)},
+                          linear_io(in, bias, dst, out_type));
   });
 }
 

@@ -4,8 +4,6 @@
 #include <string>
 
 #include "cpu/linear_cpu.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {
@@ -80,38 +78,23 @@ mx::array embedding_gather(
 void EmbeddingGather::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<RowContiguous> in;
-  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
-
-  const int32_t* ids = in[0].view.data<int32_t>();
-  const int64_t t = in[0].view.size();
-  const auto& table = in[1].view;
-  void* dst = out.data<void>();
-  const cpu::Elem out_type = elem_of(out.dtype());
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  if (bits_ == 0) {
-    cpu::DenseMatrix w{table.data<void>(), elem_of(table.dtype()), table.shape(0), table.shape(1)};
-    encoder.dispatch([in = std::move(in), w, ids, t, dst]() {
-      for (const auto& r : in) r.fill();
-      cpu::embedding_gather_dense_cpu(w, ids, t, dst);
-    });
-    return;
-  }
-  cpu::QuantMatrix w;
-  w.w = table.data<uint32_t>();
-  w.scales = in[2].view.data<void>();
-  w.biases = in[3].view.data<void>();
-  w.scale_type = elem_of(in[2].view.dtype());
-  w.bits = bits_;
-  w.group_size = group_size_;
-  w.n = table.shape(0);
-  w.k = row_width(table, bits_);
-  encoder.dispatch([in = std::move(in), w, ids, t, dst, out_type]() {
-    for (const auto& r : in) r.fill();
+  const int bits = bits_, group_size = group_size_;
+  const cpu::Elem out_type = elem_of(outputs[0].dtype());
+  dispatch_on_rows(stream(), inputs, outputs[0],
+                   [bits, group_size, out_type](const std::vector<RowContiguous>& in, void* dst) {
+    const int32_t* ids = in[0].view.data<int32_t>();
+    const int64_t t = in[0].view.size();
+    const auto& table = in[1].view;
+    if (bits == 0) {
+      cpu::embedding_gather_dense_cpu(
+          {table.data<void>(), elem_of(table.dtype()), table.shape(0), table.shape(1)}, ids, t,
+          dst);
+      return;
+    }
+    const auto& scales = in[2].view;
+    cpu::QuantMatrix w{table.data<uint32_t>(), scales.data<void>(), in[3].view.data<void>(),
+                       elem_of(scales.dtype()), bits, group_size, table.shape(0),
+                       row_width(table, bits)};
     cpu::embedding_gather_quant_cpu(w, ids, t, dst, out_type);
   });
 }

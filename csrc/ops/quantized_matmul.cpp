@@ -4,8 +4,6 @@
 #include <string>
 
 #include "cpu/linear_cpu.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {
@@ -66,38 +64,16 @@ mx::array quantized_matmul(
 void QuantizedMatmul::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<RowContiguous> in;
-  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
-
-  const auto& x = in[0].view;
-  const auto& scales = in[2].view;
-  cpu::QuantMatrix w;
-  w.w = in[1].view.data<uint32_t>();
-  w.scales = scales.data<void>();
-  w.biases = in[3].view.data<void>();
-  w.scale_type = elem_of(scales.dtype());
-  w.bits = bits_;
-  w.group_size = group_size_;
-  w.n = in[1].view.shape(0);
-  w.k = x.shape(-1);
-
-  cpu::LinearIO io;
-  io.x = x.data<void>();
-  io.x_type = elem_of(x.dtype());
-  io.m = leading_rows(x);
-  io.bias = has_bias_ ? in[4].view.data<void>() : nullptr;
-  io.bias_type = has_bias_ ? elem_of(in[4].view.dtype()) : cpu::Elem::F32;
-  io.out = out.data<void>();
-  io.out_type = elem_of(out.dtype());
-
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  encoder.dispatch([in = std::move(in), w, io]() {
-    for (const auto& r : in) r.fill();
-    cpu::quantized_matmul_cpu(w, io);
+  const int bias = has_bias_ ? 4 : -1;
+  const int bits = bits_, group_size = group_size_;
+  const mx::Dtype out_type = outputs[0].dtype();
+  dispatch_on_rows(stream(), inputs, outputs[0],
+                   [bias, bits, group_size, out_type](const std::vector<RowContiguous>& in, void* dst) {
+    const auto& scales = in[2].view;
+    cpu::QuantMatrix w{in[1].view.data<uint32_t>(), scales.data<void>(), in[3].view.data<void>(),
+                       elem_of(scales.dtype()), bits, group_size, in[1].view.shape(0),
+                       in[0].view.shape(-1)};
+    cpu::quantized_matmul_cpu(w, linear_io(in, bias, dst, out_type));
   });
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cpu/strided_copy.h"
+#include "ops/cpu_inputs.h"
 #include "metal/kernel_library.h"
 #include "metal/metal_ops.h"
 #include "mlx/allocator.h"
@@ -50,20 +51,6 @@ void copy_rows(const CopyArgs& a) {
     std::memcpy(a.key_cache + slot * a.row_bytes, a.key + i * a.row_bytes, a.row_bytes);
     std::memcpy(a.value_cache + slot * a.row_bytes, a.value + i * a.row_bytes, a.row_bytes);
   }
-}
-
-// Point `out` at the cache's own buffer (the in-place case). A cache that is
-// not row-contiguous gets a fresh buffer and the layout to copy it from first.
-std::optional<cpu::StridedLayout> alias_cache(const mx::array& cache, mx::array& out) {
-  if (cache.flags().row_contiguous) {
-    out.copy_shared_buffer(cache);
-    return std::nullopt;
-  }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  return cpu::StridedLayout{
-      {cache.shape().begin(), cache.shape().end()},
-      {cache.strides().begin(), cache.strides().end()},
-      cache.itemsize()};
 }
 
 } // namespace

@@ -4,8 +4,6 @@
 #include <string>
 
 #include "cpu/norm_rope_cpu.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {
@@ -42,27 +40,15 @@ mx::array rms_norm(
 }
 
 void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<RowContiguous> in;
-  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-
-  cpu::RmsNormArgs args{};
-  args.x = in[0].view.data<void>();
-  args.x_type = elem_of(in[0].view.dtype());
-  args.w = in.size() > 1 ? in[1].view.data<void>() : nullptr;
-  args.w_type = in.size() > 1 ? elem_of(in[1].view.dtype()) : args.x_type;
-  args.out = out.data<void>();
-  args.out_type = elem_of(out.dtype());
-  args.d = out.shape(-1);
-  args.rows = leading_rows(out);
-  args.eps = eps_;
-  encoder.dispatch([in = std::move(in), args]() {
-    for (const auto& r : in) r.fill();
-    cpu::rms_norm_cpu(args);
+  const float eps = eps_;
+  const cpu::Elem out_type = elem_of(outputs[0].dtype());
+  dispatch_on_rows(stream(), inputs, outputs[0], [eps, out_type](const std::vector<RowContiguous>& in, void* dst) {
+    const auto& x = in[0].view;
+    const bool weighted = in.size() > 1;
+    cpu::rms_norm_cpu({x.data<void>(), elem_of(x.dtype()),
+                       weighted ? in[1].view.data<void>() : nullptr,
+                       weighted ? elem_of(in[1].view.dtype()) : elem_of(x.dtype()), dst, out_type,
+                       leading_rows(x), x.shape(-1), eps});
   });
 }
 

@@ -4,8 +4,6 @@
 #include <string>
 
 #include "cpu/norm_rope_cpu.h"
-#include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {
@@ -58,33 +56,26 @@ mx::array rope(
 }
 
 void Rope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<RowContiguous> in;
-  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-
-  const auto& x = in[0].view;
-  if (x.size() == 0) return;
   cpu::RopeArgs args{};
-  args.x = x.data<void>();
-  args.out = out.data<void>();
-  args.type = elem_of(x.dtype());
-  args.b = x.shape(0);
-  args.l = x.shape(-2);
-  args.d = x.shape(-1);
-  args.m = x.size() / (args.b * args.l * args.d);
   args.dims = dims_;
   args.traditional = traditional_;
-  args.offsets = in[1].view.data<int32_t>();
-  args.num_offsets = in[1].view.size();
-  args.freqs = in.size() > 2 ? in[2].view.data<float>() : nullptr;
   args.base = base_;
   args.scale = scale_;
-  encoder.dispatch([in = std::move(in), args]() {
-    for (const auto& r : in) r.fill();
+  dispatch_on_rows(stream(), inputs, outputs[0],
+                   [base = args](const std::vector<RowContiguous>& in, void* dst) {
+    const auto& x = in[0].view;
+    cpu::RopeArgs args = base;
+    if (x.size() == 0) return;
+    args.x = x.data<void>();
+    args.out = dst;
+    args.type = elem_of(x.dtype());
+    args.b = x.shape(0);
+    args.l = x.shape(-2);
+    args.d = x.shape(-1);
+    args.m = x.size() / (args.b * args.l * args.d);
+    args.offsets = in[1].view.data<int32_t>();
+    args.num_offsets = in[1].view.size();
+    args.freqs = in.size() > 2 ? in[2].view.data<float>() : nullptr;
     cpu::rope_cpu(args);
   });
 }

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from numbers import Integral
-
 import mlx.core as mx
 
 from vllm_metal.metal import get_ops
+from vllm_metal.ops.norm_rope import offset_array
 
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)
 _MLX_RMS_NORM = mx.fast.rms_norm
@@ -45,12 +44,10 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, stream=None)
 
 
 def _offset(offset, batch: int) -> mx.array | None:
-    if isinstance(offset, Integral) and not isinstance(offset, bool):
-        return mx.array(int(offset), dtype=mx.int32)
-    if (isinstance(offset, mx.array) and mx.issubdtype(offset.dtype, mx.integer)
-            and (offset.ndim == 0 or (offset.ndim == 1 and offset.size in (1, batch)))):
-        return offset
-    return None
+    try:
+        return offset_array(offset, batch)
+    except (TypeError, ValueError):   # not ours: MLX's own rope takes or rejects it
+        return None
 
 
 @contextlib.contextmanager

@@ -62,13 +62,14 @@ def rope(x: mx.array, dims: int, *, traditional: bool, base: float | None, scale
             raise ValueError(f"freqs must be [dims / 2] = ({dims // 2},), got {freqs.shape}")
     if not isinstance(scale, Real) or isinstance(scale, bool):
         raise TypeError(f"scale must be a float, got {scale!r}")
-    offset = _offset_array(offset, x.shape[0])
+    offset = offset_array(offset, x.shape[0])
     return get_ops().rope(x, int(dims), traditional=bool(traditional),
                           base=None if base is None else float(base), scale=float(scale),
                           offset=offset, freqs=freqs, stream=_stream())
 
 
-def _offset_array(offset: object, batch: int) -> mx.array:
+def offset_array(offset: object, batch: int) -> mx.array:
+    """offset as the kernel takes it: an int32 scalar array, or an integer array [] / [B]."""
     if isinstance(offset, Integral) and not isinstance(offset, bool):
         return mx.array(int(offset), dtype=mx.int32)
     _array("offset", offset)
