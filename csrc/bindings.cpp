@@ -79,11 +79,13 @@ Returns [total_q, num_heads, head_size] in query's dtype.)");
       "group_size"_a,
       "bias"_a = nb::none(),
       nb::kw_only(),
+      "int8_activations"_a = false,
       "stream"_a = nb::none(),
       R"(x [..., K] @ W.T for an MLX affine-quantized W: w uint32 [N, K * bits / 32],
 scales/biases [N, K / group_size] (W = scale * q + bias); bias optional [N].
 bits 4 or 8, group_size 32/64/128. Returns [..., N] (fp32 accumulation) in
-MLX's promotion of the x, scales and bias dtypes.)");
+MLX's promotion of the x, scales and bias dtypes. int8_activations: x is
+rounded to int8 per 32 columns and the products are integer dot products.)");
 
   m.def(
       "dense_matmul",
@@ -146,9 +148,9 @@ inv_freq = base^(-2i/dims) or 1 / freqs. Returns x's shape and dtype.)");
       R"(A llama-family model's decoder weights for decoder_stack, validated and
 resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
       .def(nb::init<std::vector<mlx::core::array>, std::vector<int>, std::vector<float>,
-                    mlx::core::array, float, int, int, int, int>(),
+                    mlx::core::array, float, int, int, int, int, bool>(),
            "arrays"_a, "ints"_a, "floats"_a, "final_norm"_a, "final_eps"_a, "hidden"_a,
-           "num_heads"_a, "num_kv_heads"_a, "head_dim"_a)
+           "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "int8_activations"_a = false)
       .def_prop_ro("num_layers", &vllm_metal::DecoderStackWeights::num_layers);
   m.def(
       "decoder_stack",

@@ -17,7 +17,7 @@ namespace {
 
 // out[t, n] = x[t, :] @ W.T (+ bias), fp32 in and out.
 void linear(const StackLinear& l, const float* x, int64_t t, float* out) {
-  LinearIO io{x, Elem::F32, t, l.bias, l.bias_type, out, Elem::F32};
+  LinearIO io{x, Elem::F32, t, l.bias, l.bias_type, out, Elem::F32, l.int8_activations};
   if (l.quant.bits) {
     quantized_matmul_cpu(l.quant, io);
   } else {
@@ -38,7 +38,8 @@ void linears(const StackLinear* const (&ls)[N], const float* x, int64_t t, float
   LinearIO ios[N];
   for (int i = 0; i < N; ++i) {
     ws[i] = ls[i]->quant;
-    ios[i] = LinearIO{x, Elem::F32, t, ls[i]->bias, ls[i]->bias_type, outs[i], Elem::F32};
+    ios[i] = LinearIO{x, Elem::F32, t, ls[i]->bias, ls[i]->bias_type, outs[i], Elem::F32,
+                      ls[i]->int8_activations};
   }
   quantized_matmuls_cpu(ws, ios, N);
 }

@@ -21,6 +21,7 @@ struct StackLinear {
   QuantMatrix quant{};
   const void* bias = nullptr; // [n] or nullptr
   Elem bias_type = Elem::F32;
+  bool int8_activations = false; // quantized only (LinearIO::int8_activations)
 
   int64_t out_features() const {
     return quant.bits ? quant.n : dense.n;

@@ -5,7 +5,9 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/linear_driver.h"
 #include "cpu/linear_kernels.h"
+#include "cpu/linear_q8.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tile_math.h"
 
@@ -29,14 +31,6 @@ constexpr int64_t kItemsPerThread = 2;
 // fp32 weight panels of one GEMM tile, sized to sit in L2.
 constexpr int64_t kTileFloats = 48 * 1024;
 
-int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-int64_t round_up(int64_t a, int64_t b) {
-  return ceil_div(a, b) * b;
-}
-
 template <typename F>
 void for_types(Elem t, F&& f) {
   switch (t) {
@@ -49,13 +43,22 @@ void for_types(Elem t, F&& f) {
   }
 }
 
-// dst[0:n] = float(src[offset : offset + n]).
+} // namespace
+
+namespace driver {
+
 void load_row(const void* src, Elem t, int64_t offset, int64_t n, float* dst) {
   for_types(t, [&](auto type) {
     using T = decltype(type);
     decode_span<T>(static_cast<const typename T::storage*>(src) + offset, dst, n);
   });
 }
+
+} // namespace driver
+
+namespace {
+
+using namespace driver;
 
 // dst[offset : offset + n] = src[0:n] (+ bias[0:n]) as t.
 void store_row(const float* src, const float* bias, int64_t n, void* dst, Elem t, int64_t offset) {
@@ -116,14 +119,9 @@ PreparedX prepare_x(const LinearIO& io, int64_t k, bool nibble, int gs) {
   return p;
 }
 
-// Columns [c0, c1) of the output: the kernels write fp32 into `y` (the output
-// itself when it is fp32, else a local buffer), then `finish` adds the bias
-// and converts.
-struct ColumnBlock {
-  float* y;
-  int64_t ldy;
-  std::unique_ptr<float[]> local;
-};
+} // namespace
+
+namespace driver {
 
 ColumnBlock column_block(const LinearIO& io, int64_t n, int64_t c0, int64_t c1) {
   ColumnBlock b;
@@ -150,7 +148,6 @@ void finish(const LinearIO& io, int64_t n, const ColumnBlock& b, int64_t c0, int
   }
 }
 
-// Run fn(c0, c1) over [0, n) in blocks of `cols`, on the pool when asked.
 void for_columns(int64_t n, int64_t cols, bool parallel,
                  const std::function<void(int64_t, int64_t)>& fn) {
   const int64_t items = ceil_div(n, cols);
@@ -163,12 +160,32 @@ void for_columns(int64_t n, int64_t cols, bool parallel,
   });
 }
 
-// Columns per work item: enough items for every thread, aligned to `align`.
 int64_t item_columns(int64_t n, int64_t align, bool parallel) {
   if (!parallel) return std::max<int64_t>(n, 1);
   const int64_t items = ThreadPool::instance().size() * kItemsPerThread;
   return std::max(align, round_up(ceil_div(n, items), align));
 }
+
+void zero_k(const LinearIO& io, int64_t n) {
+  ColumnBlock b = column_block(io, n, 0, n);
+  for (int64_t i = 0; i < io.m; ++i) std::fill(b.y + i * b.ldy, b.y + i * b.ldy + n, 0.0f);
+  finish(io, n, b, 0, n);
+}
+
+bool share_x(const QuantMatrix* ws, const LinearIO* ios, int count) {
+  bool shared = count > 1 && ios[0].m > 0 && ws[0].k > 0;
+  for (int i = 1; i < count && shared; ++i) {
+    shared = ws[i].k == ws[0].k && ws[i].bits == ws[0].bits &&
+        ws[i].group_size == ws[0].group_size && ios[i].x == ios[0].x &&
+        ios[i].x_type == ios[0].x_type && ios[i].m == ios[0].m && ws[i].n > 0 &&
+        ios[i].int8_activations == ios[0].int8_activations;
+  }
+  return shared && ws[0].n > 0;
+}
+
+} // namespace driver
+
+namespace {
 
 // GEMM tile rows: an L2-sized fp32 tile of whole panel pairs, but no more
 // than one item's share.
@@ -192,13 +209,6 @@ PanelBuffer panel_buffer(int64_t rows, int64_t k, int panel_rows) {
   const int64_t floats = panel_floats + panel_rows * k;
   if (static_cast<int64_t>(buf.size()) < floats) buf.resize(floats);
   return {buf.data(), buf.data() + panel_floats};
-}
-
-void zero_k(const LinearIO& io, int64_t n) {
-  // An empty dot product: the output is the bias (or 0).
-  ColumnBlock b = column_block(io, n, 0, n);
-  for (int64_t i = 0; i < io.m; ++i) std::fill(b.y + i * b.ldy, b.y + i * b.ldy + n, 0.0f);
-  finish(io, n, b, 0, n);
 }
 
 // Output columns [c0, c1) of a quantized GEMV (m <= kQuantGemvMaxRows).
@@ -225,6 +235,7 @@ void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io) {
   const int64_t n = w.n, k = w.k, m = io.m;
   if (m == 0 || n == 0) return;
   if (k == 0) return zero_k(io, n);
+  if (io.int8_activations) return quantized_matmul_q8_cpu(w, io);
   const LinearKernels& kern = linear_kernels();
   const int64_t weight_bytes = n * k * w.bits / 8;
 
@@ -252,14 +263,10 @@ void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io) {
 }
 
 void quantized_matmuls_cpu(const QuantMatrix* ws, const LinearIO* ios, int count) {
-  bool shared = count > 1 && ios[0].m > 0 && ios[0].m <= kQuantGemvMaxRows && ws[0].k > 0;
+  if (count > 0 && ios[0].int8_activations) return quantized_matmuls_q8_cpu(ws, ios, count);
+  const bool shared = share_x(ws, ios, count) && ios[0].m <= kQuantGemvMaxRows;
   int64_t total_n = 0;
-  for (int i = 0; i < count && shared; ++i) {
-    shared = ws[i].k == ws[0].k && ws[i].bits == ws[0].bits &&
-        ws[i].group_size == ws[0].group_size && ios[i].x == ios[0].x &&
-        ios[i].x_type == ios[0].x_type && ios[i].m == ios[0].m && ws[i].n > 0;
-    total_n += ws[i].n;
-  }
+  for (int i = 0; i < count; ++i) total_n += ws[i].n;
   if (!shared) {
     for (int i = 0; i < count; ++i) quantized_matmul_cpu(ws[i], ios[i]);
     return;

@@ -42,6 +42,9 @@ struct LinearIO {
   Elem bias_type;
   void* out;              // [m, n]
   Elem out_type;
+  // Quantized W only: compute on x rounded to int8 per 32 columns
+  // (linear_q8.h) instead of fp32 x.
+  bool int8_activations = false;
 };
 
 void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io);

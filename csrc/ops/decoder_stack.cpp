@@ -127,8 +127,10 @@ mx::array as_int32(const mx::array& a, const mx::Stream& s) {
   return a.dtype() == mx::int32 ? a : mx::astype(a, mx::int32, s);
 }
 
-cpu::StackLinear linear_of(const std::vector<mx::array>& arrays, const LinearIndex& x) {
+cpu::StackLinear linear_of(const std::vector<mx::array>& arrays, const LinearIndex& x,
+                           bool int8_activations) {
   cpu::StackLinear l;
+  l.int8_activations = int8_activations && x.bits != 0;
   const auto& w = arrays[x.w];
   if (x.bits) {
     const auto& s = arrays[x.scales];
@@ -171,7 +173,8 @@ DecoderStackWeights::DecoderStackWeights(
     int hidden,
     int num_heads,
     int num_kv_heads,
-    int head_dim)
+    int head_dim,
+    bool int8_activations)
     : final_norm_(std::move(final_norm)),
       hidden_(hidden),
       num_heads_(num_heads),
@@ -225,19 +228,19 @@ DecoderStackWeights::DecoderStackWeights(
     const float* f = floats.data() + li * kStackLayerFloats;
     cpu::StackLayer l;
     l.input_norm = norm_of(arrays_[L.input_norm], f[0]);
-    l.q = linear_of(arrays_, L.lin[0]);
-    l.k = linear_of(arrays_, L.lin[1]);
-    l.v = linear_of(arrays_, L.lin[2]);
-    l.o = linear_of(arrays_, L.lin[3]);
+    l.q = linear_of(arrays_, L.lin[0], int8_activations);
+    l.k = linear_of(arrays_, L.lin[1], int8_activations);
+    l.v = linear_of(arrays_, L.lin[2], int8_activations);
+    l.o = linear_of(arrays_, L.lin[3], int8_activations);
     l.qk_norm = L.q_norm >= 0;
     if (l.qk_norm) {
       l.q_norm = norm_of(arrays_[L.q_norm], f[2]);
       l.k_norm = norm_of(arrays_[L.k_norm], f[2]);
     }
     l.post_norm = norm_of(arrays_[L.post_norm], f[1]);
-    l.gate = linear_of(arrays_, L.lin[4]);
-    l.up = linear_of(arrays_, L.lin[5]);
-    l.down = linear_of(arrays_, L.lin[6]);
+    l.gate = linear_of(arrays_, L.lin[4], int8_activations);
+    l.up = linear_of(arrays_, L.lin[5], int8_activations);
+    l.down = linear_of(arrays_, L.lin[6], int8_activations);
     l.rope_dims = tail[1];
     l.rope_traditional = tail[2] != 0;
     l.rope_freqs = L.freqs >= 0 ? arrays_[L.freqs].data<float>() : nullptr;

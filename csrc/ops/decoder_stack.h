@@ -40,7 +40,8 @@ class DecoderStackWeights {
       int hidden,
       int num_heads,
       int num_kv_heads,
-      int head_dim);
+      int head_dim,
+      bool int8_activations = false);
 
   int num_layers() const {
     return static_cast<int>(layers_.size());

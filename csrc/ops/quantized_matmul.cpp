@@ -26,6 +26,7 @@ mx::array quantized_matmul(
     int bits,
     int group_size,
     const std::optional<mx::array>& bias,
+    bool int8_activations,
     mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128) {
@@ -57,7 +58,8 @@ mx::array quantized_matmul(
   return mx::array(
       with_last_dim(x, n),
       out_type,
-      std::make_shared<QuantizedMatmul>(stream, bits, group_size, bias.has_value()),
+      std::make_shared<QuantizedMatmul>(stream, bits, group_size, bias.has_value(),
+                                        int8_activations),
       std::move(inputs));
 }
 
@@ -66,14 +68,17 @@ void QuantizedMatmul::eval_cpu(
     std::vector<mx::array>& outputs) {
   const int bias = has_bias_ ? 4 : -1;
   const int bits = bits_, group_size = group_size_;
+  const bool int8 = int8_activations_;
   const mx::Dtype out_type = outputs[0].dtype();
   dispatch_on_rows(stream(), inputs, outputs[0],
-                   [bias, bits, group_size, out_type](const std::vector<RowContiguous>& in, void* dst) {
+                   [bias, bits, group_size, int8, out_type](const std::vector<RowContiguous>& in, void* dst) {
     const auto& scales = in[2].view;
     cpu::QuantMatrix w{in[1].view.data<uint32_t>(), scales.data<void>(), in[3].view.data<void>(),
                        elem_of(scales.dtype()), bits, group_size, in[1].view.shape(0),
                        in[0].view.shape(-1)};
-    cpu::quantized_matmul_cpu(w, linear_io(in, bias, dst, out_type));
+    cpu::LinearIO io = linear_io(in, bias, dst, out_type);
+    io.int8_activations = int8;
+    cpu::quantized_matmul_cpu(w, io);
   });
 }
 
@@ -88,7 +93,8 @@ void QuantizedMatmul::eval_gpu(
 
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
-  return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_;
+  return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_ &&
+      int8_activations_ == o.int8_activations_;
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {

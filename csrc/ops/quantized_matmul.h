@@ -20,7 +20,8 @@ namespace vllm_metal {
  *   returns  [..., N] accumulated in float32, in MLX's promotion of x's,
  *            the scales' (and the bias') dtypes: x's dtype when they agree
  *
- * bits is 4 or 8, group_size 32, 64 or 128.
+ * bits is 4 or 8, group_size 32, 64 or 128. int8_activations rounds x to
+ * int8 per 32 columns and multiplies in integers (cpu/linear_q8.h).
  */
 mlx::core::array quantized_matmul(
     const mlx::core::array& x,
@@ -30,12 +31,18 @@ mlx::core::array quantized_matmul(
     int bits,
     int group_size,
     const std::optional<mlx::core::array>& bias = std::nullopt,
+    bool int8_activations = false,
     mlx::core::StreamOrDevice s = {});
 
 class QuantizedMatmul : public mlx::core::Primitive {
  public:
-  QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias)
-      : mlx::core::Primitive(stream), bits_(bits), group_size_(group_size), has_bias_(has_bias) {}
+  QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias,
+                  bool int8_activations)
+      : mlx::core::Primitive(stream),
+        bits_(bits),
+        group_size_(group_size),
+        has_bias_(has_bias),
+        int8_activations_(int8_activations) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -55,6 +62,7 @@ class QuantizedMatmul : public mlx::core::Primitive {
   int bits_;
   int group_size_;
   bool has_bias_;
+  bool int8_activations_;
 };
 
 } // namespace vllm_metal

@@ -62,20 +62,22 @@ class DecoderStackPlan:
         return x.dtype == mx.float32 and ctx.key_caches[0].dtype == mx.float32
 
 
-def plan_decoder_stack(backbone: nn.Module) -> DecoderStackPlan | None:
+def plan_decoder_stack(backbone: nn.Module,
+                       int8_activations: bool = False) -> DecoderStackPlan | None:
     """The stack's plan, or None (logged) when the model is not one we know exactly.
 
     ``backbone`` is the mlx-lm inner model (``model.model``) after the attention
     modules were wrapped and the linears switched to the fast CPU classes.
+    ``int8_activations``: the quantized linears multiply on int8-rounded inputs.
     """
     try:
-        return _plan(backbone)
+        return _plan(backbone, int8_activations)
     except Unsupported as e:
         logger.info("Decoder stack runs module by module on the CPU: %s", e)
         return None
 
 
-def _plan(backbone: nn.Module) -> DecoderStackPlan:
+def _plan(backbone: nn.Module, int8_activations: bool = False) -> DecoderStackPlan:
     kind = type(backbone)
     names = _KNOWN.get(kind.__module__)
     if names is None or kind.__name__ != names[0]:
@@ -135,7 +137,7 @@ def _plan(backbone: nn.Module) -> DecoderStackPlan:
     hidden = int(backbone.norm.weight.shape[0])
     return DecoderStackPlan(get_ops().DecoderStackWeights(
         arrays, ints, floats, backbone.norm.weight, backbone.norm.eps, hidden, num_heads,
-        num_kv_heads, head_dim))
+        num_kv_heads, head_dim, int8_activations))
 
 
 def _exact_norm(module: nn.Module, where: str) -> None:

@@ -68,7 +68,9 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
     model = _load_mlx_model(model_path, dtype)
     # MLX's CPU matmuls are scalar and single-threaded; ours read weights at
     # memory speed. No-op on Metal, where MLX's own kernels stay.
-    fast_linears = use_fast_cpu_linears(model)
+    int8 = envs.VLLM_METAL_CPU_INT8_ACTIVATIONS
+    fast_linears = use_fast_cpu_linears(model, activation_dtype=mx.float32 if int8 else None,
+                                        int8_activations=int8)
     dims = derive_dims(model)
     walk_and_wrap(model, lambda module, index, window: PagedAttention(
         module, index, sliding_window=window))
@@ -76,12 +78,13 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
     cpu = mx.default_device().type == mx.cpu
     stack = None
     if cpu and fast_linears and envs.VLLM_METAL_CPU_DECODER_STACK:
-        stack = plan_decoder_stack(_inner_model(model))
+        stack = plan_decoder_stack(_inner_model(model), int8_activations=int8)
     logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB, "
-                "%d linear/embedding layers on the fast CPU path%s",
+                "%d linear/embedding layers on the fast CPU path%s%s",
                 type(model).__module__.rsplit(".", 1)[-1], dims.num_layers, dims.num_heads,
                 dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20,
-                fast_linears, ", decoder stack as one CPU node" if stack else "")
+                fast_linears, ", decoder stack as one CPU node" if stack else "",
+                ", int8 activations" if int8 and fast_linears else "")
     return LoadedModel(model, dims, dtype, cpu_fast=cpu, stack=stack)
 
 
