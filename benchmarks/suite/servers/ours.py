@@ -27,6 +27,7 @@ class Ours(Server):
              "API server + engine core: 2 processes)")
     startup_timeout = 1200.0   # minutes on a loaded 2-core machine: model load and warm-up
     layout_args: tuple[str, ...] = ()   # appended to the shared --ours-args
+    env: dict[str, str] = {}            # added to the server's environment
 
     def __init__(self, cache_root: Path, extra_args: str = DEFAULT_ARGS) -> None:
         super().__init__(cache_root)
@@ -36,7 +37,7 @@ class Ours(Server):
         cli = Path(sys.executable).with_name("vllm-metal")
         argv = [str(cli), "serve", str(models.gguf), "--served-model-name", SERVED_NAME,
                 "--host", "127.0.0.1", "--port", str(port), *self.extra_args, *self.layout_args]
-        return Launch(argv=argv, model_name=SERVED_NAME)
+        return Launch(argv=argv, model_name=SERVED_NAME, env=dict(self.env))
 
 
 class OursMpExecutor(Ours):
@@ -44,3 +45,10 @@ class OursMpExecutor(Ours):
     label = ("vllm-metal, same server with the model worker in its own process "
              "(`--distributed-executor-backend mp`: 3 processes)")
     layout_args = ("--distributed-executor-backend", "mp")
+
+
+class OursInt8(Ours):
+    name = "ours-int8"
+    label = ("vllm-metal, same server with int8 activations in the quantized matmuls "
+             "(`VLLM_METAL_CPU_INT8_ACTIVATIONS=1`, as llama.cpp's Q8 activations)")
+    env = {"VLLM_METAL_CPU_INT8_ACTIVATIONS": "1"}
