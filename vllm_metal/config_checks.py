@@ -6,6 +6,9 @@ from typing import TYPE_CHECKING
 
 from vllm_metal.metal.constants import KERNEL_BLOCK_SIZES
 
+# --kv-cache-dtype values the paged kernels store (auto: the model's dtype).
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
@@ -41,10 +44,10 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
     check_sampling_config(vllm_config)
 
     cache = vllm_config.cache_config
-    if cache.cache_dtype not in ("auto", None):
+    if cache.cache_dtype not in (None, *KV_CACHE_DTYPES):
         raise UnsupportedConfigError(
-            f"--kv-cache-dtype {cache.cache_dtype} is not supported; "
-            "use --kv-cache-dtype auto (the model's dtype)")
+            f"--kv-cache-dtype {cache.cache_dtype} is not supported; use one of "
+            f"{', '.join(KV_CACHE_DTYPES)} (auto: the model's dtype)")
     block_size = cache.block_size
     smallest = min(KERNEL_BLOCK_SIZES)
     if block_size is not None and (block_size <= 0 or block_size % smallest != 0):

@@ -30,6 +30,13 @@ def _platform_mode(raw: str) -> str:
     return aliases[value]
 
 
+def _cache_dtype(raw: str) -> str:
+    value = raw.strip().lower() or "auto"
+    if value not in ("auto", "float16", "bfloat16"):
+        raise ValueError(f"expected auto, float16 or bfloat16, got {raw!r}")
+    return value
+
+
 def _positive_int_or_zero(raw: str) -> int:
     value = int(raw)
     if value < 0:
@@ -66,6 +73,11 @@ VARIABLES: dict[str, EnvVar] = {
         "columns and multiply in integers (AVX512-VNNI; about 2x faster prefill and "
         "batched decode, ~1e-3 relative error per product, the trade llama.cpp makes); "
         "0: fp32 activations (mlx-lm's arithmetic up to summation order)."),
+    "VLLM_METAL_CPU_KV_CACHE_DTYPE": EnvVar(
+        "auto", _cache_dtype,
+        "CPU backend: float16 or bfloat16 stores keys and values in half precision while "
+        "the model computes in float32 (vLLM's --kv-cache-dtype must match the model's "
+        "dtype); auto: the model's dtype."),
     "VLLM_METAL_CPU_THREADS": EnvVar(
         "0", _positive_int_or_zero,
         "Threads of the extension's CPU kernel pool; 0 means one per hardware thread."),

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "cpu/norm_rope_cpu.h"
 #include "cpu/isa.h"
@@ -80,13 +81,35 @@ void check_slots(const StackArgs& a) {
   }
 }
 
-void write_cache(const StackArgs& a, const StackLayer& l, const float* k, const float* v) {
+template <typename T>
+void write_cache_as(const StackArgs& a, const StackLayer& l, const float* k, const float* v) {
+  using ST = typename T::storage;
   const int64_t row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  auto* kc = static_cast<ST*>(l.key_cache);
+  auto* vc = static_cast<ST*>(l.value_cache);
   for (int64_t i = 0; i < a.t; ++i) {
     const int64_t slot = a.slot_mapping[i];
     if (slot < 0) continue;
-    std::memcpy(l.key_cache + slot * row, k + i * row, row * sizeof(float));
-    std::memcpy(l.value_cache + slot * row, v + i * row, row * sizeof(float));
+    if constexpr (std::is_same_v<T, F32>) {
+      std::memcpy(kc + slot * row, k + i * row, row * sizeof(float));
+      std::memcpy(vc + slot * row, v + i * row, row * sizeof(float));
+    } else {
+      for (int64_t j = 0; j < row; ++j) {
+        kc[slot * row + j] = T::from_float(k[i * row + j]);
+        vc[slot * row + j] = T::from_float(v[i * row + j]);
+      }
+    }
+  }
+}
+
+void write_cache(const StackArgs& a, const StackLayer& l, const float* k, const float* v) {
+  switch (a.kv_type) {
+    case Elem::F32:
+      return write_cache_as<F32>(a, l, k, v);
+    case Elem::BF16:
+      return write_cache_as<BF16>(a, l, k, v);
+    default:
+      return write_cache_as<F16>(a, l, k, v);
   }
 }
 
@@ -150,7 +173,9 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   PagedAttentionArgs pa{};
   pa.query = q.data();
   pa.query_dtype = mlx::core::float32;
-  pa.kv_dtype = mlx::core::float32;
+  pa.kv_dtype = a.kv_type == Elem::F32 ? mlx::core::float32
+      : a.kv_type == Elem::BF16        ? mlx::core::bfloat16
+                                       : mlx::core::float16;
   pa.block_tables = a.block_tables;
   pa.seq_lens = a.seq_lens;
   pa.cu_seqlens_q = a.cu_seqlens_q;

@@ -35,7 +35,8 @@ struct StackNorm {
 };
 
 // x -> x + attn(input_norm(x)); x -> x + mlp(post_norm(x)), with
-// mlp(y) = down(silu(gate(y)) * up(y)) and attention on paged fp32 caches.
+// mlp(y) = down(silu(gate(y)) * up(y)) and attention on paged caches (fp32,
+// or fp16/bf16: keys and values are rounded once, when written).
 struct StackLayer {
   StackNorm input_norm;
   StackLinear q, k, v, o;
@@ -52,8 +53,8 @@ struct StackLayer {
   float attn_scale;
   int sliding_window; // 0: full context
   float softcap;      // 0: off
-  float* key_cache;   // [num_blocks, block_size, num_kv_heads, head_dim] fp32
-  float* value_cache;
+  void* key_cache;    // [num_blocks, block_size, num_kv_heads, head_dim], StackArgs::kv_type
+  void* value_cache;
 };
 
 struct StackArgs {
@@ -66,6 +67,7 @@ struct StackArgs {
   int head_dim;
   int num_blocks;
   int block_size;
+  Elem kv_type = Elem::F32;    // of every layer's caches
   const int32_t* positions;    // [t]
   const int32_t* slot_mapping; // [t]; negative = padding, not cached
   const int32_t* block_tables; // [num_seqs, max_blocks_per_seq]

@@ -277,12 +277,14 @@ std::vector<mx::array> decoder_stack(
     fail("give one key and one value cache per layer (" + std::to_string(layers) + ")");
   }
   const mx::Shape cache_shape = key_caches[0].shape();
+  const mx::Dtype cache_type = key_caches[0].dtype();
   for (const auto* list : {&key_caches, &value_caches}) {
     for (const auto& c : *list) {
-      if (c.dtype() != mx::float32 || c.ndim() != 4 || c.shape() != cache_shape ||
-          c.shape(2) != weights->num_kv_heads() || c.shape(3) != weights->head_dim()) {
-        fail("caches must be float32 [num_blocks, block_size, num_kv_heads, head_dim], all "
-             "of one shape");
+      if (!is_linear_float(c.dtype()) || c.dtype() != cache_type || c.ndim() != 4 ||
+          c.shape() != cache_shape || c.shape(2) != weights->num_kv_heads() ||
+          c.shape(3) != weights->head_dim()) {
+        fail("caches must be float32/float16/bfloat16 [num_blocks, block_size, num_kv_heads, "
+             "head_dim], all of one shape and dtype");
       }
     }
   }
@@ -305,7 +307,8 @@ std::vector<mx::array> decoder_stack(
   inputs.insert(inputs.end(), value_caches.begin(), value_caches.end());
   std::vector<mx::Shape> shapes(1 + 2 * layers, cache_shape);
   shapes[0] = x.shape();
-  std::vector<mx::Dtype> dtypes(1 + 2 * layers, mx::float32);
+  std::vector<mx::Dtype> dtypes(1 + 2 * layers, cache_type);
+  dtypes[0] = mx::float32;
   auto outs = mx::array::make_arrays(std::move(shapes), std::move(dtypes),
                                      std::make_shared<DecoderStack>(stream, std::move(weights)),
                                      std::move(inputs));
@@ -351,6 +354,7 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.head_dim = weights_->head_dim();
   a.num_blocks = outputs[1].shape(0);
   a.block_size = outputs[1].shape(1);
+  a.kv_type = elem_of(outputs[1].dtype());
   a.positions = in[1].view.data<int32_t>();
   a.slot_mapping = in[2].view.data<int32_t>();
   a.block_tables = in[3].view.data<int32_t>();
@@ -361,8 +365,8 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.final_norm = weights_->final_norm();
   a.layers = weights_->layers();
   for (int li = 0; li < layers; ++li) {
-    a.layers[li].key_cache = outputs[1 + li].data<float>();
-    a.layers[li].value_cache = outputs[1 + layers + li].data<float>();
+    a.layers[li].key_cache = outputs[1 + li].data<void>();
+    a.layers[li].value_cache = outputs[1 + layers + li].data<void>();
   }
 
   for (const auto& i : inputs) encoder.set_input_array(i);

@@ -2,6 +2,7 @@
 
 import gc
 
+import mlx.core as mx
 import pytest
 from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
@@ -90,3 +91,29 @@ def test_model_families_match(family, kwargs):
     finally:
         del llm
         gc.collect()
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["float16", "bfloat16"])
+def test_half_precision_kv_cache(llama_dir, kv_cache_dtype, monkeypatch):
+    # Keys and values are rounded once when written; the rest stays fp32.
+    # fp16's rounding (2^-11) is far below the tiny model's greedy margins: the
+    # tokens equal mlx-lm's (fp32 cache). bf16's (2^-8) flips a near tie in one
+    # of the eight prompts here, so there most prompts must match.
+    monkeypatch.setenv("VLLM_METAL_CPU_KV_CACHE_DTYPE", kv_cache_dtype)
+    llm = make_llm(llama_dir)
+    try:
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        assert runner.kv_cache.key_caches[0].dtype == getattr(mx, kv_cache_dtype)
+        assert runner.loaded.stack is not None  # the one-node stack takes these caches
+        ids, got = _vllm_greedy(llm, llama_dir, PROMPTS)
+        same = [tokens == mlx_reference.greedy_tokens(llama_dir, p, MAX_TOKENS)
+                for p, tokens in zip(ids, got)]
+        assert all(same) if kv_cache_dtype == "float16" else sum(same) >= 6, same
+    finally:
+        del llm
+        gc.collect()
+
+
+def test_unsupported_kv_cache_dtype_is_refused(llama_dir):
+    with pytest.raises(Exception, match="--kv-cache-dtype fp8 is not supported"):
+        make_llm(llama_dir, kv_cache_dtype="fp8")

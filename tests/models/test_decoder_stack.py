@@ -32,9 +32,9 @@ def _meta(seqs: list[tuple[int, int, int]]) -> AttentionMetadata:
     return AttentionMetadata(i32(positions), i32(cu), i32(lens), i32(tables), i32(slots))
 
 
-def _run(loaded, steps, seed: int):
+def _run(loaded, steps, seed: int, cache_dtype=mx.float32):
     d = loaded.dims
-    caches = lambda: [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim))  # noqa: E731
+    caches = lambda: [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim), dtype=cache_dtype)  # noqa: E731
                       for _ in range(d.num_layers)]
     kc, vc = caches(), caches()
     rng = np.random.default_rng(seed)
@@ -49,7 +49,8 @@ def _run(loaded, steps, seed: int):
         mx.eval(h, ctx.key_caches, ctx.value_caches)
         kc, vc = ctx.key_caches, ctx.value_caches
         outs.append(np.array(h))
-    return outs, np.array(mx.stack(kc)), np.array(mx.stack(vc))
+    as_np = lambda c: np.array(mx.stack(c).astype(mx.float32))  # noqa: E731
+    return outs, as_np(kc), as_np(vc)
 
 
 # A prefill of 7 and 4 tokens, then one decode step each, then a chunk of 3 next to a decode.
@@ -151,3 +152,21 @@ def test_int8_activations_stack_matches_its_module_path_and_stays_near_fp32(
         # tests/gguf/test_smollm2_int8.py).
         assert 0 < np.abs(g - r).max() <= 0.25 * scale
     assert np.abs(got_k - want_k).max() <= 0.02 * np.abs(ref_k).max()
+
+
+@pytest.mark.parametrize("cache_dtype", [mx.float16, mx.bfloat16])
+def test_half_precision_caches_match_the_module_path(cache_dtype):
+    # Both round keys and values to the cache dtype once (nearest even) and
+    # read them back through the same attention kernels.
+    loaded = load_model(str(cached_tiny_model("llama", quantize_bits=4, group_size=32)),
+                        mx.float32)
+    modules = dataclasses.replace(loaded, stack=None)
+    got, got_k, got_v = _run(loaded, STEPS, seed=3, cache_dtype=cache_dtype)
+    want, want_k, want_v = _run(modules, STEPS, seed=3, cache_dtype=cache_dtype)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+    # One unit in the last place where the fp32 values (summed in another
+    # order) straddle a rounding edge.
+    ulp = 2.0**-10 if cache_dtype == mx.float16 else 2.0**-7
+    np.testing.assert_allclose(got_k, want_k, rtol=ulp, atol=1e-6)
+    np.testing.assert_allclose(got_v, want_v, rtol=ulp, atol=1e-6)

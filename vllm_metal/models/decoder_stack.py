@@ -38,6 +38,10 @@ class Unsupported(Exception):
     """Why a model keeps the module path (logged once at load)."""
 
 
+# The stack computes in fp32 and rounds keys and values to the cache's dtype.
+_CACHE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
 @dataclass
 class DecoderStackPlan:
     """The model's decoder weights as the extension holds them (built once)."""
@@ -59,7 +63,7 @@ class DecoderStackPlan:
         return outs[0]
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
-        return x.dtype == mx.float32 and ctx.key_caches[0].dtype == mx.float32
+        return x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
 
 
 def plan_decoder_stack(backbone: nn.Module,

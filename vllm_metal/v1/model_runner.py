@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm_metal")
 
+# --kv-cache-dtype choices other than auto (the model's dtype); config_checks
+# refuses the rest.
+_KV_CACHE_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16}
+
 # Tokens of the profiling forward whose peak memory is scaled to max_num_batched_tokens.
 PROFILE_TOKENS = 64
 
@@ -73,7 +77,13 @@ class MetalModelRunner:
 
     @property
     def kv_dtype(self) -> mx.Dtype:
-        return self.loaded.dtype
+        """--kv-cache-dtype float16/bfloat16 (vLLM lets it only equal the model's
+        dtype); else on the CPU backend VLLM_METAL_CPU_KV_CACHE_DTYPE, which may
+        halve an fp32 model's cache; else the model's dtype."""
+        chosen = _KV_CACHE_DTYPES.get(self.vllm_config.cache_config.cache_dtype)
+        if chosen is None and self.loaded.cpu_fast:
+            chosen = _KV_CACHE_DTYPES.get(envs.VLLM_METAL_CPU_KV_CACHE_DTYPE)
+        return chosen if chosen is not None else self.loaded.dtype
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         dims = self.loaded.dims
