@@ -49,15 +49,11 @@ void norm(const StackNorm& n, const float* x, int64_t rows, int64_t d, float* ou
   rms_norm_cpu({x, Elem::F32, n.w, n.type, out, Elem::F32, rows, d, n.eps});
 }
 
-// x [t, heads, head_dim] in place, token i at positions[i].
-void rotate(const StackLayer& l, float* x, const int32_t* positions, int64_t t, int heads,
-            int head_dim) {
+// RoPE of a layer at the step's positions (t rows of one token each).
+RopeArgs rope_args(const StackLayer& l, const int32_t* positions, int64_t t, int head_dim) {
   RopeArgs r{};
-  r.x = x;
-  r.out = x;
   r.type = Elem::F32;
   r.b = t;
-  r.m = heads;
   r.l = 1;
   r.d = head_dim;
   r.dims = l.rope_dims;
@@ -67,6 +63,22 @@ void rotate(const StackLayer& l, float* x, const int32_t* positions, int64_t t, 
   r.freqs = l.rope_freqs;
   r.base = l.rope_base;
   r.scale = l.rope_scale;
+  return r;
+}
+
+// Same angles: the table of one layer serves another.
+bool same_angles(const StackLayer& a, const StackLayer& b) {
+  return a.rope_dims == b.rope_dims && a.rope_freqs == b.rope_freqs &&
+      a.rope_base == b.rope_base && a.rope_scale == b.rope_scale;
+}
+
+// x [t, heads, head_dim] in place, with the angles in `table` ([t, dims / 2] cos, then sin).
+void rotate(RopeArgs r, const std::vector<float>& table, float* x, int heads) {
+  r.x = x;
+  r.out = x;
+  r.m = heads;
+  r.cos_table = table.data();
+  r.sin_table = table.data() + table.size() / 2;
   rope_cpu(r);
 }
 
@@ -193,6 +205,8 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   // when a layer's sliding window differs from the last one planned).
   dispatch::PagedDispatch route{};
   int planned_window = -1;
+  std::vector<float> angles;
+  const StackLayer* angles_of = nullptr;
   for (const auto& l : a.layers) {
     if (l.sliding_window != planned_window) {  // before this layer writes its cache
       pa.sliding_window = l.sliding_window;
@@ -205,8 +219,16 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
       norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
       norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
     }
-    rotate(l, q.data(), a.positions, t, a.num_heads, a.head_dim);
-    rotate(l, k.data(), a.positions, t, a.num_kv_heads, a.head_dim);
+    // Every layer rotates q and k at the same positions: the angles (in
+    // double, then cos/sin) are formed once per step, not 2 x layers times.
+    const RopeArgs rope = rope_args(l, a.positions, t, a.head_dim);
+    if (angles_of == nullptr || !same_angles(*angles_of, l)) {
+      angles.resize(2 * t * (l.rope_dims / 2));
+      rope_table_cpu(rope, angles.data(), angles.data() + angles.size() / 2);
+      angles_of = &l;
+    }
+    rotate(rope, angles, q.data(), a.num_heads);
+    rotate(rope, angles, k.data(), a.num_kv_heads);
     write_cache(a, l, k.data(), v.data());
 
     pa.key_cache = l.key_cache;

@@ -302,6 +302,25 @@ void repack_part(const QuantMatrix& w, int64_t t0, int cols, uint32_t* dst) {
   }
 }
 
+// The next tile's rows (contiguous in W, scales and biases) into L2 while
+// this one computes: the repack's row loads are where W comes from memory.
+template <typename S>
+VLLM_METAL_INLINE void prefetch_tile(const QuantMatrix& w, int64_t t0) {
+  using ST = typename S::storage;
+  const int64_t rows = std::min<int64_t>(kQ8TileCols, w.n - t0);
+  const int64_t groups = w.k / w.group_size;
+  const auto* codes = reinterpret_cast<const char*>(w.w + t0 * (w.k * w.bits / 32));
+  for (int64_t off = 0; off < rows * w.k * w.bits / 8; off += 64) {
+    _mm_prefetch(codes + off, _MM_HINT_T1);
+  }
+  for (const void* base : {w.scales, w.biases}) {
+    const auto* p = reinterpret_cast<const char*>(static_cast<const ST*>(base) + t0 * groups);
+    for (int64_t off = 0; off < rows * groups * static_cast<int64_t>(sizeof(ST)); off += 64) {
+      _mm_prefetch(p + off, _MM_HINT_T1);
+    }
+  }
+}
+
 template <typename S>
 Tile repack(const QuantMatrix& w, int64_t t0, int cols, void* scratch) {
   const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
@@ -387,6 +406,7 @@ void gemm_bits(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, fl
   for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
     const int cols = static_cast<int>(std::min<int64_t>(kQ8TileCols, n1 - t0));
     const Tile t = repack<S>(w, t0, cols, scratch);
+    if (t0 + kQ8TileCols < n1) prefetch_tile<S>(w, t0 + kQ8TileCols);
     float* yt = y + (t0 - n0);
     int64_t i = 0;
     for (; i + kGemmRows <= a.m; i += kGemmRows) {

@@ -102,12 +102,19 @@ void rope_rows(const RopeArgs& a, const std::vector<double>& inv_freq, int64_t r
                int64_t row1) {
   // A row is one (bi, li): its angles are shared by the m heads.
   const int half = a.dims / 2;
-  std::vector<float> cs(half), sn(half);
+  std::vector<float> cs_row(half), sn_row(half);
   const int64_t stride_m = a.l * a.d;
   for (int64_t row = row0; row < row1; ++row) {
     const int64_t bi = row / a.l, li = row % a.l;
-    const int64_t pos = static_cast<int64_t>(a.offsets[a.num_offsets == 1 ? 0 : bi]) + li;
-    angles(a, inv_freq, pos, cs.data(), sn.data());
+    const float* cs = cs_row.data();
+    const float* sn = sn_row.data();
+    if (a.cos_table != nullptr) {
+      cs = a.cos_table + row * half;
+      sn = a.sin_table + row * half;
+    } else {
+      const int64_t pos = static_cast<int64_t>(a.offsets[a.num_offsets == 1 ? 0 : bi]) + li;
+      angles(a, inv_freq, pos, cs_row.data(), sn_row.data());
+    }
     for (int64_t mi = 0; mi < a.m; ++mi) {
       const int64_t base = (bi * a.m + mi) * stride_m + li * a.d;
       const int64_t s1 = a.traditional ? 1 : half;   // distance to the pair's partner
@@ -124,13 +131,7 @@ void rope_rows(const RopeArgs& a, const std::vector<double>& inv_freq, int64_t r
   }
 }
 
-} // namespace
-
-void rms_norm_cpu(const RmsNormArgs& a) {
-  for_chunks(a.rows, a.d, [&](int64_t r0, int64_t r1) { rms_norm_range(a, r0, r1); });
-}
-
-void rope_cpu(const RopeArgs& a) {
+std::vector<double> inverse_frequencies(const RopeArgs& a) {
   const int half = a.dims / 2;
   std::vector<double> inv_freq(half);
   for (int i = 0; i < half; ++i) {
@@ -138,6 +139,29 @@ void rope_cpu(const RopeArgs& a) {
         ? 1.0 / static_cast<double>(a.freqs[i])
         : std::pow(a.base, -2.0 * i / static_cast<double>(a.dims));
   }
+  return inv_freq;
+}
+
+} // namespace
+
+void rope_table_cpu(const RopeArgs& a, float* cos_table, float* sin_table) {
+  const std::vector<double> inv_freq = inverse_frequencies(a);
+  const int64_t half = a.dims / 2;
+  for_chunks(a.b * a.l, half * 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t row = r0; row < r1; ++row) {
+      const int64_t bi = row / a.l, li = row % a.l;
+      const int64_t pos = static_cast<int64_t>(a.offsets[a.num_offsets == 1 ? 0 : bi]) + li;
+      angles(a, inv_freq, pos, cos_table + row * half, sin_table + row * half);
+    }
+  });
+}
+
+void rms_norm_cpu(const RmsNormArgs& a) {
+  for_chunks(a.rows, a.d, [&](int64_t r0, int64_t r1) { rms_norm_range(a, r0, r1); });
+}
+
+void rope_cpu(const RopeArgs& a) {
+  const std::vector<double> inv_freq = inverse_frequencies(a);
   for_chunks(a.b * a.l, a.m * a.d, [&](int64_t r0, int64_t r1) {
     switch (a.type) {
       case Elem::F32: return rope_rows<F32>(a, inv_freq, r0, r1);

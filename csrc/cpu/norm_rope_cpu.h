@@ -48,8 +48,15 @@ struct RopeArgs {
   const float* freqs;   // nullptr: use base
   double base;
   double scale;
+  // Optional cos/sin of every row's angles, [b * l, dims / 2] each (from
+  // rope_table_cpu): callers rotating several tensors at the same positions
+  // form the angles once.
+  const float* cos_table = nullptr;
+  const float* sin_table = nullptr;
 };
 
 void rope_cpu(const RopeArgs& a);
+// cos/sin [b * l, dims / 2] of a's angles (a.x, out, m, d are not read).
+void rope_table_cpu(const RopeArgs& a, float* cos_table, float* sin_table);
 
 } // namespace vllm_metal::cpu

@@ -75,8 +75,8 @@ def assert_q8_close(out: mx.array, x: mx.array, q, bias=None, out_eps=1e-5):
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 8, 9, 16, 37])
 def test_every_layout_and_row_count_matches_the_oracle(isa, bits, group_size, m):
     # K = 5 groups: for 4 bits no multiple of the 128-column chunk (a masked
-    # tail); N = 45 leaves a partial 16-column GEMM tile; M <= 8 reads W in its
-    # own layout (GEMV), M > 8 repacks it (GEMM, with a partial row strip).
+    # tail); N = 45 leaves a partial 16-column GEMM tile; M <= 4 reads W in its
+    # own layout (GEMV), M > 4 repacks it (GEMM, with a partial row strip).
     k = 5 * group_size
     q = make_quantized(45, k, bits, group_size, seed=m)
     x = random_float((m, k), seed=m + 1)

@@ -50,5 +50,6 @@ class OursMpExecutor(Ours):
 class OursInt8(Ours):
     name = "ours-int8"
     label = ("vllm-metal, same server with int8 activations in the quantized matmuls "
-             "(`VLLM_METAL_CPU_INT8_ACTIVATIONS=1`, as llama.cpp's Q8 activations)")
-    env = {"VLLM_METAL_CPU_INT8_ACTIVATIONS": "1"}
+             "(as llama.cpp's Q8 activations) and an fp16 KV cache "
+             "(`VLLM_METAL_CPU_INT8_ACTIVATIONS=1 VLLM_METAL_CPU_KV_CACHE_DTYPE=float16`)")
+    env = {"VLLM_METAL_CPU_INT8_ACTIVATIONS": "1", "VLLM_METAL_CPU_KV_CACHE_DTYPE": "float16"}
