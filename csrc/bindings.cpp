@@ -167,9 +167,10 @@ resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
-[1, T, hidden]; caches float32 [num_blocks, block_size, num_kv_heads, head_dim],
-one key and one value per layer. Returns [hidden [1, T, hidden], key_cache_0,
-value_cache_0, ...], the caches written in place.)");
+[1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,
+num_kv_heads, head_dim], row-contiguous, one key and one value per layer.
+Returns hidden [1, T, hidden]; the caches are written in place when the node
+runs (read them only through work enqueued after it on the same stream).)");
 
   m.def("_data_ptr", &vllm_metal::data_ptr, "array"_a,
         "Address of an evaluated array's first element (tests).");

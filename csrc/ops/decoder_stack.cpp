@@ -255,7 +255,7 @@ DecoderStackWeights::DecoderStackWeights(
   }
 }
 
-std::vector<mx::array> decoder_stack(
+mx::array decoder_stack(
     std::shared_ptr<DecoderStackWeights> weights,
     const mx::array& x,
     const std::vector<mx::array>& key_caches,
@@ -305,21 +305,8 @@ std::vector<mx::array> decoder_stack(
                                    as_int32(cu_seqlens_q, stream)};
   inputs.insert(inputs.end(), key_caches.begin(), key_caches.end());
   inputs.insert(inputs.end(), value_caches.begin(), value_caches.end());
-  std::vector<mx::Shape> shapes(1 + 2 * layers, cache_shape);
-  shapes[0] = x.shape();
-  std::vector<mx::Dtype> dtypes(1 + 2 * layers, cache_type);
-  dtypes[0] = mx::float32;
-  auto outs = mx::array::make_arrays(std::move(shapes), std::move(dtypes),
-                                     std::make_shared<DecoderStack>(stream, std::move(weights)),
-                                     std::move(inputs));
-  // make_arrays orders outputs as given: hidden, then keys, then values;
-  // return them interleaved per layer.
-  std::vector<mx::array> result = {outs[0]};
-  for (int i = 0; i < layers; ++i) {
-    result.push_back(outs[1 + i]);
-    result.push_back(outs[1 + layers + i]);
-  }
-  return result;
+  return mx::array(x.shape(), mx::float32, std::make_shared<DecoderStack>(stream, std::move(weights)),
+                   std::move(inputs));
 }
 
 void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
@@ -329,15 +316,12 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
 
-  // The cache outputs alias the inputs' buffers (in-place writes); a cache
-  // that is not row-contiguous is first copied into a fresh buffer.
-  std::vector<std::pair<const char*, cpu::StridedLayout>> copies;
-  std::vector<char*> copy_dst;
+  // The caches are written in place (see decoder_stack.h): they must be
+  // row-contiguous buffers of their own.
   for (int i = 0; i < 2 * layers; ++i) {
-    const mx::array& cache = inputs[kFixedInputs + i];
-    if (auto layout = alias_cache(cache, outputs[1 + i])) {
-      copies.emplace_back(cache.data<char>(), std::move(*layout));
-      copy_dst.push_back(outputs[1 + i].data<char>());
+    if (!inputs[kFixedInputs + i].flags().row_contiguous) {
+      throw std::invalid_argument(
+          "decoder_stack: the caches must be row-contiguous (they are written in place)");
     }
   }
   std::vector<RowContiguous> in;
@@ -352,9 +336,10 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.num_heads = weights_->num_heads();
   a.num_kv_heads = weights_->num_kv_heads();
   a.head_dim = weights_->head_dim();
-  a.num_blocks = outputs[1].shape(0);
-  a.block_size = outputs[1].shape(1);
-  a.kv_type = elem_of(outputs[1].dtype());
+  const mx::array& cache0 = inputs[kFixedInputs];
+  a.num_blocks = cache0.shape(0);
+  a.block_size = cache0.shape(1);
+  a.kv_type = elem_of(cache0.dtype());
   a.positions = in[1].view.data<int32_t>();
   a.slot_mapping = in[2].view.data<int32_t>();
   a.block_tables = in[3].view.data<int32_t>();
@@ -365,19 +350,16 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.final_norm = weights_->final_norm();
   a.layers = weights_->layers();
   for (int li = 0; li < layers; ++li) {
-    a.layers[li].key_cache = outputs[1 + li].data<void>();
-    a.layers[li].value_cache = outputs[1 + layers + li].data<void>();
+    a.layers[li].key_cache = const_cast<void*>(inputs[kFixedInputs + li].data<void>());
+    a.layers[li].value_cache =
+        const_cast<void*>(inputs[kFixedInputs + layers + li].data<void>());
   }
 
   for (const auto& i : inputs) encoder.set_input_array(i);
   for (auto& o : outputs) encoder.set_output_array(o);
   // The task holds the weights: a step in flight keeps them alive.
-  encoder.dispatch([in = std::move(in), copies = std::move(copies),
-                    copy_dst = std::move(copy_dst), a = std::move(a), keep = weights_]() {
+  encoder.dispatch([in = std::move(in), a = std::move(a), keep = weights_]() {
     for (const auto& r : in) r.fill();
-    for (size_t i = 0; i < copies.size(); ++i) {
-      cpu::copy_to_row_contiguous(copies[i].first, copies[i].second, copy_dst[i]);
-    }
     dispatch::record_paged_dispatch(cpu::decoder_stack_cpu(a));
   });
 }
@@ -392,9 +374,7 @@ bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
 }
 
 std::vector<mx::Shape> DecoderStack::output_shapes(const std::vector<mx::array>& inputs) {
-  std::vector<mx::Shape> shapes(1 + 2 * weights_->num_layers(), inputs[kFixedInputs].shape());
-  shapes[0] = inputs[0].shape();
-  return shapes;
+  return {inputs[0].shape()};
 }
 
 } // namespace vllm_metal

@@ -51,16 +51,13 @@ class DecoderStackPlan:
     def __call__(self, x: mx.array, ctx: ForwardContext) -> mx.array:
         """x float32 [1, T, hidden] embeddings -> final-norm hidden [1, T, hidden].
 
-        Replaces ctx's caches with the op's (in-place) outputs, as the
-        attention wrappers do.
+        The op writes ctx's caches in place when it runs (they stay the same
+        arrays); later readers are enqueued after it on the same stream.
         """
         meta = ctx.metadata
-        outs = get_ops().decoder_stack(
+        return get_ops().decoder_stack(
             self.weights, x, ctx.key_caches, ctx.value_caches, meta.positions,
             meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q)
-        ctx.key_caches[:] = outs[1::2]
-        ctx.value_caches[:] = outs[2::2]
-        return outs[0]
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
         return x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
