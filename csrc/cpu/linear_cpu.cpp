@@ -13,6 +13,8 @@
 
 namespace vllm_metal::cpu {
 
+using namespace driver;
+
 namespace {
 
 // Up to this many rows of x, weights are decoded in registers per chunk of
@@ -25,55 +27,9 @@ constexpr int kGemvRows = 4;
 // Columns per GEMV sub-range when x has several chunks of rows: the
 // sub-range's weights stay in L1 from one chunk to the next.
 constexpr int64_t kGemvSubCols = 16;
-// Below this much weight traffic a single thread is faster than waking the pool.
-constexpr int64_t kSerialBytes = 128 * 1024;
-constexpr int64_t kItemsPerThread = 2;
 // fp32 weight panels of one GEMM tile, sized to sit in L2.
 constexpr int64_t kTileFloats = 48 * 1024;
 
-template <typename F>
-void for_types(Elem t, F&& f) {
-  switch (t) {
-    case Elem::F32:
-      return f(F32{});
-    case Elem::BF16:
-      return f(BF16{});
-    default:
-      return f(F16{});
-  }
-}
-
-} // namespace
-
-namespace driver {
-
-void load_row(const void* src, Elem t, int64_t offset, int64_t n, float* dst) {
-  for_types(t, [&](auto type) {
-    using T = decltype(type);
-    decode_span<T>(static_cast<const typename T::storage*>(src) + offset, dst, n);
-  });
-}
-
-} // namespace driver
-
-namespace {
-
-using namespace driver;
-
-// dst[offset : offset + n] = src[0:n] (+ bias[0:n]) as t.
-void store_row(const float* src, const float* bias, int64_t n, void* dst, Elem t, int64_t offset) {
-  for_types(t, [&](auto type) {
-    using T = decltype(type);
-    auto* out = static_cast<typename T::storage*>(dst) + offset;
-    if (bias != nullptr) {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) out[i] = T::from_float(src[i] + bias[i]);
-    } else {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) out[i] = T::from_float(src[i]);
-    }
-  });
-}
 
 // x as fp32 rows [m, k]: the input itself when it already is, else a copy
 // (in nibble order when `nibble`). xsum [m, k / gs] gets each group's sum.
@@ -118,74 +74,6 @@ PreparedX prepare_x(const LinearIO& io, int64_t k, bool nibble, int gs) {
   p.x = copy ? p.owned.get() : static_cast<const float*>(io.x);
   return p;
 }
-
-} // namespace
-
-namespace driver {
-
-ColumnBlock column_block(const LinearIO& io, int64_t n, int64_t c0, int64_t c1) {
-  ColumnBlock b;
-  if (io.out_type == Elem::F32) {
-    b.y = static_cast<float*>(io.out) + c0;
-    b.ldy = n;
-  } else {
-    b.local.reset(new float[io.m * (c1 - c0)]);
-    b.y = b.local.get();
-    b.ldy = c1 - c0;
-  }
-  return b;
-}
-
-void finish(const LinearIO& io, int64_t n, const ColumnBlock& b, int64_t c0, int64_t c1) {
-  if (io.out_type == Elem::F32 && io.bias == nullptr) return;
-  std::unique_ptr<float[]> bias;
-  if (io.bias != nullptr) {
-    bias.reset(new float[c1 - c0]);
-    load_row(io.bias, io.bias_type, c0, c1 - c0, bias.get());
-  }
-  for (int64_t i = 0; i < io.m; ++i) {
-    store_row(b.y + i * b.ldy, bias.get(), c1 - c0, io.out, io.out_type, i * n + c0);
-  }
-}
-
-void for_columns(int64_t n, int64_t cols, bool parallel,
-                 const std::function<void(int64_t, int64_t)>& fn) {
-  const int64_t items = ceil_div(n, cols);
-  if (!parallel || items <= 1) {
-    for (int64_t i = 0; i < items; ++i) fn(i * cols, std::min(n, (i + 1) * cols));
-    return;
-  }
-  ThreadPool::instance().parallel_for(static_cast<int>(items), [&](int i) {
-    fn(i * cols, std::min(n, (i + 1) * cols));
-  });
-}
-
-int64_t item_columns(int64_t n, int64_t align, bool parallel) {
-  if (!parallel) return std::max<int64_t>(n, 1);
-  const int64_t items = ThreadPool::instance().size() * kItemsPerThread;
-  return std::max(align, round_up(ceil_div(n, items), align));
-}
-
-void zero_k(const LinearIO& io, int64_t n) {
-  ColumnBlock b = column_block(io, n, 0, n);
-  for (int64_t i = 0; i < io.m; ++i) std::fill(b.y + i * b.ldy, b.y + i * b.ldy + n, 0.0f);
-  finish(io, n, b, 0, n);
-}
-
-bool share_x(const QuantMatrix* ws, const LinearIO* ios, int count) {
-  bool shared = count > 1 && ios[0].m > 0 && ws[0].k > 0;
-  for (int i = 1; i < count && shared; ++i) {
-    shared = ws[i].k == ws[0].k && ws[i].bits == ws[0].bits &&
-        ws[i].group_size == ws[0].group_size && ios[i].x == ios[0].x &&
-        ios[i].x_type == ios[0].x_type && ios[i].m == ios[0].m && ws[i].n > 0 &&
-        ios[i].int8_activations == ios[0].int8_activations;
-  }
-  return shared && ws[0].n > 0;
-}
-
-} // namespace driver
-
-namespace {
 
 // GEMM tile rows: an L2-sized fp32 tile of whole panel pairs, but no more
 // than one item's share.
@@ -265,30 +153,15 @@ void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io) {
 void quantized_matmuls_cpu(const QuantMatrix* ws, const LinearIO* ios, int count) {
   if (count > 0 && ios[0].int8_activations) return quantized_matmuls_q8_cpu(ws, ios, count);
   const bool shared = share_x(ws, ios, count) && ios[0].m <= kQuantGemvMaxRows;
-  int64_t total_n = 0;
-  for (int i = 0; i < count; ++i) total_n += ws[i].n;
   if (!shared) {
     for (int i = 0; i < count; ++i) quantized_matmul_cpu(ws[i], ios[i]);
     return;
   }
-  // One job over the rows of every matrix: x is prepared once, small matrices
-  // (a GQA model's k/v) share the pool with the large ones.
+  // x is prepared once for every matrix.
   const LinearKernels& kern = linear_kernels();
   PreparedX px = prepare_x(ios[0], ws[0].k, ws[0].bits == 4, ws[0].group_size);
-  const int64_t cols = item_columns(total_n, 8, true);
-  struct Item {
-    int matrix;
-    int64_t c0, c1;
-  };
-  std::vector<Item> items;
-  for (int i = 0; i < count; ++i) {
-    for (int64_t c0 = 0; c0 < ws[i].n; c0 += cols) {
-      items.push_back({i, c0, std::min(ws[i].n, c0 + cols)});
-    }
-  }
-  ThreadPool::instance().parallel_for(static_cast<int>(items.size()), [&](int it) {
-    const Item& item = items[it];
-    quant_gemv_columns(kern, ws[item.matrix], ios[item.matrix], px, item.c0, item.c1);
+  for_matrix_columns(ws, count, 8, [&](int i, int64_t c0, int64_t c1) {
+    quant_gemv_columns(kern, ws[i], ios[i], px, c0, c1);
   });
 }
 

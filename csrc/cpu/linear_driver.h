@@ -8,8 +8,25 @@
 #include <memory>
 
 #include "cpu/linear_cpu.h"
+#include "cpu/tile_math.h"
 
 namespace vllm_metal::cpu::driver {
+
+// Below this much weight traffic a single thread is faster than waking the pool.
+constexpr int64_t kSerialBytes = 128 * 1024;
+
+// f(T{}) for the storage type T (F32, BF16, F16) of t.
+template <typename F>
+void for_types(Elem t, F&& f) {
+  switch (t) {
+    case Elem::F32:
+      return f(F32{});
+    case Elem::BF16:
+      return f(BF16{});
+    default:
+      return f(F16{});
+  }
+}
 
 inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -40,6 +57,12 @@ void for_columns(int64_t n, int64_t cols, bool parallel,
 
 // Columns per work item: enough items for every thread, aligned to `align`.
 int64_t item_columns(int64_t n, int64_t align, bool parallel);
+
+// fn(i, c0, c1) over the columns of every matrix ws[0 .. count) as one pool
+// job (items of item_columns(all columns, align) each): small matrices, a GQA
+// model's k/v, share the threads with the large ones.
+void for_matrix_columns(const QuantMatrix* ws, int count, int64_t align,
+                        const std::function<void(int, int64_t, int64_t)>& fn);
 
 // An empty dot product (k == 0): the output is the bias (or 0).
 void zero_k(const LinearIO& io, int64_t n);

@@ -20,21 +20,9 @@ namespace {
 // and reused by every row. Measured on Zen 4: the GEMM is ahead from 5 rows
 // (8 rows of SmolLM2's shapes: 1.3-2x), they tie at 4.
 constexpr int64_t kQ8GemvMaxRows = 4;
-constexpr int64_t kSerialBytes = 128 * 1024;
 // Rows of x quantized per pool item.
 constexpr int64_t kQuantizeRows = 16;
 
-template <typename F>
-void for_scale_types(Elem t, F&& f) {
-  switch (t) {
-    case Elem::F32:
-      return f(F32{});
-    case Elem::BF16:
-      return f(BF16{});
-    default:
-      return f(F16{});
-  }
-}
 
 // --- portable kernels: the same arithmetic, one element at a time --------
 
@@ -48,7 +36,12 @@ void quantize_row_generic(const float* x, int64_t k, int64_t kp, int bits, int g
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     d[b] = amax / 127.0f;
     for (int64_t c = c0; c < c1; ++c) {
-      q[q8_position(c, bits)] = static_cast<int8_t>(std::nearbyint(x[c] * inv));
+      // Nearest even, as the SIMD kernel; a non-finite x leaves the code 0
+      // (its block's step is then inf or nan, and so is the output).
+      const float v = x[c] * inv;
+      q[q8_position(c, bits)] =
+          std::isfinite(v) ? static_cast<int8_t>(std::nearbyint(std::clamp(v, -127.0f, 127.0f)))
+                           : int8_t{0};
     }
   }
   const int lc = bits == 4 ? 8 : 4;
@@ -98,7 +91,7 @@ float output_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i, int64_t n
 
 void gemv_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int mr, int64_t n0,
                   int64_t n1, float* y, int64_t ldy) {
-  for_scale_types(w.scale_type, [&](auto type) {
+  for_types(w.scale_type, [&](auto type) {
     for (int i = 0; i < mr; ++i)
       for (int64_t n = n0; n < n1; ++n)
         y[i * ldy + (n - n0)] = output_generic<decltype(type)>(w, a, i0 + i, n);
@@ -207,26 +200,12 @@ void quantized_matmuls_q8_cpu(const QuantMatrix* ws, const LinearIO* ios, int co
     for (int i = 0; i < count; ++i) quantized_matmul_cpu(ws[i], ios[i]);
     return;
   }
-  // x is quantized once; one pool job covers the columns of every matrix.
+  // x is quantized once for every matrix.
   const Q8Kernels& kern = q8_kernels();
   const Q8Acts a = quantize_acts(ios[0], ws[0].k, ws[0].bits, ws[0].group_size);
-  int64_t total_n = 0;
-  for (int i = 0; i < count; ++i) total_n += ws[i].n;
   const int64_t align = a.m > kQ8GemvMaxRows ? kQ8TileCols : 8;
-  const int64_t cols = item_columns(total_n, align, true);
-  struct Item {
-    int matrix;
-    int64_t c0, c1;
-  };
-  std::vector<Item> items;
-  for (int i = 0; i < count; ++i) {
-    for (int64_t c0 = 0; c0 < ws[i].n; c0 += cols) {
-      items.push_back({i, c0, std::min(ws[i].n, c0 + cols)});
-    }
-  }
-  ThreadPool::instance().parallel_for(static_cast<int>(items.size()), [&](int it) {
-    const Item& item = items[it];
-    q8_columns(kern, ws[item.matrix], ios[item.matrix], a, item.c0, item.c1);
+  for_matrix_columns(ws, count, align, [&](int i, int64_t c0, int64_t c1) {
+    q8_columns(kern, ws[i], ios[i], a, c0, c1);
   });
 }
 
