@@ -116,6 +116,20 @@ def test_slot_outside_the_cache_raises_at_evaluation():
         mx.eval(loaded.backbone(mx.array([[1, 2, 3]], dtype=mx.int32)))
 
 
+def test_caches_that_cannot_be_written_in_place_are_refused():
+    # The stack writes keys and values into the caches' own buffers: a strided
+    # view (here every other block of a larger array) is refused, not copied.
+    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
+    d = loaded.dims
+    meta = _meta([(0, 0, 3)])
+    shape = (8, BLOCK, d.num_kv_heads, d.head_dim)
+    kc = [mx.zeros(shape)[::2] for _ in range(d.num_layers)]
+    vc = [mx.zeros(shape)[::2] for _ in range(d.num_layers)]
+    ctx = ForwardContext(meta, kc, vc)
+    with forward_context(ctx), pytest.raises((RuntimeError, ValueError), match="row-contiguous"):
+        mx.eval(loaded.backbone(mx.array([[1, 2, 3]], dtype=mx.int32)))
+
+
 def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
     # The extension validates every weight once, when the plan is built.
     loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
@@ -128,6 +142,7 @@ def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
 
 @pytest.mark.parametrize("family,kwargs", [
     ("llama", {"quantize_bits": 4, "group_size": 32}),
+    ("qwen2", {"quantize_bits": 4, "group_size": 64}),   # q/k/v biases
     ("qwen3", {"quantize_bits": 8, "group_size": 64}),
 ])
 def test_int8_activations_stack_matches_its_module_path_and_stays_near_fp32(
