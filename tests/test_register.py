@@ -59,3 +59,18 @@ def test_platform_reports_memory_and_dtypes():
     if sys.platform.startswith("linux"):
         assert MetalPlatform.get_device_total_memory() == system_memory_bytes()
     assert platform.supported_dtypes[0] is not None
+
+
+def test_own_variables_pass_vllms_environment_check(monkeypatch, caplog):
+    from vllm_metal.platform import MetalPlatform
+
+    monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "1")
+    monkeypatch.setenv("VLLM_METAL_CPU_THREADS", "2")
+    MetalPlatform.validate_environ(hard_fail=True)   # ours are known: no error
+    monkeypatch.setenv("VLLM_METAL_NO_SUCH_SETTING", "1")
+    with pytest.raises(ValueError, match="VLLM_METAL_NO_SUCH_SETTING"):
+        MetalPlatform.validate_environ(hard_fail=True)
+    with caplog.at_level("WARNING"):
+        MetalPlatform.validate_environ(hard_fail=False)
+    assert "VLLM_METAL_NO_SUCH_SETTING" in caplog.text
+    assert "VLLM_METAL_CPU_THREADS" not in caplog.text

@@ -131,3 +131,24 @@ class MetalPlatform(Platform):
     @classmethod
     def support_static_graph_mode(cls) -> bool:
         return False
+
+    @classmethod
+    def validate_environ(cls, hard_fail: bool) -> None:
+        """vLLM's check of ``VLLM_*`` variables, knowing this plugin's own.
+
+        vLLM warns about (or, with ``hard_fail``, refuses) every ``VLLM_*``
+        variable it does not define, which would include the ``VLLM_METAL_*``
+        settings documented in docs/configuration.md; ``vllm_metal.envs``
+        parses and validates those itself.
+        """
+        from vllm import envs as vllm_envs
+
+        from vllm_metal import envs as metal_envs
+
+        for name in os.environ:
+            if (not name.startswith("VLLM_") or name in vllm_envs.environment_variables
+                    or name in metal_envs.VARIABLES):
+                continue
+            if hard_fail:
+                raise ValueError(f"Unknown vLLM environment variable detected: {name}")
+            logger.warning("Unknown vLLM environment variable detected: %s", name)
