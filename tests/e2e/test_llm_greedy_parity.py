@@ -117,3 +117,35 @@ def test_half_precision_kv_cache(llama_dir, kv_cache_dtype, monkeypatch):
 def test_unsupported_kv_cache_dtype_is_refused(llama_dir):
     with pytest.raises(Exception, match="--kv-cache-dtype fp8 is not supported"):
         make_llm(llama_dir, kv_cache_dtype="fp8")
+
+
+def test_int8_activations_reach_every_quantized_layer(monkeypatch):
+    # The served engine under both fast settings: the flags reach the loaded
+    # model (the stack, every quantized linear and the head), and the output
+    # stays close to mlx-lm's. Random tiny models amplify the int8 rounding
+    # from layer to layer (tests/models/test_decoder_stack.py), so the check
+    # is each request's first token; SmolLM2's real-model cost is measured in
+    # tests/gguf/test_smollm2_int8.py.
+    from vllm_metal.models.cpu_fast_path import FastQuantizedLinear
+
+    monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "1")
+    monkeypatch.setenv("VLLM_METAL_CPU_KV_CACHE_DTYPE", "float16")
+    model_dir = cached_tiny_model("llama", quantize_bits=4)
+    llm = make_llm(model_dir)
+    try:
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        loaded = runner.loaded
+        assert loaded.stack is not None
+        linears = [m for _, m in loaded.model.named_modules()
+                   if isinstance(m, FastQuantizedLinear)]
+        assert linears and all(m.int8_activations for m in linears)
+        ids, got = _vllm_greedy(llm, model_dir, PROMPTS, max_tokens=4)
+        first = [tokens[0] == mlx_reference.greedy_tokens(model_dir, p, 1)[0]
+                 for p, tokens in zip(ids, got)]
+        assert all(len(t) == 4 for t in got)
+        # Measured 6 of 8 (chance agreement would be ~0); the margin allows
+        # another near tie to flip on a machine with another thread count.
+        assert sum(first) >= 5, first
+    finally:
+        del llm
+        gc.collect()
