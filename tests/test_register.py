@@ -74,3 +74,11 @@ def test_own_variables_pass_vllms_environment_check(monkeypatch, caplog):
         MetalPlatform.validate_environ(hard_fail=False)
     assert "VLLM_METAL_NO_SUCH_SETTING" in caplog.text
     assert "VLLM_METAL_CPU_THREADS" not in caplog.text
+
+
+def test_a_bad_value_of_an_own_variable_fails_the_environment_check(monkeypatch):
+    from vllm_metal.platform import MetalPlatform
+
+    monkeypatch.setenv("VLLM_METAL_CPU_KV_CACHE_DTYPE", "fp8")
+    with pytest.raises(ValueError, match="VLLM_METAL_CPU_KV_CACHE_DTYPE.*float16"):
+        MetalPlatform.validate_environ(hard_fail=False)

@@ -138,8 +138,10 @@ class MetalPlatform(Platform):
 
         vLLM warns about (or, with ``hard_fail``, refuses) every ``VLLM_*``
         variable it does not define, which would include the ``VLLM_METAL_*``
-        settings documented in docs/configuration.md; ``vllm_metal.envs``
-        parses and validates those itself.
+        settings documented in docs/configuration.md. Those are parsed here
+        instead: vLLM calls this while building the engine config, so a bad
+        value fails at once, naming the variable, rather than when the engine
+        process reads it.
         """
         from vllm import envs as vllm_envs
 
@@ -152,3 +154,6 @@ class MetalPlatform(Platform):
             if hard_fail:
                 raise ValueError(f"Unknown vLLM environment variable detected: {name}")
             logger.warning("Unknown vLLM environment variable detected: %s", name)
+        for name in metal_envs.VARIABLES:
+            if name in os.environ:
+                getattr(metal_envs, name)  # ValueError naming the variable
