@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vllm_metal.envs import KV_CACHE_DTYPES
 from vllm_metal.metal.constants import KERNEL_BLOCK_SIZES
-
-# --kv-cache-dtype values the paged kernels store (auto: the model's dtype).
-KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -30,10 +30,15 @@ def _platform_mode(raw: str) -> str:
     return aliases[value]
 
 
+# KV cache dtypes the paged kernels store (auto: the model's dtype); also the
+# --kv-cache-dtype values config_checks accepts.
+KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
+
+
 def _cache_dtype(raw: str) -> str:
     value = raw.strip().lower() or "auto"
-    if value not in ("auto", "float16", "bfloat16"):
-        raise ValueError(f"expected auto, float16 or bfloat16, got {raw!r}")
+    if value not in KV_CACHE_DTYPES:
+        raise ValueError(f"expected one of {', '.join(KV_CACHE_DTYPES)}, got {raw!r}")
     return value
 
 

@@ -161,7 +161,9 @@ void rms_norm_cpu(const RmsNormArgs& a) {
 }
 
 void rope_cpu(const RopeArgs& a) {
-  const std::vector<double> inv_freq = inverse_frequencies(a);
+  // With a table the angles are already formed.
+  const std::vector<double> inv_freq =
+      a.cos_table != nullptr ? std::vector<double>{} : inverse_frequencies(a);
   for_chunks(a.b * a.l, a.m * a.d, [&](int64_t r0, int64_t r1) {
     switch (a.type) {
       case Elem::F32: return rope_rows<F32>(a, inv_freq, r0, r1);

@@ -1,6 +1,5 @@
 #include "ops/decoder_stack.h"
 
-#include <optional>
 #include <utility>
 #include <stdexcept>
 #include <string>

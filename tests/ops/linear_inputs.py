@@ -7,14 +7,12 @@ first in each uint32; W = scale * q + bias per group), so it does not rely on
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
-import pytest
 
-from vllm_metal.metal import get_ops
+from tests.ops.isa import cpu_isa  # noqa: F401  (re-exported for the linear tests)
 
 FLOATS = (mx.float32, mx.bfloat16, mx.float16)
 # Relative error of one rounding to the output dtype (fp32 also covers the
@@ -91,18 +89,3 @@ def assert_matmul_close(out: mx.array, x: mx.array, w64: np.ndarray, bias=None,
     bad = np.abs(got - expected) > tol
     assert not bad.any(), (
         f"{bad.sum()} of {bad.size} entries off; worst {np.abs(got - expected).max():.3g}")
-
-
-@contextmanager
-def cpu_isa(name: str):
-    """Run the CPU kernels with instruction set `name` (skips if the CPU lacks it)."""
-    ext = get_ops()
-    original = ext.cpu_isa()
-    try:
-        ext._set_cpu_isa(name)
-    except ValueError:
-        pytest.skip(f"this CPU has no {name}")
-    try:
-        yield
-    finally:
-        ext._set_cpu_isa(original)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tests.ops.attention_np import paged_attention_np
+from tests.ops.isa import cpu_isa
 from tests.ops.paged_inputs import as_numpy, assert_close, make_batch
 from vllm_metal import ops
-from vllm_metal.metal import get_ops
 from vllm_metal.ops.reference import paged_attention_ref
 
 
@@ -204,15 +204,7 @@ def test_stays_lazy_and_composes_under_compile():
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
 def test_every_cpu_isa_variant(isa, dtype):
-    ext = get_ops()
-    original = ext.cpu_isa()
-    try:
-        ext._set_cpu_isa(isa)
-    except ValueError:
-        pytest.skip(f"this CPU has no {isa}")
-    try:
+    with cpu_isa(isa):
         for head_size in (64, 128, 40):
             batch = make_batch([90, 20], [12, 1], head_size=head_size, dtype=dtype, seed=7)
             check(batch, dtype, sliding_window=50, softcap=15.0)
-    finally:
-        ext._set_cpu_isa(original)

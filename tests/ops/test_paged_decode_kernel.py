@@ -17,24 +17,11 @@ import numpy as np
 import pytest
 
 from tests.ops.attention_np import paged_attention_np
+from tests.ops.isa import cpu_isa
 from tests.ops.paged_inputs import as_numpy, assert_close, make_batch
 from vllm_metal import ops
 from vllm_metal.metal import get_ops
 from vllm_metal.ops.reference import paged_attention_ref
-
-
-@contextlib.contextmanager
-def cpu_isa(name):
-    ext = get_ops()
-    original = ext.cpu_isa()
-    try:
-        ext._set_cpu_isa(name)
-    except ValueError:
-        pytest.skip(f"this CPU has no {name}")
-    try:
-        yield
-    finally:
-        ext._set_cpu_isa(original)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ logger = logging.getLogger("vllm_metal")
 
 # --kv-cache-dtype choices other than auto (the model's dtype); config_checks
 # refuses the rest.
-_KV_CACHE_DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16}
+_KV_CACHE_DTYPES = {name: getattr(mx, name) for name in envs.KV_CACHE_DTYPES if name != "auto"}
 
 # Tokens of the profiling forward whose peak memory is scaled to max_num_batched_tokens.
 PROFILE_TOKENS = 64

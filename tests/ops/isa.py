@@ -1,0 +1,24 @@
+"""Run the extension's CPU kernels under a lowered instruction set (tests)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+
+from vllm_metal.metal import get_ops
+
+
+@contextmanager
+def cpu_isa(name: str):
+    """Run the CPU kernels with instruction set `name` (skips if the CPU lacks it)."""
+    ext = get_ops()
+    original = ext.cpu_isa()
+    try:
+        ext._set_cpu_isa(name)
+    except ValueError:
+        pytest.skip(f"this CPU has no {name}")
+    try:
+        yield
+    finally:
+        ext._set_cpu_isa(original)
