@@ -15,6 +15,8 @@
 #include "ops/dense_matmul.h"
 #include "ops/embedding_gather.h"
 #include "ops/rms_norm.h"
+#include "ops/sample_tokens.h"
+#include "cpu/sample_cpu.h"
 #include "ops/rope.h"
 #include "ops/decoder_stack.h"
 #include <nanobind/stl/shared_ptr.h>
@@ -113,6 +115,21 @@ dtypes.)");
       R"(Rows ids [...] of a dense table [V, D] (-> [..., D], table dtype) or of a
 quantized one (uint32 [V, D * bits / 32] with scales/biases [V, D / group_size]
 -> [..., D] in scales' dtype). Ids outside [0, V) raise at evaluation.)");
+
+  m.def(
+      "sample_tokens",
+      &vllm_metal::sample_tokens,
+      "logits"_a,
+      "temperature"_a,
+      "keys"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(One int32 token per row of logits [R, V]: temperature [R] > 0 draws from
+softmax(logits / T) by the inverse CDF at the uniform of keys uint32 [R, 2]
+(see key_uniform); temperature <= 0 takes the first index of the row's max.)");
+
+  m.def("key_uniform", &vllm_metal::cpu::key_uniform, "high"_a, "low"_a,
+        "The uniform in [0, 1) that sample_tokens draws for a row with key (high, low).");
 
   m.def(
       "rms_norm",

@@ -83,10 +83,11 @@ def state(prompt=(1, 2, 3), output=(), **kw):
     return RequestSamplingState(SamplingParams(**kw), list(prompt), list(output))
 
 
-def run(states, logits, mode="raw_logprobs", bitmask=None, vocab=None, candidates=1024):
+def run(states, logits, mode="raw_logprobs", bitmask=None, vocab=None, candidates=1024,
+        cpu_kernel=None):
     vocab = vocab or logits.shape[1]
     batch = build_sampling_batch(states, vocab)
-    sampler = Sampler(vocab, mode, top_p_candidates=candidates)
+    sampler = Sampler(vocab, mode, top_p_candidates=candidates, cpu_kernel=cpu_kernel)
     res = sampler(mx.array(logits, dtype=mx.float32), batch, bitmask)
     lp = None if res.logprobs is None else tuple(np.array(a) for a in res.logprobs)
     return np.array(res.sampled), lp
@@ -156,14 +157,15 @@ def test_raw_modes_ignore_processing(logits):
     np.testing.assert_array_equal(full_rows(lp, 40), logits)
 
 
-def test_greedy_rows_take_argmax_of_processed_logits(logits):
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "gumbel"])
+def test_greedy_rows_take_argmax_of_processed_logits(logits, cpu_kernel):
     states = mixed_states({})
-    sampled, _ = run(states, logits)
+    sampled, _ = run(states, logits, cpu_kernel=cpu_kernel)
     st = states[0]
     want = ref_process(logits[0], st.params, st.prompt_token_ids, st.output_token_ids)
     assert sampled[0] == np.argmax(want)
     plain = [state(temperature=0.0) for _ in range(6)]
-    sampled, lp = run(plain, logits)
+    sampled, lp = run(plain, logits, cpu_kernel=cpu_kernel)
     assert lp is None
     np.testing.assert_array_equal(sampled, logits.argmax(axis=1))
 
@@ -279,14 +281,15 @@ def chi2(counts, probs):
          logit_bias={0: 1.5}),
 ])
 @pytest.mark.parametrize("seeded", [False, True])
-def test_draws_follow_the_filtered_distribution(params, seeded):
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "gumbel"])
+def test_draws_follow_the_filtered_distribution(params, seeded, cpu_kernel):
     draws, vocab = 6000, 8
     raw = np.array([2.0, 1.5, 1.0, 0.6, 0.3, 0.0, -0.5, -1.0], np.float32)
     mx.random.seed(1234)
     shared = SamplingParams(**params)
     states = [RequestSamplingState(shared, [1], [1, 2, 2], generator_seed=i if seeded else None)
               for i in range(draws)]
-    sampled, _ = run(states, np.tile(raw, (draws, 1)))
+    sampled, _ = run(states, np.tile(raw, (draws, 1)), cpu_kernel=cpu_kernel)
     want = np.exp(ref_log_softmax(ref_filter(ref_process(raw, shared, [1], [1, 2, 2]), shared)))
     counts = np.bincount(sampled, minlength=vocab)
     stat, df = chi2(counts, want)
@@ -296,7 +299,8 @@ def test_draws_follow_the_filtered_distribution(params, seeded):
     assert ((counts - plain * draws) ** 2 / (plain * draws)).sum() > chi2_critical(vocab - 1)
 
 
-def test_seeded_rows_ignore_batch_composition():
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "gumbel"])
+def test_seeded_rows_ignore_batch_composition(cpu_kernel):
     vocab = 1000
     flat = np.zeros(vocab, np.float32)  # uniform: the draw is all noise
     rng = np.random.default_rng(3)
@@ -308,7 +312,7 @@ def test_seeded_rows_ignore_batch_composition():
         states.insert(at, state(output=[4] * steps, **seeded))
         logits = rng.normal(size=(rows + 1, vocab)).astype(np.float32)
         logits[at] = flat
-        return run(states, logits)[0][at]
+        return run(states, logits, cpu_kernel=cpu_kernel)[0][at]
 
     first = draw(rows=0, at=0, steps=3)
     assert draw(rows=5, at=3, steps=3) == first
@@ -316,17 +320,18 @@ def test_seeded_rows_ignore_batch_composition():
     steps = {draw(rows=1, at=0, steps=s) for s in range(4)}
     assert len(steps) == 4  # a new step gives a new draw
     other_seed = state(output=[4] * 3, **{**seeded, "seed": 78})
-    assert run([other_seed], flat[None])[0][0] != first
+    assert run([other_seed], flat[None], cpu_kernel=cpu_kernel)[0][0] != first
 
 
-def test_unseeded_rows_follow_the_global_rng():
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "gumbel"])
+def test_unseeded_rows_follow_the_global_rng(cpu_kernel):
     states = [state(temperature=1.0) for _ in range(16)]
     logits = np.zeros((16, 500), np.float32)
     mx.random.seed(9)
-    a, _ = run(states, logits)
+    a, _ = run(states, logits, cpu_kernel=cpu_kernel)
     mx.random.seed(9)
-    b, _ = run(states, logits)
-    c, _ = run(states, logits)
+    b, _ = run(states, logits, cpu_kernel=cpu_kernel)
+    c, _ = run(states, logits, cpu_kernel=cpu_kernel)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(b, c)
 

@@ -6,6 +6,11 @@ its candidate tokens suffice (see Sampler's top_p_candidates).
 Follows vLLM 0.33's v1 Sampler: raw logprobs are taken before any processing;
 processors act on raw logits; greedy rows take the argmax of processed logits;
 random rows apply temperature, min_p, top-k/top-p and draw by Gumbel-max.
+
+While MLX computes on the CPU, the last step (argmax or draw) is one kernel,
+vllm_metal.ops.sampling.sample_tokens: an inverse-CDF draw needs one uniform
+per row where Gumbel-max needs V uniforms and 2V logs, which MLX's CPU
+backend computes in scalar nodes (0.6 ms per 49k-token row).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
+from vllm_metal.ops.sampling import sample_tokens
 from vllm_metal.v1.logits_processing import (
     TOP_P_CANDIDATES,
     apply_processors,
@@ -75,14 +81,17 @@ def gumbel_noise(keys: mx.array, vocab_size: int) -> mx.array:
     return mx.vmap(row)(keys)
 
 
-def row_keys(batch: SamplingBatch) -> mx.array:
-    """uint32 [R, 2]: seeded rows' own keys, fresh keys from MLX's global RNG otherwise."""
-    halves = mx.random.randint(0, 1 << 16, shape=(batch.num_rows, 4), dtype=mx.uint32)
-    fresh = (halves[:, 0::2] << 16) | halves[:, 1::2]
-    if not batch.seeded_rows.any():
-        return fresh
-    return mx.where(mx.array(batch.seeded_rows)[:, None],
-                    mx.array(batch.seeded_keys), fresh)
+def row_keys(batch: SamplingBatch, rng: np.random.Generator) -> mx.array:
+    """uint32 [R, 2]: seeded rows' own keys, fresh keys from `rng` otherwise.
+
+    The keys are made on the host: MLX's global RNG would put key-splitting
+    nodes into every step's graph, and with them mx.async_eval of a decode step
+    waited ~1 ms for the step in flight (the decode pipeline lost its overlap).
+    """
+    fresh = rng.integers(0, 1 << 32, size=(batch.num_rows, 2), dtype=np.uint32)
+    if batch.seeded_rows.any():
+        fresh = np.where(batch.seeded_rows[:, None], batch.seeded_keys, fresh)
+    return mx.array(fresh)
 
 
 def gather_logprobs(scores: mx.array, token_ids: mx.array, num_logprobs: int,
@@ -129,10 +138,13 @@ class Sampler:
     model_config.get_vocab_size()); columns past it are never sampled.
     top_p_candidates: how many top logits top-p inspects before falling back to a
     full sort (one host sync); None always sorts the whole vocab and never syncs.
+    cpu_kernel: pick tokens with the sample_tokens CPU kernel (True), with MLX ops
+    and Gumbel-max (False), or by the device MLX computes on (None).
     """
 
     def __init__(self, vocab_size: int, logprobs_mode: str = "raw_logprobs",
-                 top_p_candidates: int | None = TOP_P_CANDIDATES) -> None:
+                 top_p_candidates: int | None = TOP_P_CANDIDATES,
+                 cpu_kernel: bool | None = None) -> None:
         if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         _check_mode(logprobs_mode)
@@ -140,9 +152,32 @@ class Sampler:
                 not isinstance(top_p_candidates, int) or top_p_candidates < 1):
             raise ValueError(f"top_p_candidates must be a positive int or None, "
                              f"got {top_p_candidates!r}")
+        if cpu_kernel is not None and not isinstance(cpu_kernel, bool):
+            raise TypeError(f"cpu_kernel must be a bool or None, got {cpu_kernel!r}")
         self.vocab_size = vocab_size
         self.logprobs_mode = logprobs_mode
         self.top_p_candidates = top_p_candidates
+        self.cpu_kernel = cpu_kernel
+        self._rng: np.random.Generator | None = None
+
+    def _keys(self, batch: SamplingBatch) -> mx.array:
+        if self._rng is None:
+            # Seeded once from MLX's global RNG (one sync), which the worker
+            # seeds from vLLM's --seed: unseeded draws stay reproducible.
+            words = np.array(mx.random.randint(0, 1 << 30, shape=(2,)), dtype=np.int64)
+            self._rng = np.random.default_rng(int(words[0] << 30 | words[1]))
+        return row_keys(batch, self._rng)
+
+    def _use_cpu_kernel(self) -> bool:
+        if self.cpu_kernel is not None:
+            return self.cpu_kernel
+        return mx.default_device().type == mx.cpu
+
+    def _argmax(self, logits: mx.array, use_kernel: bool) -> mx.array:
+        if not use_kernel:
+            return mx.argmax(logits, axis=-1)
+        rows = logits.shape[0]
+        return sample_tokens(logits, mx.zeros((rows,)), mx.zeros((rows, 2), dtype=mx.uint32))
 
     def _check_bitmask(self, bitmask: np.ndarray, num_rows: int) -> None:
         if not isinstance(bitmask, np.ndarray) or bitmask.dtype != np.int32:
@@ -152,6 +187,11 @@ class Sampler:
         if bitmask.ndim != 2 or bitmask.shape[0] != num_rows or bitmask.shape[1] < words:
             raise ValueError(f"grammar_bitmask must have shape [{num_rows}, >= {words}], "
                              f"got {bitmask.shape}")
+
+    def _needs_filtered_logits(self, batch: SamplingBatch, want_logprobs: bool) -> bool:
+        """Whether min_p/top-k/top-p apply, or processed logprobs must see the filters."""
+        return (batch.min_p is not None or batch.top_k is not None or batch.top_p is not None
+                or (want_logprobs and self.logprobs_mode.startswith("processed")))
 
     def __call__(self, logits: mx.array, batch: SamplingBatch,
                  grammar_bitmask: np.ndarray | None = None) -> SamplerResult:
@@ -171,8 +211,9 @@ class Sampler:
             logits = logits[:, :self.vocab_size]
         if batch.num_rows == 0:
             return SamplerResult(mx.zeros((0,), dtype=mx.int32), None)
+        use_kernel = self._use_cpu_kernel()
         if batch.all_greedy_plain and grammar_bitmask is None:
-            return SamplerResult(mx.argmax(logits, axis=-1).astype(mx.int32), None)
+            return SamplerResult(self._argmax(logits, use_kernel).astype(mx.int32), None)
 
         logits = logits.astype(mx.float32)
         want_logprobs = batch.num_logprobs is not None
@@ -184,13 +225,21 @@ class Sampler:
 
         logits = apply_processors(logits, batch, grammar_bitmask)
         if batch.all_greedy:
-            sampled = mx.argmax(logits, axis=-1)
+            sampled = self._argmax(logits, use_kernel)
+        elif use_kernel and not self._needs_filtered_logits(batch, want_logprobs):
+            # Temperature only: the kernel divides by it (greedy rows: T = 0, argmax).
+            temperature = np.where(batch.greedy, 0.0, batch.temperature).astype(np.float32)
+            sampled = sample_tokens(logits, mx.array(temperature), self._keys(batch))
         else:
             logits = apply_sampling_filters(logits, batch, self.top_p_candidates)
-            noise = gumbel_noise(row_keys(batch), self.vocab_size)
-            noise = mx.where(mx.array(batch.greedy)[:, None], 0.0, noise)
-            # -inf stays -inf under finite noise, so masked tokens are never drawn.
-            sampled = mx.argmax(logits + noise, axis=-1)
+            if use_kernel:
+                temperature = np.where(batch.greedy, 0.0, 1.0).astype(np.float32)
+                sampled = sample_tokens(logits, mx.array(temperature), self._keys(batch))
+            else:
+                noise = gumbel_noise(self._keys(batch), self.vocab_size)
+                noise = mx.where(mx.array(batch.greedy)[:, None], 0.0, noise)
+                # -inf stays -inf under finite noise, so masked tokens are never drawn.
+                sampled = mx.argmax(logits + noise, axis=-1)
         sampled = sampled.astype(mx.int32)
         if not want_logprobs:
             return SamplerResult(sampled, None)

@@ -1,0 +1,162 @@
+#include "cpu/sample_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "cpu/isa.h"
+#include "cpu/thread_pool.h"
+#include "cpu/tile_math.h"
+
+namespace vllm_metal::cpu {
+
+namespace {
+
+// Weights are summed per block, so the scan after the draw reads one block.
+constexpr int64_t kBlock = 512;
+
+VLLM_METAL_INLINE float row_max(const float* __restrict x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);   // NaN never wins
+  return m;
+}
+
+// First i with x[i] == value (n if none): a vectorized test per block, then
+// a scalar look inside the block that has it.
+VLLM_METAL_INLINE int64_t first_equal(const float* __restrict x, int64_t n, float value) {
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t e = std::min(n, b + kBlock);
+    int hit = 0;
+#pragma omp simd reduction(| : hit)
+    for (int64_t i = b; i < e; ++i) hit |= x[i] == value;
+    if (hit) {
+      for (int64_t i = b; i < e; ++i) {
+        if (x[i] == value) return i;
+      }
+    }
+  }
+  return n;
+}
+
+// w[i] = 2^((x[i] - m) * c) <= 1 (0 for -inf), sums[b] = the sum of block b.
+VLLM_METAL_INLINE void block_weights(const float* __restrict x, int64_t n, float m, float c,
+                                     float* __restrict w, double* __restrict sums) {
+  for (int64_t b = 0, k = 0; b < n; b += kBlock, ++k) {
+    const int64_t e = std::min(n, b + kBlock);
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b; i < e; ++i) {
+      const float v = exp2_nonpositive((x[i] - m) * c);
+      w[i] = v;
+      s += v;
+    }
+    sums[k] = s;
+  }
+}
+
+// The smallest i whose running weight exceeds target, walking the block sums
+// first. Rounding can leave the target just past the end of a block (or of
+// the row): the last positive weight there is taken.
+int64_t invert_cdf(const float* w, const double* sums, int64_t n, double target) {
+  double acc = 0.0;
+  int64_t last_positive = -1;
+  for (int64_t b = 0, k = 0; b < n; b += kBlock, ++k) {
+    const int64_t e = std::min(n, b + kBlock);
+    if (acc + sums[k] <= target) {
+      acc += sums[k];
+      if (sums[k] > 0.0) {
+        for (int64_t i = e - 1; i >= b; --i) {
+          if (w[i] > 0.0f) { last_positive = i; break; }
+        }
+      }
+      continue;
+    }
+    for (int64_t i = b; i < e; ++i) {
+      if (w[i] <= 0.0f) continue;
+      acc += w[i];
+      last_positive = i;
+      if (acc > target) return i;
+    }
+    return last_positive;
+  }
+  return last_positive;
+}
+
+struct Scratch {
+  std::vector<float> weights;
+  std::vector<double> sums;
+};
+
+// One row; every pass is inlined into the per-ISA copies below.
+VLLM_METAL_INLINE int32_t sample_row(const float* x, int64_t n, float temperature, double u,
+                                     Scratch& scratch) {
+  const float m = row_max(x, n);
+  if (std::isnan(m) || m == -std::numeric_limits<float>::infinity()) {
+    return 0;   // nothing to draw from: every logit is -inf or NaN
+  }
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float c = kLog2e / temperature;
+  if (!(temperature > 0.0f) || std::isinf(m) || !std::isfinite(c)) {
+    return static_cast<int32_t>(first_equal(x, n, m));
+  }
+  scratch.weights.resize(n);
+  scratch.sums.resize((n + kBlock - 1) / kBlock);
+  block_weights(x, n, m, c, scratch.weights.data(), scratch.sums.data());
+  double total = 0.0;
+  for (double s : scratch.sums) total += s;
+  if (!(total > 0.0) || !std::isfinite(total)) {
+    return static_cast<int32_t>(first_equal(x, n, m));
+  }
+  const int64_t i = invert_cdf(scratch.weights.data(), scratch.sums.data(), n, u * total);
+  return static_cast<int32_t>(i >= 0 ? i : first_equal(x, n, m));
+}
+
+#if VLLM_METAL_X86_DISPATCH
+VLLM_METAL_TARGET_AVX512 int32_t sample_row_avx512(const float* x, int64_t n, float t, double u,
+                                                   Scratch& s) {
+  return sample_row(x, n, t, u, s);
+}
+VLLM_METAL_TARGET_AVX2 int32_t sample_row_avx2(const float* x, int64_t n, float t, double u,
+                                               Scratch& s) {
+  return sample_row(x, n, t, u, s);
+}
+#endif
+
+int32_t sample_row_dispatch(const float* x, int64_t n, float t, double u, Scratch& s) {
+#if VLLM_METAL_X86_DISPATCH
+  switch (active_isa()) {
+    case Isa::Avx512: return sample_row_avx512(x, n, t, u, s);
+    case Isa::Avx2: return sample_row_avx2(x, n, t, u, s);
+    default: break;
+  }
+#endif
+  return sample_row(x, n, t, u, s);
+}
+
+} // namespace
+
+double key_uniform(uint32_t high, uint32_t low) {
+  uint64_t z = (static_cast<uint64_t>(high) << 32 | low) + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * 0x1.0p-53;
+}
+
+void sample_rows_cpu(const float* logits, int64_t rows, int64_t vocab,
+                     const float* temperature, const uint32_t* keys, int32_t* out) {
+  auto row = [&](int r) {
+    thread_local Scratch scratch;
+    out[r] = sample_row_dispatch(logits + r * vocab, vocab, temperature[r],
+                                 key_uniform(keys[2 * r], keys[2 * r + 1]), scratch);
+  };
+  if (rows == 1) {
+    row(0);
+    return;
+  }
+  ThreadPool::instance().parallel_for(static_cast<int>(rows), row);
+}
+
+} // namespace vllm_metal::cpu

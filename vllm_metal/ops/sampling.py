@@ -1,0 +1,55 @@
+"""The sampler's last step as one lazy MLX node (CPU kernel of ``vllm_metal._ext``).
+
+``sample_tokens`` picks one token per row: the argmax, or a draw from
+softmax(logits / T) by the inverse CDF at one uniform per row, which the row's
+key decides (``key_uniform``). On MLX's CPU backend this replaces Gumbel-max
+(V uniforms and 2V logs per row, in scalar nodes). It is a CPU kernel: the
+sampler routes through it only while MLX computes on the CPU (v1/sampler.py).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+
+from vllm_metal.metal import get_ops
+
+__all__ = ["key_uniform", "sample_tokens"]
+
+_FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+
+
+def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array) -> mx.array:
+    """One token per row of ``logits``.
+
+    logits:      float [R, V] (computed in float32)
+    temperature: float [R]; > 0 draws from softmax(logits / T), <= 0 takes the
+                 first index of the row's max
+    keys:        uint32 [R, 2]; the draw is the smallest i whose cumulative
+                 probability exceeds key_uniform(*keys[r])
+    Returns int32 [R], unevaluated. -inf logits are never drawn; a row with no
+    finite or +inf logit gives 0.
+    """
+    for name, a in (("logits", logits), ("temperature", temperature), ("keys", keys)):
+        if not isinstance(a, mx.array):
+            raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
+    if logits.ndim != 2 or logits.shape[1] < 1:
+        raise ValueError(f"logits must be [R, V] with V >= 1, got shape {logits.shape}")
+    if logits.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"logits must be float32, bfloat16 or float16, got {logits.dtype}")
+    rows = logits.shape[0]
+    if temperature.shape != (rows,) or temperature.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"temperature must be a float array of shape ({rows},), got "
+                         f"{temperature.dtype} {temperature.shape}")
+    if keys.shape != (rows, 2) or keys.dtype != mx.uint32:
+        raise ValueError(f"keys must be uint32 of shape ({rows}, 2), got {keys.dtype} "
+                         f"{keys.shape}")
+    # On macOS the default device is the GPU: ask for the CPU stream.
+    stream = mx.cpu if sys.platform == "darwin" else None
+    return get_ops().sample_tokens(logits, temperature, keys, stream=stream)
+
+
+def key_uniform(high: int, low: int) -> float:
+    """The uniform in [0, 1) that ``sample_tokens`` uses for a row keyed (high, low)."""
+    return get_ops().key_uniform(high, low)
