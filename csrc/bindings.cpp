@@ -122,11 +122,15 @@ quantized one (uint32 [V, D * bits / 32] with scales/biases [V, D / group_size]
       "logits"_a,
       "temperature"_a,
       "keys"_a,
+      "min_p"_a = nb::none(),
+      "top_k"_a = nb::none(),
+      "top_p"_a = nb::none(),
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(One int32 token per row of logits [R, V]: temperature [R] > 0 draws from
-softmax(logits / T) by the inverse CDF at the uniform of keys uint32 [R, 2]
-(see key_uniform); temperature <= 0 takes the first index of the row's max.)");
+softmax(logits / T), filtered by the optional per-row min_p, top_k, top_p (in
+that order), by the inverse CDF at the uniform of keys uint32 [R, 2] (see
+key_uniform); temperature <= 0 takes the first index of the row's max.)");
 
   m.def("key_uniform", &vllm_metal::cpu::key_uniform, "high"_a, "low"_a,
         "The uniform in [0, 1) that sample_tokens draws for a row with key (high, low).");

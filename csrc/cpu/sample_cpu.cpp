@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/isa.h"
+#include "cpu/sample_filters.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tile_math.h"
 
@@ -84,14 +85,68 @@ int64_t invert_cdf(const float* w, const double* sums, int64_t n, double target)
   return last_positive;
 }
 
+// w[i] = 0 where w[i] < floor, and the block sums again.
+VLLM_METAL_INLINE void apply_floor(float* __restrict w, int64_t n, float floor,
+                                   double* __restrict sums) {
+  for (int64_t b = 0, k = 0; b < n; b += kBlock, ++k) {
+    const int64_t e = std::min(n, b + kBlock);
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = b; i < e; ++i) {
+      const float v = w[i] >= floor ? w[i] : 0.0f;
+      w[i] = v;
+      s += v;
+    }
+    sums[k] = s;
+  }
+}
+
 struct Scratch {
   std::vector<float> weights;
   std::vector<double> sums;
+  SelectScratch select;
 };
+
+// One row's filters: min_p <= 0, top_k outside [1, vocab), top_p >= 1 are off.
+struct RowFilters {
+  float min_p = 0.0f;
+  int64_t top_k = 0;
+  float top_p = 1.0f;
+
+  bool active(int64_t n) const {
+    return min_p > 0.0f || (top_k > 0 && top_k < n) || top_p < 1.0f;
+  }
+};
+
+double sum_of(const double* sums, int64_t blocks) {
+  double total = 0.0;
+  for (int64_t k = 0; k < blocks; ++k) total += sums[k];
+  return total;
+}
+
+// The one floor on the weights that min_p, then top-k, then top-p amount to
+// (each acts on what the one before kept; the weights' max is 1).
+float filter_floor(const float* w, const double* sums, int64_t n, const RowFilters& f,
+                   SelectScratch& scratch) {
+  float floor = f.min_p > 0.0f ? f.min_p : 0.0f;
+  if (f.top_k > 0 && f.top_k < n) {
+    floor = std::max(floor, kth_largest_weight(w, n, floor, f.top_k, scratch));
+  }
+  if (f.top_p < 1.0f) {
+    double mass = 0.0;
+    if (floor > 0.0f) {
+      for (int64_t i = 0; i < n; ++i) mass += w[i] >= floor ? w[i] : 0.0f;
+    } else {
+      mass = sum_of(sums, (n + kBlock - 1) / kBlock);
+    }
+    floor = std::max(floor, top_p_cutoff(w, n, floor, mass, f.top_p, scratch));
+  }
+  return floor;
+}
 
 // One row; every pass is inlined into the per-ISA copies below.
 VLLM_METAL_INLINE int32_t sample_row(const float* x, int64_t n, float temperature, double u,
-                                     Scratch& scratch) {
+                                     const RowFilters& filters, Scratch& scratch) {
   const float m = row_max(x, n);
   if (std::isnan(m) || m == -std::numeric_limits<float>::infinity()) {
     return 0;   // nothing to draw from: every logit is -inf or NaN
@@ -104,8 +159,12 @@ VLLM_METAL_INLINE int32_t sample_row(const float* x, int64_t n, float temperatur
   scratch.weights.resize(n);
   scratch.sums.resize((n + kBlock - 1) / kBlock);
   block_weights(x, n, m, c, scratch.weights.data(), scratch.sums.data());
-  double total = 0.0;
-  for (double s : scratch.sums) total += s;
+  if (filters.active(n)) {
+    const float floor =
+        filter_floor(scratch.weights.data(), scratch.sums.data(), n, filters, scratch.select);
+    apply_floor(scratch.weights.data(), n, floor, scratch.sums.data());
+  }
+  const double total = sum_of(scratch.sums.data(), static_cast<int64_t>(scratch.sums.size()));
   if (!(total > 0.0) || !std::isfinite(total)) {
     return static_cast<int32_t>(first_equal(x, n, m));
   }
@@ -115,24 +174,25 @@ VLLM_METAL_INLINE int32_t sample_row(const float* x, int64_t n, float temperatur
 
 #if VLLM_METAL_X86_DISPATCH
 VLLM_METAL_TARGET_AVX512 int32_t sample_row_avx512(const float* x, int64_t n, float t, double u,
-                                                   Scratch& s) {
-  return sample_row(x, n, t, u, s);
+                                                   const RowFilters& f, Scratch& s) {
+  return sample_row(x, n, t, u, f, s);
 }
 VLLM_METAL_TARGET_AVX2 int32_t sample_row_avx2(const float* x, int64_t n, float t, double u,
-                                               Scratch& s) {
-  return sample_row(x, n, t, u, s);
+                                               const RowFilters& f, Scratch& s) {
+  return sample_row(x, n, t, u, f, s);
 }
 #endif
 
-int32_t sample_row_dispatch(const float* x, int64_t n, float t, double u, Scratch& s) {
+int32_t sample_row_dispatch(const float* x, int64_t n, float t, double u, const RowFilters& f,
+                            Scratch& s) {
 #if VLLM_METAL_X86_DISPATCH
   switch (active_isa()) {
-    case Isa::Avx512: return sample_row_avx512(x, n, t, u, s);
-    case Isa::Avx2: return sample_row_avx2(x, n, t, u, s);
+    case Isa::Avx512: return sample_row_avx512(x, n, t, u, f, s);
+    case Isa::Avx2: return sample_row_avx2(x, n, t, u, f, s);
     default: break;
   }
 #endif
-  return sample_row(x, n, t, u, s);
+  return sample_row(x, n, t, u, f, s);
 }
 
 } // namespace
@@ -146,11 +206,16 @@ double key_uniform(uint32_t high, uint32_t low) {
 }
 
 void sample_rows_cpu(const float* logits, int64_t rows, int64_t vocab,
-                     const float* temperature, const uint32_t* keys, int32_t* out) {
+                     const float* temperature, const uint32_t* keys,
+                     const SampleFilters& filters, int32_t* out) {
   auto row = [&](int r) {
     thread_local Scratch scratch;
+    RowFilters f;
+    if (filters.min_p != nullptr) f.min_p = filters.min_p[r];
+    if (filters.top_k != nullptr) f.top_k = filters.top_k[r];
+    if (filters.top_p != nullptr) f.top_p = filters.top_p[r];
     out[r] = sample_row_dispatch(logits + r * vocab, vocab, temperature[r],
-                                 key_uniform(keys[2 * r], keys[2 * r + 1]), scratch);
+                                 key_uniform(keys[2 * r], keys[2 * r + 1]), f, scratch);
   };
   if (rows == 1) {
     row(0);

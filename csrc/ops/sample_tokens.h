@@ -1,6 +1,7 @@
 // sample_tokens: one token per row of logits (argmax or a categorical draw).
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "mlx/ops.h"
@@ -16,6 +17,11 @@ namespace vllm_metal {
  *                argmax (first index of the row's max)
  *   keys         uint32 [R, 2]: the row's random key; the draw is the inverse
  *                CDF at u = key_uniform(key) (csrc/cpu/sample_cpu.h)
+ *   min_p        optional float32 [R]: drop tokens below min_p x the top probability
+ *   top_k        optional int32 [R]: keep the k largest (ties kept; <= 0 or >= V: off)
+ *   top_p        optional float32 [R]: keep the fewest largest holding top_p of
+ *                the mass left (ties kept; >= 1: off); applied in this order,
+ *                on temperature-scaled probabilities, to rows with T > 0
  *   returns      int32 [R]
  *
  * Tokens with -inf logits are never drawn. A row of only -inf/NaN gives 0.
@@ -24,11 +30,19 @@ mlx::core::array sample_tokens(
     const mlx::core::array& logits,
     const mlx::core::array& temperature,
     const mlx::core::array& keys,
+    const std::optional<mlx::core::array>& min_p = std::nullopt,
+    const std::optional<mlx::core::array>& top_k = std::nullopt,
+    const std::optional<mlx::core::array>& top_p = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
 class SampleTokens : public mlx::core::Primitive {
  public:
-  explicit SampleTokens(mlx::core::Stream stream) : mlx::core::Primitive(stream) {}
+  // has_*: which optional inputs follow logits, temperature and keys, in order.
+  SampleTokens(mlx::core::Stream stream, bool has_min_p, bool has_top_k, bool has_top_p)
+      : mlx::core::Primitive(stream),
+        has_min_p_(has_min_p),
+        has_top_k_(has_top_k),
+        has_top_p_(has_top_p) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -40,11 +54,15 @@ class SampleTokens : public mlx::core::Primitive {
   const char* name() const override {
     return "VllmMetalSampleTokens";
   }
-  bool is_equivalent(const mlx::core::Primitive& /* other */) const override {
-    return true;   // a pure function of its inputs (the keys carry the randomness)
-  }
+  // A pure function of its inputs (the keys carry the randomness).
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
   std::vector<mlx::core::Shape> output_shapes(
       const std::vector<mlx::core::array>& inputs) override;
+
+ private:
+  bool has_min_p_;
+  bool has_top_k_;
+  bool has_top_p_;
 };
 
 } // namespace vllm_metal

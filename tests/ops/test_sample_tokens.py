@@ -143,3 +143,100 @@ def test_strided_logits_are_read_by_row():
 def test_bad_arguments_are_named(args, match):
     with pytest.raises((TypeError, ValueError), match=match):
         sample_tokens(*args)
+
+
+# ---------------------------------------------------------------- filters
+
+def ref_kept(x, temperature, min_p=0.0, top_k=0, top_p=1.0):
+    """float64 weights exp((x - max) / T) and the tokens min_p, top-k, top-p keep."""
+    x = x.astype(np.float64)
+    w = np.exp((x - x.max()) / temperature)
+    keep = w > 0
+    if min_p > 0:
+        keep &= w >= min_p
+    if 0 < top_k < len(x) and keep.sum() > top_k:
+        keep &= w >= np.sort(w[keep])[::-1][top_k - 1]
+    if top_p < 1:
+        asc = np.sort(w[keep])
+        cum = np.cumsum(asc)
+        keep &= w >= asc[np.argmax(cum > cum[-1] * (1 - top_p))]
+    return w, keep
+
+
+def ref_filtered_draw(x, temperature, u, **filters):
+    w, keep = ref_kept(x, temperature, **filters)
+    p = np.where(keep, w, 0.0)
+    cum = np.cumsum(p) / p.sum()
+    want = int(np.searchsorted(cum, u, side="right"))
+    near = np.nonzero(np.abs(cum - u) < 1e-5)[0]
+    ok = {want} | {int(i) for i in near} | {int(i) + 1 for i in near}
+    return {i for i in ok if i < len(x) and keep[i]}
+
+
+FILTERS = [
+    dict(min_p=0.1), dict(top_k=1), dict(top_k=5), dict(top_k=200), dict(top_p=0.5),
+    dict(top_p=0.95), dict(top_p=1e-6), dict(min_p=0.02, top_k=40, top_p=0.9),
+    dict(top_k=3, top_p=0.99),
+]
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx512"])
+@pytest.mark.parametrize("filters", FILTERS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("vocab, scale", [(97, 2.0), (4099, 0.3), (49152, 3.0)])
+def test_filtered_draws_match_the_float64_reference(isa, filters, vocab, scale):
+    rows = 6
+    rng = np.random.default_rng(vocab)
+    logits = rng.normal(0, scale, (rows, vocab)).astype(np.float32)
+    logits[1, rng.random(vocab) < 0.5] = -np.inf
+    logits[1, 3] = 0.0
+    temperature = np.array([1.0, 0.7, 1.5, 1.0, 0.25, 1.0], np.float32)
+    keys = keys_for(rows, vocab + 1)
+    per_row = {k: np.full(rows, v, np.int32 if k == "top_k" else np.float32)
+               for k, v in filters.items()}
+    with cpu_isa(isa):
+        got = np.array(sample_tokens(mx.array(logits), mx.array(temperature), mx.array(keys),
+                                     **{k: mx.array(v) for k, v in per_row.items()}))
+    for r in range(rows):
+        ok = ref_filtered_draw(logits[r], temperature[r], ref_uniform(*map(int, keys[r])),
+                               **filters)
+        assert got[r] in ok, (r, got[r], ok)
+
+
+def test_filters_follow_their_distribution():
+    """Many keys, one row, every filter on: counts fit the filtered softmax."""
+    x = np.array([3.0, 2.9, 2.0, 1.0, 1.0, 0.0, -1.0, -4.0, 2.5, 0.5], np.float32)
+    n, temperature, filters = 20000, 0.9, dict(min_p=0.02, top_k=6, top_p=0.9)
+    got = np.array(sample_tokens(
+        mx.array(np.tile(x, (n, 1))), mx.full((n,), temperature), mx.array(keys_for(n, 4)),
+        min_p=mx.full((n,), filters["min_p"]), top_k=mx.full((n,), filters["top_k"], mx.int32),
+        top_p=mx.full((n,), filters["top_p"])))
+    w, keep = ref_kept(x, temperature, **filters)
+    p = np.where(keep, w, 0.0) / np.where(keep, w, 0.0).sum()
+    counts = np.bincount(got, minlength=len(x))
+    assert counts[~keep].sum() == 0
+    k = p > 0
+    stat = ((counts[k] - n * p[k]) ** 2 / (n * p[k])).sum()
+    df = k.sum() - 1
+    assert stat < df * (1 - 2 / (9 * df) + 3.72 * np.sqrt(2 / (9 * df))) ** 3
+
+
+def test_filters_keep_ties_and_spare_greedy_rows():
+    logits = np.array([[1.0, 2.0, 2.0, 2.0, 0.0], [1.0, 2.0, 2.0, 2.0, 0.0]], np.float32)
+    got = set()
+    for seed in range(64):
+        out = np.array(sample_tokens(
+            mx.array(logits), mx.array([1.0, 0.0]), mx.array(keys_for(2, seed)),
+            top_k=mx.array([1, 1], mx.int32)))
+        assert out[1] == 1   # greedy row: argmax, filters not applied
+        got.add(int(out[0]))
+    assert got == {1, 2, 3}   # top_k=1 keeps all three tied maxima
+
+
+def test_filter_arguments_are_checked():
+    args = (mx.zeros((2, 4)), mx.ones((2,)), mx.zeros((2, 2), dtype=mx.uint32))
+    with pytest.raises(ValueError, match="top_k"):
+        sample_tokens(*args, top_k=mx.ones((3,), dtype=mx.int32))
+    with pytest.raises(ValueError, match="top_p"):
+        sample_tokens(*args, top_p=mx.ones((2,), dtype=mx.int32))
+    with pytest.raises(TypeError, match="min_p"):
+        sample_tokens(*args, min_p=np.ones(2))

@@ -18,16 +18,24 @@ from vllm_metal.metal import get_ops
 __all__ = ["key_uniform", "sample_tokens"]
 
 _FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
+_INT_DTYPES = (mx.int32, mx.int64)
 
 
-def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array) -> mx.array:
+def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
+                  min_p: mx.array | None = None, top_k: mx.array | None = None,
+                  top_p: mx.array | None = None) -> mx.array:
     """One token per row of ``logits``.
 
     logits:      float [R, V] (computed in float32)
     temperature: float [R]; > 0 draws from softmax(logits / T), <= 0 takes the
                  first index of the row's max
     keys:        uint32 [R, 2]; the draw is the smallest i whose cumulative
-                 probability exceeds key_uniform(*keys[r])
+                 (filtered) probability exceeds key_uniform(*keys[r])
+    min_p:       float [R]: drop tokens below min_p x the row's top probability (0: off)
+    top_k:       int [R]: keep the k most likely, ties kept (<= 0 or >= V: off)
+    top_p:       float [R]: then keep the fewest most likely tokens holding top_p
+                 of the remaining probability, ties kept (1: off)
+    The filters act in that order (vLLM's) on rows with T > 0.
     Returns int32 [R], unevaluated. -inf logits are never drawn; a row with no
     finite or +inf logit gives 0.
     """
@@ -45,9 +53,19 @@ def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array) -> mx
     if keys.shape != (rows, 2) or keys.dtype != mx.uint32:
         raise ValueError(f"keys must be uint32 of shape ({rows}, 2), got {keys.dtype} "
                          f"{keys.shape}")
+    for name, a, dtypes in (("min_p", min_p, _FLOAT_DTYPES), ("top_k", top_k, _INT_DTYPES),
+                            ("top_p", top_p, _FLOAT_DTYPES)):
+        if a is None:
+            continue
+        if not isinstance(a, mx.array):
+            raise TypeError(f"{name} must be an mx.array or None, got {type(a).__name__}")
+        if a.shape != (rows,) or a.dtype not in dtypes:
+            raise ValueError(f"{name} must be an array of shape ({rows},) and dtype one of "
+                             f"{', '.join(map(str, dtypes))}, got {a.dtype} {a.shape}")
     # On macOS the default device is the GPU: ask for the CPU stream.
     stream = mx.cpu if sys.platform == "darwin" else None
-    return get_ops().sample_tokens(logits, temperature, keys, stream=stream)
+    return get_ops().sample_tokens(logits, temperature, keys, min_p, top_k, top_p,
+                                   stream=stream)
 
 
 def key_uniform(high: int, low: int) -> float:

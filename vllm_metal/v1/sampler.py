@@ -131,6 +131,12 @@ def gather_logprobs(scores: mx.array, token_ids: mx.array, num_logprobs: int,
                            mx.concatenate(vals, axis=1).astype(mx.float32), ranks)
 
 
+def _filter_arrays(batch: SamplingBatch) -> dict[str, mx.array]:
+    """The batch's min_p / top_k / top_p as sample_tokens arguments (absent: not passed)."""
+    fields = {"min_p": batch.min_p, "top_k": batch.top_k, "top_p": batch.top_p}
+    return {name: mx.array(v) for name, v in fields.items() if v is not None}
+
+
 class Sampler:
     """Samples one token per row from logits [R, V_model] (V_model >= vocab_size).
 
@@ -174,7 +180,9 @@ class Sampler:
         return mx.default_device().type == mx.cpu
 
     def _argmax(self, logits: mx.array, use_kernel: bool) -> mx.array:
-        if not use_kernel:
+        # Measured (benchmarks/bench_sampler.py): MLX's argmax is as fast for a
+        # row or two; the kernel wins from a few rows on (2.3x at 16).
+        if not use_kernel or logits.shape[0] < 4:
             return mx.argmax(logits, axis=-1)
         rows = logits.shape[0]
         return sample_tokens(logits, mx.zeros((rows,)), mx.zeros((rows, 2), dtype=mx.uint32))
@@ -187,11 +195,6 @@ class Sampler:
         if bitmask.ndim != 2 or bitmask.shape[0] != num_rows or bitmask.shape[1] < words:
             raise ValueError(f"grammar_bitmask must have shape [{num_rows}, >= {words}], "
                              f"got {bitmask.shape}")
-
-    def _needs_filtered_logits(self, batch: SamplingBatch, want_logprobs: bool) -> bool:
-        """Whether min_p/top-k/top-p apply, or processed logprobs must see the filters."""
-        return (batch.min_p is not None or batch.top_k is not None or batch.top_p is not None
-                or (want_logprobs and self.logprobs_mode.startswith("processed")))
 
     def __call__(self, logits: mx.array, batch: SamplingBatch,
                  grammar_bitmask: np.ndarray | None = None) -> SamplerResult:
@@ -226,10 +229,12 @@ class Sampler:
         logits = apply_processors(logits, batch, grammar_bitmask)
         if batch.all_greedy:
             sampled = self._argmax(logits, use_kernel)
-        elif use_kernel and not self._needs_filtered_logits(batch, want_logprobs):
-            # Temperature only: the kernel divides by it (greedy rows: T = 0, argmax).
+        elif use_kernel and not (want_logprobs and self.logprobs_mode.startswith("processed")):
+            # The kernel applies temperature, min_p, top-k and top-p itself
+            # (greedy rows: T = 0, argmax).
             temperature = np.where(batch.greedy, 0.0, batch.temperature).astype(np.float32)
-            sampled = sample_tokens(logits, mx.array(temperature), self._keys(batch))
+            sampled = sample_tokens(logits, mx.array(temperature), self._keys(batch),
+                                    **_filter_arrays(batch))
         else:
             logits = apply_sampling_filters(logits, batch, self.top_p_candidates)
             if use_kernel:
