@@ -23,9 +23,10 @@ MATMUL_N = 2048
 def read_bandwidth(threads: int, data: np.ndarray) -> float:
     """Median-of-5 read bandwidth in GB/s: `threads` numpy sums over equal slices of `data`.
 
-    The median, not the best: on a shared VM a single sweep now and then reads
-    50-60% faster than every other measurement (host-side caching), and a bound
-    taken from it would not describe the machine.
+    The median, not the best: on the shared VM this was written on, single
+    sweeps now and then read 50-60% faster than the ones around them. (For
+    stretches of an hour or so every sweep can read that fast; the median keeps
+    those, and the report says the bandwidth of its own run.)
     """
     parts = np.array_split(data, threads)
     times = []
