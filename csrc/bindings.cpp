@@ -16,6 +16,7 @@
 #include "ops/embedding_gather.h"
 #include "ops/rms_norm.h"
 #include "ops/sample_tokens.h"
+#include "ops/top_logprobs.h"
 #include "cpu/sample_cpu.h"
 #include "ops/rope.h"
 #include "ops/decoder_stack.h"
@@ -131,6 +132,19 @@ quantized one (uint32 [V, D * bits / 32] with scales/biases [V, D / group_size]
 softmax(logits / T), filtered by the optional per-row min_p, top_k, top_p (in
 that order), by the inverse CDF at the uniform of keys uint32 [R, 2] (see
 key_uniform); temperature <= 0 takes the first index of the row's max.)");
+
+  m.def(
+      "top_logprobs",
+      &vllm_metal::top_logprobs,
+      "x"_a,
+      "token"_a,
+      "k"_a,
+      "normalize"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Logprobs columns of x [R, V]: [ids int32 [R, k + 1], vals float32 [R, k + 1],
+ranks int32 [R]]; column 0 is token [R], then the k largest scores (log_softmax(x)
+when normalize, else x) in descending order; rank = number of scores >= the token's.)");
 
   m.def("key_uniform", &vllm_metal::cpu::key_uniform, "high"_a, "low"_a,
         "The uniform in [0, 1) that sample_tokens draws for a row with key (high, low).");

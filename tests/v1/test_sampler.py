@@ -338,10 +338,11 @@ def test_unseeded_rows_follow_the_global_rng(cpu_kernel):
 
 # ---------------------------------------------------------------- logprobs
 
-def test_logprob_columns_mixed_k(logits):
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "mlx"])
+def test_logprob_columns_mixed_k(logits, cpu_kernel):
     states = [state(temperature=0.0, logprobs=1), state(logprobs=3, seed=1),
               state(temperature=0.0), state(logprobs=0, seed=2)]
-    sampled, (ids, vals, ranks) = run(states, logits[:4])
+    sampled, (ids, vals, ranks) = run(states, logits[:4], cpu_kernel=cpu_kernel)
     assert ids.shape == vals.shape == (4, 4) and ranks.shape == (4,)
     for r in range(4):
         ref = ref_log_softmax(logits[r].astype(np.float64))
@@ -353,13 +354,14 @@ def test_logprob_columns_mixed_k(logits):
     assert ranks[0] == 1
 
 
-def test_front_end_reads_each_request_k(logits):
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "mlx"])
+def test_front_end_reads_each_request_k(logits, cpu_kernel):
     """vLLM's output processor turns each row into {token: Logprob} with k + 1 entries."""
     from vllm.logprobs import append_logprobs_for_next_position, create_sample_logprobs
 
     ks = [1, 3, 0, -1]
     states = [state(logprobs=k, seed=i) for i, k in enumerate(ks)]
-    sampled, (ids, vals, ranks) = run(states, logits[:4])
+    sampled, (ids, vals, ranks) = run(states, logits[:4], cpu_kernel=cpu_kernel)
     for r, k in enumerate(ks):
         out = create_sample_logprobs(False)
         append_logprobs_for_next_position(out, ids[r].tolist(), vals[r].tolist(),
@@ -387,13 +389,14 @@ def test_logprob_token_ids_rows(logits):
     np.testing.assert_array_equal(ids[1, 1:3], np.argsort(-logits[1])[:2])
 
 
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "mlx"])
 @pytest.mark.parametrize("mode", ["raw_logprobs", "raw_logits", "processed_logprobs"])
-def test_prompt_logprobs(mode):
+def test_prompt_logprobs(mode, cpu_kernel):
     rng = np.random.default_rng(5)
     logits = rng.normal(0, 3, (7, 24)).astype(np.float32)
     targets = rng.integers(0, 20, 7)
     ids, vals, ranks = (np.array(a) for a in compute_prompt_logprobs(
-        mx.array(logits), mx.array(targets), 4, mode, vocab_size=20))
+        mx.array(logits), mx.array(targets), 4, mode, vocab_size=20, cpu_kernel=cpu_kernel))
     assert ids.shape == (7, 5)
     for n in range(7):
         ref = logits[n, :20].astype(np.float64)
@@ -404,11 +407,12 @@ def test_prompt_logprobs(mode):
         np.testing.assert_allclose(vals[n], ref[ids[n]], rtol=1e-5, atol=1e-5)
 
 
-def test_prompt_logprobs_whole_vocab_and_padding():
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "mlx"])
+def test_prompt_logprobs_whole_vocab_and_padding(cpu_kernel):
     logits = mx.array(np.random.default_rng(6).normal(size=(2, 5)).astype(np.float32))
-    ids, vals, _ = compute_prompt_logprobs(logits, mx.array([1, 2]), -1)
+    ids, vals, _ = compute_prompt_logprobs(logits, mx.array([1, 2]), -1, cpu_kernel=cpu_kernel)
     assert ids.shape == (2, 6) and sorted(np.array(ids)[0, 1:].tolist()) == list(range(5))
-    ids, vals, _ = compute_prompt_logprobs(logits, mx.array([1, 2]), 7)
+    ids, vals, _ = compute_prompt_logprobs(logits, mx.array([1, 2]), 7, cpu_kernel=cpu_kernel)
     assert ids.shape == (2, 8) and np.isneginf(np.array(vals)[:, 6:]).all()
     with pytest.raises(ValueError, match="num_logprobs"):
         compute_prompt_logprobs(logits, mx.array([1, 2]), -2)

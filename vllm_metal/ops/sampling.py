@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from vllm_metal.metal import get_ops
 
-__all__ = ["key_uniform", "sample_tokens"]
+__all__ = ["key_uniform", "sample_tokens", "top_logprobs"]
 
 _FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 _INT_DTYPES = (mx.int32, mx.int64)
@@ -66,6 +66,37 @@ def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
     stream = mx.cpu if sys.platform == "darwin" else None
     return get_ops().sample_tokens(logits, temperature, keys, min_p, top_k, top_p,
                                    stream=stream)
+
+
+def top_logprobs(x: mx.array, token: mx.array, k: int, normalize: bool
+                 ) -> tuple[mx.array, mx.array, mx.array]:
+    """The logprobs columns of each row of ``x``.
+
+    x:         float [R, V] logits (computed in float32)
+    token:     integer [R], each row's sampled or target token
+    k:         top scores per row (>= 0)
+    normalize: scores are log_softmax(x) (else x itself)
+    Returns (ids int32 [R, k + 1], vals float32 [R, k + 1], ranks int32 [R]),
+    unevaluated: column 0 is the token and its score, columns 1.. the k largest
+    scores in descending order (ties: lower id first; id 0 and -inf past V);
+    ranks count the scores >= the token's. A token outside [0, V) raises at
+    evaluation.
+    """
+    for name, a in (("x", x), ("token", token)):
+        if not isinstance(a, mx.array):
+            raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
+    if x.ndim != 2 or x.shape[1] < 1 or x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"x must be a float array [R, V] with V >= 1, got {x.dtype} {x.shape}")
+    if token.shape != (x.shape[0],) or not mx.issubdtype(token.dtype, mx.integer):
+        raise ValueError(f"token must be an integer array of shape ({x.shape[0]},), got "
+                         f"{token.dtype} {token.shape}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {normalize!r}")
+    stream = mx.cpu if sys.platform == "darwin" else None
+    ids, vals, ranks = get_ops().top_logprobs(x, token, k, normalize, stream=stream)
+    return ids, vals, ranks
 
 
 def key_uniform(high: int, low: int) -> float:

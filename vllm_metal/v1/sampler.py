@@ -24,7 +24,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import numpy as np
 
-from vllm_metal.ops.sampling import sample_tokens
+from vllm_metal.ops.sampling import sample_tokens, top_logprobs
 from vllm_metal.v1.logits_processing import (
     TOP_P_CANDIDATES,
     apply_processors,
@@ -224,11 +224,7 @@ class Sampler:
 
         logits = logits.astype(mx.float32)
         want_logprobs = batch.num_logprobs is not None
-        scores = None
-        if want_logprobs and self.logprobs_mode == "raw_logprobs":
-            scores = log_softmax(logits)
-        elif want_logprobs and self.logprobs_mode == "raw_logits":
-            scores = logits
+        raw = logits   # raw_* modes score the logits before any processing
 
         logits = apply_processors(logits, batch, grammar_bitmask)
         if batch.all_greedy:
@@ -253,10 +249,12 @@ class Sampler:
         if not want_logprobs:
             return SamplerResult(sampled, None)
 
-        if self.logprobs_mode == "processed_logits":
-            scores = logits
-        elif self.logprobs_mode == "processed_logprobs":
-            scores = log_softmax(logits)
+        source = logits if self.logprobs_mode.startswith("processed") else raw
+        normalize = self.logprobs_mode.endswith("logprobs")
+        if use_kernel and batch.logprob_token_ids is None:
+            return SamplerResult(sampled, SamplerLogprobs(
+                *top_logprobs(source, sampled, batch.num_logprobs, normalize)))
+        scores = log_softmax(source) if normalize else source
         return SamplerResult(sampled, gather_logprobs(
             scores, sampled, batch.num_logprobs,
             batch.logprob_token_ids, batch.explicit_logprob_rows))
@@ -264,12 +262,14 @@ class Sampler:
 
 def compute_prompt_logprobs(logits: mx.array, target_ids: mx.array, num_logprobs: int,
                             logprobs_mode: str = "raw_logprobs",
-                            vocab_size: int | None = None) -> SamplerLogprobs:
+                            vocab_size: int | None = None,
+                            cpu_kernel: bool | None = None) -> SamplerLogprobs:
     """Prompt logprobs: logits [N, V_model] at N prompt positions, target_ids int [N]
     the actual next prompt tokens -> (ids [N, K+1], logprobs [N, K+1], ranks [N]).
 
     num_logprobs: K, or -1 for the whole vocab. Prompt tokens skip the sampling
-    processors, so processed_* modes equal raw_* (as in vLLM).
+    processors, so processed_* modes equal raw_* (as in vLLM). cpu_kernel: as
+    Sampler's (None: the top_logprobs kernel while MLX computes on the CPU).
     """
     _check_mode(logprobs_mode)
     if vocab_size is None:
@@ -285,6 +285,9 @@ def compute_prompt_logprobs(logits: mx.array, target_ids: mx.array, num_logprobs
     # Not clamped to V: callers preallocate K + 1 columns; extra ones are padded.
     k = vocab_size if num_logprobs == -1 else num_logprobs
     scores = logits[:, :vocab_size].astype(mx.float32)
-    if logprobs_mode.endswith("logprobs"):
-        scores = log_softmax(scores)
-    return gather_logprobs(scores, target_ids, k)
+    normalize = logprobs_mode.endswith("logprobs")
+    if cpu_kernel is None:
+        cpu_kernel = mx.default_device().type == mx.cpu
+    if cpu_kernel:
+        return SamplerLogprobs(*top_logprobs(scores, target_ids, k, normalize))
+    return gather_logprobs(log_softmax(scores) if normalize else scores, target_ids, k)

@@ -1,0 +1,84 @@
+#include "ops/top_logprobs.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "cpu/logprobs_cpu.h"
+#include "ops/cpu_inputs.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("top_logprobs: " + msg);
+}
+
+std::vector<mx::Shape> shapes(int rows, int k) {
+  return {{rows, k + 1}, {rows, k + 1}, {rows}};
+}
+
+} // namespace
+
+std::vector<mx::array> top_logprobs(
+    const mx::array& x,
+    const mx::array& token,
+    int k,
+    bool normalize,
+    mx::StreamOrDevice s) {
+  if (x.ndim() != 2 || x.shape(1) < 1) fail("x must be [R, V] with V >= 1");
+  if (!mx::issubdtype(x.dtype(), mx::floating)) fail("x must be floating point");
+  if (k < 0) fail("k must be >= 0");
+  const int rows = x.shape(0);
+  if (token.shape() != mx::Shape{rows} || !mx::issubdtype(token.dtype(), mx::integer)) {
+    fail("token must be an integer array [R]");
+  }
+  auto stream = mx::to_stream(s);
+  auto as = [&](const mx::array& a, mx::Dtype t) {
+    return a.dtype() == t ? a : mx::astype(a, t, stream);
+  };
+  return mx::array::make_arrays(
+      shapes(rows, k), {mx::int32, mx::float32, mx::int32},
+      std::make_shared<TopLogprobs>(stream, k, normalize),
+      {as(x, mx::float32), as(token, mx::int32)});
+}
+
+void TopLogprobs::eval_cpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  std::vector<RowContiguous> in;
+  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  for (auto& out : outputs) encoder.set_output_array(out);
+  encoder.dispatch([in = std::move(in), ids = outputs[0].data<int32_t>(),
+                    vals = outputs[1].data<float>(), ranks = outputs[2].data<int32_t>(),
+                    k = k_, normalize = normalize_]() {
+    for (const auto& r : in) r.fill();
+    const auto& x = in[0].view;
+    cpu::top_logprobs_cpu(x.data<float>(), x.shape(0), x.shape(1), in[1].view.data<int32_t>(),
+                          k, normalize, ids, vals, ranks);
+  });
+}
+
+void TopLogprobs::eval_gpu(
+    const std::vector<mx::array>& /* inputs */,
+    std::vector<mx::array>& /* outputs */) {
+  throw std::runtime_error(
+      "VllmMetalTopLogprobs is a CPU kernel; on Metal the sampler uses MLX's own ops "
+      "(run this op on the CPU stream: stream=mx.cpu)");
+}
+
+bool TopLogprobs::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const TopLogprobs&>(other);
+  return k_ == o.k_ && normalize_ == o.normalize_;
+}
+
+std::vector<mx::Shape> TopLogprobs::output_shapes(const std::vector<mx::array>& inputs) {
+  return shapes(inputs[0].shape(0), k_);
+}
+
+} // namespace vllm_metal
