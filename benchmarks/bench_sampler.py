@@ -1,9 +1,9 @@
-"""Micro-benchmark: the sampler per decode step, CPU kernel against MLX ops.
+"""Micro-benchmark: the sampler per decode step, CPU kernels against MLX ops.
 
 Prints a markdown table (docs/benchmarks.md, "Sampling"): milliseconds for one
 step's sampling of R rows of a 49152-token vocab (SmolLM2's), from logits to
-tokens, built and evaluated as the runner does it (host-side batch arrays,
-keys, the graph, mx.eval). The logits are N(0, 1): a flat distribution, the
+tokens (and logprobs), built and evaluated as the runner does it (host-side
+batch arrays, keys, the graph, mx.eval). The logits are N(0, 1): a flat distribution, the
 worst case for top-p (its 1024 candidates never hold 0.9 of the mass, so the
 MLX path sorts the whole vocab). Median of the rounds.
 
@@ -30,6 +30,8 @@ CASES = [
     ("top_p 0.9", dict(temperature=0.8, top_p=0.9)),
     ("min_p 0.05 + top_k 40 + top_p 0.95", dict(temperature=0.7, min_p=0.05, top_k=40,
                                                top_p=0.95)),
+    ("temperature 1, logprobs 5", dict(temperature=1.0, logprobs=5)),
+    ("greedy, logprobs 1", dict(temperature=0.0, logprobs=1)),
 ]
 
 
@@ -38,7 +40,8 @@ def step_ms(sampler: Sampler, logits: mx.array, params: dict, rows: int, rounds:
     times = []
     for i in range(rounds + 2):
         start = time.perf_counter()
-        mx.eval(sampler(logits, build_sampling_batch(states, VOCAB)).sampled)
+        result = sampler(logits, build_sampling_batch(states, VOCAB))
+        mx.eval(result.sampled, *(result.logprobs or ()))
         if i >= 2:   # warm-up rounds
             times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
@@ -58,7 +61,7 @@ def main() -> None:
             kernel = step_ms(Sampler(VOCAB, cpu_kernel=True), logits, params, rows, args.rounds)
             ops = step_ms(Sampler(VOCAB, cpu_kernel=False), logits, params, rows, args.rounds)
             # Below 4 greedy rows the sampler takes MLX's argmax on both paths.
-            same = params["temperature"] == 0.0 and rows < 4
+            same = params == {"temperature": 0.0} and rows < 4
             ratio = "same path" if same else f"{ops / kernel:.1f}x"
             print(f"| {name} | {rows} | {kernel:.2f} | {ops:.2f} | {ratio} |", flush=True)
 

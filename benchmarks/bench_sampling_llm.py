@@ -21,6 +21,7 @@ SETTINGS = [
     {"temperature": 1.0},
     {"temperature": 0.8, "top_p": 0.9},
     {"temperature": 0.7, "top_k": 20, "top_p": 0.8},
+    {"temperature": 1.0, "logprobs": 5},
 ]
 
 
