@@ -23,9 +23,7 @@ constexpr int64_t kSmallK = 64;
 
 // logsumexp in float32, its sum accumulated in double per block of 1024.
 VLLM_METAL_INLINE float logsumexp_span(const float* __restrict x, int64_t n) {
-  float m = -kInf;
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);   // NaN never wins
+  const float m = row_max(x, n);
   if (!std::isfinite(m)) return m;
   constexpr float kLog2e = 1.4426950408889634f;
   double sum = 0.0;

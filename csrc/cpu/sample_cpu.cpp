@@ -17,13 +17,6 @@ namespace {
 // Weights are summed per block, so the scan after the draw reads one block.
 constexpr int64_t kBlock = 512;
 
-VLLM_METAL_INLINE float row_max(const float* __restrict x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);   // NaN never wins
-  return m;
-}
-
 // First i with x[i] == value (n if none): a vectorized test per block, then
 // a scalar look inside the block that has it.
 VLLM_METAL_INLINE int64_t first_equal(const float* __restrict x, int64_t n, float value) {
@@ -61,28 +54,27 @@ VLLM_METAL_INLINE void block_weights(const float* __restrict x, int64_t n, float
 // first. Rounding can leave the target just past the end of a block (or of
 // the row): the last positive weight there is taken.
 int64_t invert_cdf(const float* w, const double* sums, int64_t n, double target) {
+  auto last_positive = [w, n](int64_t b) {
+    for (int64_t i = std::min(n, b + kBlock) - 1; i >= b; --i) {
+      if (w[i] > 0.0f) return i;
+    }
+    return int64_t{-1};
+  };
   double acc = 0.0;
-  int64_t last_positive = -1;
+  int64_t last_block = -1;   // the last block passed that holds weight
   for (int64_t b = 0, k = 0; b < n; b += kBlock, ++k) {
-    const int64_t e = std::min(n, b + kBlock);
     if (acc + sums[k] <= target) {
       acc += sums[k];
-      if (sums[k] > 0.0) {
-        for (int64_t i = e - 1; i >= b; --i) {
-          if (w[i] > 0.0f) { last_positive = i; break; }
-        }
-      }
+      if (sums[k] > 0.0) last_block = b;
       continue;
     }
-    for (int64_t i = b; i < e; ++i) {
-      if (w[i] <= 0.0f) continue;
+    for (int64_t i = b; i < std::min(n, b + kBlock); ++i) {
       acc += w[i];
-      last_positive = i;
-      if (acc > target) return i;
+      if (acc > target && w[i] > 0.0f) return i;
     }
-    return last_positive;
+    return last_positive(b);
   }
-  return last_positive;
+  return last_block < 0 ? -1 : last_positive(last_block);
 }
 
 // w[i] = 0 where w[i] < floor, and the block sums again.

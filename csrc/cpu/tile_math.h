@@ -6,8 +6,10 @@
 // D is the head size as a compile-time constant (0 = use the runtime `d`).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #define VLLM_METAL_INLINE inline __attribute__((always_inline))
 
@@ -91,6 +93,14 @@ VLLM_METAL_INLINE float exp2_nonpositive(float x) {
   int32_t n = static_cast<int32_t>(r);
   float scale = bit_cast<float>(static_cast<uint32_t>(n + 127) << 23);
   return x < -126.0f ? 0.0f : p * scale;
+}
+
+// The largest of x[0:n] (-inf for n = 0); NaN never wins.
+VLLM_METAL_INLINE float row_max(const float* __restrict x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
 }
 
 // dst[0:n] = float(src[0:n]) * mul

@@ -38,25 +38,44 @@ RowContiguous row_contiguous(const mlx::core::array& a, mlx::core::cpu::CommandE
 std::optional<cpu::StridedLayout> alias_cache(const mlx::core::array& cache,
                                               mlx::core::array& out);
 
-// The eval_cpu of a one-output CPU op: allocates `out`, takes row-contiguous
-// views of `inputs`, registers both with the stream's encoder and, once the
-// inputs are computed, runs task(views, out's data) on the stream.
+// The eval_cpu of a CPU op: allocates the outputs, takes row-contiguous views
+// of `inputs`, registers both with the stream's encoder and, once the inputs
+// are computed, runs task(views, the outputs' data pointers) on the stream.
+template <typename Task>
+void dispatch_on_rows(const mlx::core::Stream& stream,
+                      const std::vector<mlx::core::array>& inputs,
+                      std::vector<mlx::core::array>& outputs,
+                      Task task) {
+  auto& encoder = mlx::core::cpu::get_command_encoder(stream);
+  std::vector<void*> dst;
+  for (auto& out : outputs) {
+    out.set_data(mlx::core::allocator::malloc(out.nbytes()));
+    dst.push_back(out.data<void>());
+  }
+  std::vector<RowContiguous> in;
+  in.reserve(inputs.size());
+  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  for (auto& out : outputs) encoder.set_output_array(out);
+  encoder.dispatch(
+      [in = std::move(in), dst = std::move(dst), task = std::move(task)]() {
+        for (const auto& r : in) r.fill();
+        task(in, dst);
+      });
+}
+
+// The same for a one-output op: task(views, out's data).
 template <typename Task>
 void dispatch_on_rows(const mlx::core::Stream& stream,
                       const std::vector<mlx::core::array>& inputs,
                       mlx::core::array& out,
                       Task task) {
-  out.set_data(mlx::core::allocator::malloc(out.nbytes()));
-  auto& encoder = mlx::core::cpu::get_command_encoder(stream);
-  std::vector<RowContiguous> in;
-  in.reserve(inputs.size());
-  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  encoder.dispatch([in = std::move(in), dst = out.data<void>(), task = std::move(task)]() {
-    for (const auto& r : in) r.fill();
-    task(in, dst);
-  });
+  std::vector<mlx::core::array> outputs = {out};
+  dispatch_on_rows(stream, inputs, outputs,
+                   [task = std::move(task)](const std::vector<RowContiguous>& in,
+                                            const std::vector<void*>& dst) {
+                     task(in, dst[0]);
+                   });
 }
 
 // The LinearIO of a matmul whose x is in[0] and optional bias in[bias_index]

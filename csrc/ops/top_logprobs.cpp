@@ -48,19 +48,15 @@ std::vector<mx::array> top_logprobs(
 void TopLogprobs::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  for (auto& out : outputs) out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<RowContiguous> in;
-  for (const auto& a : inputs) in.push_back(row_contiguous(a, encoder));
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  for (auto& out : outputs) encoder.set_output_array(out);
-  encoder.dispatch([in = std::move(in), ids = outputs[0].data<int32_t>(),
-                    vals = outputs[1].data<float>(), ranks = outputs[2].data<int32_t>(),
-                    k = k_, normalize = normalize_]() {
-    for (const auto& r : in) r.fill();
+  const int k = k_;
+  const bool normalize = normalize_;
+  dispatch_on_rows(stream(), inputs, outputs,
+                   [k, normalize](const std::vector<RowContiguous>& in,
+                                  const std::vector<void*>& dst) {
     const auto& x = in[0].view;
     cpu::top_logprobs_cpu(x.data<float>(), x.shape(0), x.shape(1), in[1].view.data<int32_t>(),
-                          k, normalize, ids, vals, ranks);
+                          k, normalize, static_cast<int32_t*>(dst[0]),
+                          static_cast<float*>(dst[1]), static_cast<int32_t*>(dst[2]));
   });
 }
 

@@ -19,21 +19,48 @@ def ref_uniform(high, low):
     return (z >> 11) / 2.0**53
 
 
-def ref_draw(row, temperature, u):
-    """(smallest index, set of acceptable indices) for one row in float64.
+def ref_kept(x, temperature, min_p=0.0, top_k=0, top_p=1.0):
+    """float64 weights exp((x - max) / T) and the tokens min_p, top-k, top-p keep."""
+    x = x.astype(np.float64)
+    w = np.exp((x - x.max()) / temperature)
+    keep = w > 0
+    if min_p > 0:
+        keep &= w >= min_p
+    if 0 < top_k < len(x) and keep.sum() > top_k:
+        keep &= w >= np.sort(w[keep])[::-1][top_k - 1]
+    if top_p < 1:
+        asc = np.sort(w[keep])
+        cum = np.cumsum(asc)
+        keep &= w >= asc[np.argmax(cum > cum[-1] * (1 - top_p))]
+    return w, keep
+
+
+def ref_draw(row, temperature, u, **filters):
+    """The set of acceptable draws for one row, in float64: the argmax for T <= 0,
+    else the smallest index whose cumulative filtered probability exceeds u.
 
     Indices whose cumulative-probability boundary lies within 1e-5 of u are
     also accepted: the kernel sums float32 weights.
     """
-    x = row.astype(np.float64)
     if temperature <= 0:
-        return {int(np.argmax(x))}
-    p = np.exp((x - x.max()) / temperature)
+        return {int(np.argmax(row.astype(np.float64)))}
+    w, keep = ref_kept(row, temperature, **filters)
+    p = np.where(keep, w, 0.0)
     cum = np.cumsum(p) / p.sum()
     want = int(np.searchsorted(cum, u, side="right"))
     near = np.nonzero(np.abs(cum - u) < 1e-5)[0]
     ok = {want} | {int(i) for i in near} | {int(i) + 1 for i in near}
-    return {i for i in ok if i < len(x) and p[i] > 0}
+    return {i for i in ok if i < len(row) and keep[i]}
+
+
+def assert_fits(counts, p):
+    """Counts of n draws fit probabilities p (chi-square, upper tail ~1e-4)."""
+    assert counts[p == 0].sum() == 0, "drew a token of probability 0"
+    k = p > 0
+    n = counts.sum()
+    stat = ((counts[k] - n * p[k]) ** 2 / (n * p[k])).sum()
+    df = k.sum() - 1
+    assert stat < df * (1 - 2 / (9 * df) + 3.72 * np.sqrt(2 / (9 * df))) ** 3
 
 
 def keys_for(rows, seed):
@@ -89,13 +116,7 @@ def test_draws_follow_softmax():
     n = 20000
     got = draw(np.tile(x, (n, 1)), np.full(n, 0.7, np.float32), keys_for(n, 11))
     p = np.exp((x.astype(np.float64) - x.max()) / 0.7)
-    p /= p.sum()
-    counts = np.bincount(got, minlength=len(x))
-    assert counts[4] == 0
-    keep = p > 0
-    stat = ((counts[keep] - n * p[keep]) ** 2 / (n * p[keep])).sum()
-    df = keep.sum() - 1
-    assert stat < df * (1 - 2 / (9 * df) + 3.72 * np.sqrt(2 / (9 * df))) ** 3
+    assert_fits(np.bincount(got, minlength=len(x)), p / p.sum())
 
 
 def test_argmax_rows_take_the_first_maximum():
@@ -147,32 +168,6 @@ def test_bad_arguments_are_named(args, match):
 
 # ---------------------------------------------------------------- filters
 
-def ref_kept(x, temperature, min_p=0.0, top_k=0, top_p=1.0):
-    """float64 weights exp((x - max) / T) and the tokens min_p, top-k, top-p keep."""
-    x = x.astype(np.float64)
-    w = np.exp((x - x.max()) / temperature)
-    keep = w > 0
-    if min_p > 0:
-        keep &= w >= min_p
-    if 0 < top_k < len(x) and keep.sum() > top_k:
-        keep &= w >= np.sort(w[keep])[::-1][top_k - 1]
-    if top_p < 1:
-        asc = np.sort(w[keep])
-        cum = np.cumsum(asc)
-        keep &= w >= asc[np.argmax(cum > cum[-1] * (1 - top_p))]
-    return w, keep
-
-
-def ref_filtered_draw(x, temperature, u, **filters):
-    w, keep = ref_kept(x, temperature, **filters)
-    p = np.where(keep, w, 0.0)
-    cum = np.cumsum(p) / p.sum()
-    want = int(np.searchsorted(cum, u, side="right"))
-    near = np.nonzero(np.abs(cum - u) < 1e-5)[0]
-    ok = {want} | {int(i) for i in near} | {int(i) + 1 for i in near}
-    return {i for i in ok if i < len(x) and keep[i]}
-
-
 FILTERS = [
     dict(min_p=0.1), dict(top_k=1), dict(top_k=5), dict(top_k=200), dict(top_p=0.5),
     dict(top_p=0.95), dict(top_p=1e-6), dict(min_p=0.02, top_k=40, top_p=0.9),
@@ -197,7 +192,7 @@ def test_filtered_draws_match_the_float64_reference(isa, filters, vocab, scale):
         got = np.array(sample_tokens(mx.array(logits), mx.array(temperature), mx.array(keys),
                                      **{k: mx.array(v) for k, v in per_row.items()}))
     for r in range(rows):
-        ok = ref_filtered_draw(logits[r], temperature[r], ref_uniform(*map(int, keys[r])),
+        ok = ref_draw(logits[r], temperature[r], ref_uniform(*map(int, keys[r])),
                                **filters)
         assert got[r] in ok, (r, got[r], ok)
 
@@ -211,13 +206,8 @@ def test_filters_follow_their_distribution():
         min_p=mx.full((n,), filters["min_p"]), top_k=mx.full((n,), filters["top_k"], mx.int32),
         top_p=mx.full((n,), filters["top_p"])))
     w, keep = ref_kept(x, temperature, **filters)
-    p = np.where(keep, w, 0.0) / np.where(keep, w, 0.0).sum()
-    counts = np.bincount(got, minlength=len(x))
-    assert counts[~keep].sum() == 0
-    k = p > 0
-    stat = ((counts[k] - n * p[k]) ** 2 / (n * p[k])).sum()
-    df = k.sum() - 1
-    assert stat < df * (1 - 2 / (9 * df) + 3.72 * np.sqrt(2 / (9 * df))) ** 3
+    p = np.where(keep, w, 0.0)
+    assert_fits(np.bincount(got, minlength=len(x)), p / p.sum())
 
 
 def test_filters_keep_ties_and_spare_greedy_rows():

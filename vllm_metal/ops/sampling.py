@@ -9,15 +9,13 @@ sampler routes through it only while MLX computes on the CPU (v1/sampler.py).
 
 from __future__ import annotations
 
-import sys
-
 import mlx.core as mx
 
 from vllm_metal.metal import get_ops
+from vllm_metal.ops.linear import _FLOAT_DTYPES, _array, _stream
 
 __all__ = ["key_uniform", "sample_tokens", "top_logprobs"]
 
-_FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 _INT_DTYPES = (mx.int32, mx.int64)
 
 
@@ -40,8 +38,7 @@ def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
     finite or +inf logit gives 0.
     """
     for name, a in (("logits", logits), ("temperature", temperature), ("keys", keys)):
-        if not isinstance(a, mx.array):
-            raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
+        _array(name, a)
     if logits.ndim != 2 or logits.shape[1] < 1:
         raise ValueError(f"logits must be [R, V] with V >= 1, got shape {logits.shape}")
     if logits.dtype not in _FLOAT_DTYPES:
@@ -57,15 +54,12 @@ def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
                             ("top_p", top_p, _FLOAT_DTYPES)):
         if a is None:
             continue
-        if not isinstance(a, mx.array):
-            raise TypeError(f"{name} must be an mx.array or None, got {type(a).__name__}")
+        _array(name, a)
         if a.shape != (rows,) or a.dtype not in dtypes:
             raise ValueError(f"{name} must be an array of shape ({rows},) and dtype one of "
                              f"{', '.join(map(str, dtypes))}, got {a.dtype} {a.shape}")
-    # On macOS the default device is the GPU: ask for the CPU stream.
-    stream = mx.cpu if sys.platform == "darwin" else None
     return get_ops().sample_tokens(logits, temperature, keys, min_p, top_k, top_p,
-                                   stream=stream)
+                                   stream=_stream())
 
 
 def top_logprobs(x: mx.array, token: mx.array, k: int, normalize: bool
@@ -83,8 +77,7 @@ def top_logprobs(x: mx.array, token: mx.array, k: int, normalize: bool
     evaluation.
     """
     for name, a in (("x", x), ("token", token)):
-        if not isinstance(a, mx.array):
-            raise TypeError(f"{name} must be an mx.array, got {type(a).__name__}")
+        _array(name, a)
     if x.ndim != 2 or x.shape[1] < 1 or x.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"x must be a float array [R, V] with V >= 1, got {x.dtype} {x.shape}")
     if token.shape != (x.shape[0],) or not mx.issubdtype(token.dtype, mx.integer):
@@ -94,8 +87,7 @@ def top_logprobs(x: mx.array, token: mx.array, k: int, normalize: bool
         raise ValueError(f"k must be an int >= 0, got {k!r}")
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {normalize!r}")
-    stream = mx.cpu if sys.platform == "darwin" else None
-    ids, vals, ranks = get_ops().top_logprobs(x, token, k, normalize, stream=stream)
+    ids, vals, ranks = get_ops().top_logprobs(x, token, k, normalize, stream=_stream())
     return ids, vals, ranks
 
 

@@ -135,6 +135,11 @@ def gather_logprobs(scores: mx.array, token_ids: mx.array, num_logprobs: int,
                            mx.concatenate(vals, axis=1).astype(mx.float32), ranks)
 
 
+def _use_cpu_kernels(cpu_kernel: bool | None) -> bool:
+    """The sampling/logprobs CPU kernels: as asked, else while MLX computes on the CPU."""
+    return mx.default_device().type == mx.cpu if cpu_kernel is None else cpu_kernel
+
+
 def _filter_arrays(batch: SamplingBatch) -> dict[str, mx.array]:
     """The batch's min_p / top_k / top_p as sample_tokens arguments (absent: not passed)."""
     fields = {"min_p": batch.min_p, "top_k": batch.top_k, "top_p": batch.top_p}
@@ -179,9 +184,7 @@ class Sampler:
         return row_keys(batch, self._rng)
 
     def _use_cpu_kernel(self) -> bool:
-        if self.cpu_kernel is not None:
-            return self.cpu_kernel
-        return mx.default_device().type == mx.cpu
+        return _use_cpu_kernels(self.cpu_kernel)
 
     def _argmax(self, logits: mx.array, use_kernel: bool) -> mx.array:
         # Measured (benchmarks/bench_sampler.py): MLX's argmax is as fast for a
@@ -286,8 +289,6 @@ def compute_prompt_logprobs(logits: mx.array, target_ids: mx.array, num_logprobs
     k = vocab_size if num_logprobs == -1 else num_logprobs
     scores = logits[:, :vocab_size].astype(mx.float32)
     normalize = logprobs_mode.endswith("logprobs")
-    if cpu_kernel is None:
-        cpu_kernel = mx.default_device().type == mx.cpu
-    if cpu_kernel:
+    if _use_cpu_kernels(cpu_kernel):
         return SamplerLogprobs(*top_logprobs(scores, target_ids, k, normalize))
     return gather_logprobs(log_softmax(scores) if normalize else scores, target_ids, k)
