@@ -27,7 +27,7 @@ constexpr int64_t kQuantizeRows = 16;
 // --- portable kernels: the same arithmetic, one element at a time --------
 
 void quantize_row_generic(const float* x, int64_t k, int64_t kp, int bits, int group_size,
-                          int8_t* q, float* d, float* lanes, float* xsum) {
+                          int8_t* q, float* d, float* xsum) {
   std::fill(q, q + kp, int8_t{0});
   for (int64_t b = 0; b < kp / kQ8Block; ++b) {
     float amax = 0.0f;
@@ -43,13 +43,6 @@ void quantize_row_generic(const float* x, int64_t k, int64_t kp, int bits, int g
           std::isfinite(v) ? static_cast<int8_t>(std::nearbyint(std::clamp(v, -127.0f, 127.0f)))
                            : int8_t{0};
     }
-  }
-  const int lc = bits == 4 ? 8 : 4;
-  for (int64_t l = 0; l < kp / lc; ++l) {
-    // Lane l of a chunk covers columns whose block is the lane's block.
-    const int64_t chunk = bits == 4 ? kChunk4 : kChunk8;
-    const int64_t col = l / 16 * chunk + (l % 16) * (chunk / 16);
-    lanes[l] = d[col / kQ8Block];
   }
   for (int64_t g = 0; g < k / group_size; ++g) {
     float s = 0.0f;
@@ -152,7 +145,6 @@ Q8Acts quantize_acts(const LinearIO& io, int64_t k, int bits, int group_size) {
   a.kp = round_up(k, bits == 4 ? kChunk4 : kChunk8);
   a.q.reset(new int8_t[a.m * a.kp]);
   a.d.reset(new float[a.m * (a.kp / kQ8Block)]);
-  a.lanes.reset(new float[a.m * (a.kp / a.lane_cols())]);
   a.xsum.reset(new float[a.m * (k / group_size)]);
   const Q8Kernels& kern = q8_kernels();
   auto rows = [&](int64_t r0, int64_t r1) {
@@ -164,7 +156,7 @@ Q8Acts quantize_acts(const LinearIO& io, int64_t k, int bits, int group_size) {
         x = row.data();
       }
       kern.quantize_row(x, k, a.kp, bits, group_size, a.q.get() + i * a.kp,
-                        a.d.get() + i * (a.kp / kQ8Block), a.lanes.get() + i * (a.kp / a.lane_cols()),
+                        a.d.get() + i * (a.kp / kQ8Block),
                         a.xsum.get() + i * (k / group_size));
     }
   };

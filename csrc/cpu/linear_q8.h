@@ -35,12 +35,7 @@ struct Q8Acts {
   int group_size = 32;
   std::unique_ptr<int8_t[]> q;    // [m, kp]
   std::unique_ptr<float[]> d;     // [m, kp / 32]: each 32-column block's step
-  std::unique_ptr<float[]> lanes; // [m, kp / lane_cols]: d per 4-byte lane
   std::unique_ptr<float[]> xsum;  // [m, k / group_size]
-
-  int lane_cols() const {
-    return bits == 4 ? 8 : 4;
-  }
 };
 
 constexpr int kQ8Block = 32;
@@ -57,10 +52,10 @@ inline int64_t q8_position(int64_t c, int bits) {
 Q8Acts quantize_acts(const LinearIO& io, int64_t k, int bits, int group_size);
 
 struct Q8Kernels {
-  // Quantize one fp32 row x [k] into q [kp] (positions q8_position), d, lanes
+  // Quantize one fp32 row x [k] into q [kp] (positions q8_position), d
   // and xsum of that row; the padding is written as zeros.
   void (*quantize_row)(const float* x, int64_t k, int64_t kp, int bits, int group_size,
-                       int8_t* q, float* d, float* lanes, float* xsum);
+                       int8_t* q, float* d, float* xsum);
   // y[i * ldy + c - n0] for rows i0 .. i0 + mr - 1 (mr <= 4) of a, c in [n0, n1).
   void (*gemv)(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int mr, int64_t n0,
                int64_t n1, float* y, int64_t ldy);
