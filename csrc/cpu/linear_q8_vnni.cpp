@@ -241,9 +241,28 @@ void with_types(const QuantMatrix& w, F&& f) {
   }
 }
 
+// A work item's first kPrefetchCodes bytes of codes (and its first scales and
+// biases) asked for at once: the in-loop prefetches run that far ahead, so
+// without this the item's start waits on one demand miss after another.
+template <typename S>
+VLLM_METAL_INLINE void prime_rows(const QuantMatrix& w, int64_t n0, int64_t n1) {
+  using ST = typename S::storage;
+  const int64_t row_bytes = w.k * w.bits / 8, groups = w.k / w.group_size;
+  const auto* codes = static_cast<const char*>(static_cast<const void*>(w.w)) + n0 * row_bytes;
+  const int64_t code_bytes = std::min<int64_t>((n1 - n0) * row_bytes, kPrefetchCodes);
+  for (int64_t off = 0; off < code_bytes; off += 64) _mm_prefetch(codes + off, _MM_HINT_T1);
+  const int64_t scale_bytes =
+      std::min<int64_t>((n1 - n0) * groups * static_cast<int64_t>(sizeof(ST)), kPrefetchScales);
+  for (const void* base : {w.scales, w.biases}) {
+    const auto* p = reinterpret_cast<const char*>(static_cast<const ST*>(base) + n0 * groups);
+    for (int64_t off = 0; off < scale_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
+  }
+}
+
 void gemv(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int mr, int64_t n0, int64_t n1,
           float* y, int64_t ldy) {
   with_types(w, [&](auto bits, auto s) {
+    prime_rows<decltype(s)>(w, n0, n1);
     gemv_bits<decltype(bits)::value, decltype(s)>(w, a, i0, mr, n0, n1, y, ldy);
   });
 }
