@@ -97,8 +97,8 @@ def test_widths_off_the_chunk_grid(k, m):
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_rows_longer_than_one_scale_window(bits, group_size, m):
     # The GEMV applies scales a window of 512 columns at a time: K = 1664 is
-    # three full windows and a partial one for every group size; N = 47 ends
-    # in three single rows after the four-row tiles.
+    # three full windows and a partial one for every group size; N = 47 is
+    # odd, so every row count ends in single-row tiles.
     k = 1664
     q = make_quantized(47, k, bits, group_size, seed=group_size + m)
     x = random_float((m, k), seed=bits + m)
