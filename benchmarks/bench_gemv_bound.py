@@ -1,0 +1,73 @@
+"""Micro-benchmark: is the single-row quantized GEMV bound by the core or by DRAM?
+
+One kernel thread, one row of x, tall matrices (so MLX's ~10 us per node is
+noise). Each shape runs twice: "warm", one copy of the weights, which stays in
+the caches between calls; "cold", copies cycled through > 128 MiB, so every
+call streams them from DRAM as a decode step does. A kernel that runs no
+faster warm than cold is bound by its instructions, not by memory; one that
+runs faster warm is waiting on DRAM. Output: a markdown table
+(docs/benchmarks.md, "Int8 activations").
+
+    python benchmarks/bench_gemv_bound.py [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+# The pool reads its size once, when the extension first uses it.
+os.environ["VLLM_METAL_CPU_THREADS"] = "1"
+
+import mlx.core as mx  # noqa: E402
+
+from benchmarks.bench_cpu_kernels import COLD_BYTES, best_time  # noqa: E402
+from vllm_metal.metal import get_ops  # noqa: E402
+
+# (K, N, bits): SmolLM2's layer widths (K = 576 in, K = 1536 for down) and its
+# 8-bit head's K, made tall; group 32 as the GGUF loader gives them.
+SHAPES = [(576, 16384, 4), (1536, 8192, 4), (576, 16384, 8)]
+GROUP = 32
+
+
+def weight_copies(k: int, n: int, bits: int, count: int, scale_dtype: mx.Dtype):
+    out = []
+    for i in range(count):
+        w = mx.random.normal((n, k), key=mx.random.key(i)) * 0.05
+        q, s, b = mx.quantize(w, group_size=GROUP, bits=bits)
+        out.append((q, s.astype(scale_dtype), b.astype(scale_dtype)))
+        mx.eval(out[-1])
+    return out
+
+
+def gbps(k: int, n: int, bits: int, int8: bool, cold: bool, rounds: int) -> float:
+    """Weight bytes read per second (codes, scales and biases)."""
+    ext = get_ops()
+    # Each path with the scales its model load gives it (fp16 copies under int8).
+    scale_dtype = mx.float16 if int8 else mx.float32
+    per = n * k * bits // 8 + 2 * n * (k // GROUP) * scale_dtype.size
+    ws = weight_copies(k, n, bits, max(1, COLD_BYTES // per + 1) if cold else 1, scale_dtype)
+    x = mx.random.normal((1, k))
+    mx.eval(x)
+    t = best_time(lambda: [ext.quantized_matmul(x, q, s, b, bits, GROUP, int8_activations=int8)
+                           for q, s, b in ws], rounds) / len(ws)
+    return per / t / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    ext = get_ops()
+    print(f"isa={ext.cpu_isa()} threads={ext.cpu_threads()} mlx={mx.__version__}\n")
+    print("| K x N (bits) | fp32 x warm GB/s | fp32 x cold GB/s | int8 x warm GB/s "
+          "| int8 x cold GB/s |")
+    print("|---|---|---|---|---|")
+    for k, n, bits in SHAPES:
+        cells = [f"{gbps(k, n, bits, int8, cold, args.rounds):.1f}"
+                 for int8 in (False, True) for cold in (False, True)]
+        print(f"| {k}x{n} ({bits}) | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
