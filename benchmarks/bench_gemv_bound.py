@@ -21,37 +21,18 @@ os.environ["VLLM_METAL_CPU_THREADS"] = "1"
 
 import mlx.core as mx  # noqa: E402
 
-from benchmarks.bench_cpu_kernels import COLD_BYTES, best_time  # noqa: E402
+from benchmarks.bench_int8_linear import timed  # noqa: E402
 from vllm_metal.metal import get_ops  # noqa: E402
 
 # (K, N, bits): SmolLM2's layer widths (K = 576 in, K = 1536 for down) and its
 # 8-bit head's K, made tall; group 32 as the GGUF loader gives them.
 SHAPES = [(576, 16384, 4), (1536, 8192, 4), (576, 16384, 8)]
-GROUP = 32
-
-
-def weight_copies(k: int, n: int, bits: int, count: int, scale_dtype: mx.Dtype):
-    out = []
-    for i in range(count):
-        w = mx.random.normal((n, k), key=mx.random.key(i)) * 0.05
-        q, s, b = mx.quantize(w, group_size=GROUP, bits=bits)
-        out.append((q, s.astype(scale_dtype), b.astype(scale_dtype)))
-        mx.eval(out[-1])
-    return out
 
 
 def gbps(k: int, n: int, bits: int, int8: bool, cold: bool, rounds: int) -> float:
-    """Weight bytes read per second (codes, scales and biases)."""
-    ext = get_ops()
-    # Each path with the scales its model load gives it (fp16 copies under int8).
-    scale_dtype = mx.float16 if int8 else mx.float32
-    per = n * k * bits // 8 + 2 * n * (k // GROUP) * scale_dtype.size
-    ws = weight_copies(k, n, bits, max(1, COLD_BYTES // per + 1) if cold else 1, scale_dtype)
-    x = mx.random.normal((1, k))
-    mx.eval(x)
-    t = best_time(lambda: [ext.quantized_matmul(x, q, s, b, bits, GROUP, int8_activations=int8)
-                           for q, s, b in ws], rounds) / len(ws)
-    return per / t / 1e9
+    """Weight bytes read per second (codes, scales and biases), one row of x."""
+    seconds, per = timed(k, n, bits, 1, int8, rounds, cold=cold)
+    return per / seconds / 1e9
 
 
 def main() -> None:

@@ -26,9 +26,10 @@ ROWS = (1, 4, 16, 256)
 GROUP = 32
 
 
-def copies(k: int, n: int, bits: int, m: int, scale_dtype: mx.Dtype):
+def copies(k: int, n: int, bits: int, cold: bool, scale_dtype: mx.Dtype):
+    """(copies, bytes per copy): enough copies to stream from DRAM when cold, else one."""
     per = n * k * bits // 8 + 2 * n * (k // GROUP) * scale_dtype.size
-    count = max(1, COLD_BYTES // per) if m <= 16 else 1
+    count = max(1, COLD_BYTES // per) if cold else 1
     out = []
     for i in range(count):
         w = mx.random.normal((n, k), key=mx.random.key(i)) * 0.05
@@ -38,9 +39,12 @@ def copies(k: int, n: int, bits: int, m: int, scale_dtype: mx.Dtype):
     return out, per
 
 
-def timed(k: int, n: int, bits: int, m: int, int8: bool, rounds: int) -> tuple[float, int]:
+def timed(k: int, n: int, bits: int, m: int, int8: bool, rounds: int,
+          cold: bool | None = None) -> tuple[float, int]:
+    """(seconds per call, weight bytes per call); cold (default: M <= 16) streams W from DRAM."""
     ext = get_ops()
-    ws, per = copies(k, n, bits, m, mx.float16 if int8 else mx.float32)
+    cold = m <= 16 if cold is None else cold
+    ws, per = copies(k, n, bits, cold, mx.float16 if int8 else mx.float32)
     x = mx.random.normal((m, k))
     mx.eval(x)
     t = best_time(lambda: [ext.quantized_matmul(x, w, s, b, bits, GROUP, int8_activations=int8)
