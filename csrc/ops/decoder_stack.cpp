@@ -363,11 +363,6 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   });
 }
 
-void DecoderStack::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "VllmMetalDecoderStack is a CPU kernel; on Metal the model runs module by module");
-}
-
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   return weights_ == static_cast<const DecoderStack&>(other).weights_;
 }

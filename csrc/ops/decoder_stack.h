@@ -8,6 +8,7 @@
 #include "cpu/decoder_stack_cpu.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -102,15 +103,12 @@ mlx::core::array decoder_stack(
     const mlx::core::array& cu_seqlens_q,
     mlx::core::StreamOrDevice s = {});
 
-class DecoderStack : public mlx::core::Primitive {
+class DecoderStack : public CpuOnlyPrimitive {
  public:
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights)
-      : mlx::core::Primitive(stream), weights_(std::move(weights)) {}
+      : CpuOnlyPrimitive(stream, "the model runs module by module"), weights_(std::move(weights)) {}
 
   void eval_cpu(
-      const std::vector<mlx::core::array>& inputs,
-      std::vector<mlx::core::array>& outputs) override;
-  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 

@@ -56,14 +56,6 @@ void DenseMatmul::eval_cpu(
   });
 }
 
-void DenseMatmul::eval_gpu(
-    const std::vector<mx::array>& /* inputs */,
-    std::vector<mx::array>& /* outputs */) {
-  throw std::runtime_error(
-      "VllmMetalDenseMatmul is a CPU kernel; on Metal use x @ w.T "
-      "(run this op on the CPU stream: stream=mx.cpu)");
-}
-
 bool DenseMatmul::is_equivalent(const mx::Primitive& other) const {
   return has_bias_ == static_cast<const DenseMatmul&>(other).has_bias_;
 }

@@ -6,6 +6,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -24,15 +25,12 @@ mlx::core::array dense_matmul(
     const std::optional<mlx::core::array>& bias = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
-class DenseMatmul : public mlx::core::Primitive {
+class DenseMatmul : public CpuOnlyPrimitive {
  public:
   DenseMatmul(mlx::core::Stream stream, bool has_bias)
-      : mlx::core::Primitive(stream), has_bias_(has_bias) {}
+      : CpuOnlyPrimitive(stream, "use x @ w.T (run this op on the CPU stream: stream=mx.cpu)"), has_bias_(has_bias) {}
 
   void eval_cpu(
-      const std::vector<mlx::core::array>& inputs,
-      std::vector<mlx::core::array>& outputs) override;
-  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 

@@ -99,14 +99,6 @@ void EmbeddingGather::eval_cpu(
   });
 }
 
-void EmbeddingGather::eval_gpu(
-    const std::vector<mx::array>& /* inputs */,
-    std::vector<mx::array>& /* outputs */) {
-  throw std::runtime_error(
-      "VllmMetalEmbeddingGather is a CPU kernel; on Metal use the table's own "
-      "indexing (run this op on the CPU stream: stream=mx.cpu)");
-}
-
 bool EmbeddingGather::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const EmbeddingGather&>(other);
   return bits_ == o.bits_ && group_size_ == o.group_size_;

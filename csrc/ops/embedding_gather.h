@@ -6,6 +6,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -29,15 +30,12 @@ mlx::core::array embedding_gather(
     int group_size = 0,
     mlx::core::StreamOrDevice s = {});
 
-class EmbeddingGather : public mlx::core::Primitive {
+class EmbeddingGather : public CpuOnlyPrimitive {
  public:
   EmbeddingGather(mlx::core::Stream stream, int bits, int group_size)
-      : mlx::core::Primitive(stream), bits_(bits), group_size_(group_size) {}
+      : CpuOnlyPrimitive(stream, "use the table's own indexing (run this op on the CPU stream: stream=mx.cpu)"), bits_(bits), group_size_(group_size) {}
 
   void eval_cpu(
-      const std::vector<mlx::core::array>& inputs,
-      std::vector<mlx::core::array>& outputs) override;
-  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 

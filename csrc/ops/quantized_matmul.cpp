@@ -82,15 +82,6 @@ void QuantizedMatmul::eval_cpu(
   });
 }
 
-void QuantizedMatmul::eval_gpu(
-    const std::vector<mx::array>& /* inputs */,
-    std::vector<mx::array>& /* outputs */) {
-  // On Metal the model keeps MLX's own quantized matmul (nothing is routed here).
-  throw std::runtime_error(
-      "VllmMetalQuantizedMatmul is a CPU kernel; on Metal use mx.quantized_matmul "
-      "(run this op on the CPU stream: stream=mx.cpu)");
-}
-
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
   return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_ &&

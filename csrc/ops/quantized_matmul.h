@@ -6,6 +6,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -34,20 +35,17 @@ mlx::core::array quantized_matmul(
     bool int8_activations = false,
     mlx::core::StreamOrDevice s = {});
 
-class QuantizedMatmul : public mlx::core::Primitive {
+class QuantizedMatmul : public CpuOnlyPrimitive {
  public:
   QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias,
                   bool int8_activations)
-      : mlx::core::Primitive(stream),
+      : CpuOnlyPrimitive(stream, "use mx.quantized_matmul (run this op on the CPU stream: stream=mx.cpu)"),
         bits_(bits),
         group_size_(group_size),
         has_bias_(has_bias),
         int8_activations_(int8_activations) {}
 
   void eval_cpu(
-      const std::vector<mlx::core::array>& inputs,
-      std::vector<mlx::core::array>& outputs) override;
-  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 

@@ -52,11 +52,6 @@ void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   });
 }
 
-void RmsNorm::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error(
-      "VllmMetalRmsNorm is a CPU kernel; on Metal use mx.fast.rms_norm");
-}
-
 bool RmsNorm::is_equivalent(const mx::Primitive& other) const {
   return eps_ == static_cast<const RmsNorm&>(other).eps_;
 }

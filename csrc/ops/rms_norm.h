@@ -6,6 +6,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -23,14 +24,11 @@ mlx::core::array rms_norm(
     float eps,
     mlx::core::StreamOrDevice s = {});
 
-class RmsNorm : public mlx::core::Primitive {
+class RmsNorm : public CpuOnlyPrimitive {
  public:
-  RmsNorm(mlx::core::Stream stream, float eps) : mlx::core::Primitive(stream), eps_(eps) {}
+  RmsNorm(mlx::core::Stream stream, float eps) : CpuOnlyPrimitive(stream, "use mx.fast.rms_norm"), eps_(eps) {}
 
   void eval_cpu(
-      const std::vector<mlx::core::array>& inputs,
-      std::vector<mlx::core::array>& outputs) override;
-  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 

@@ -80,10 +80,6 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
   });
 }
 
-void Rope::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("VllmMetalRope is a CPU kernel; on Metal use mx.fast.rope");
-}
-
 bool Rope::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const Rope&>(other);
   return dims_ == o.dims_ && traditional_ == o.traditional_ && base_ == o.base_ &&

@@ -6,6 +6,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -30,19 +31,16 @@ mlx::core::array rope(
     const std::optional<mlx::core::array>& freqs,
     mlx::core::StreamOrDevice s = {});
 
-class Rope : public mlx::core::Primitive {
+class Rope : public CpuOnlyPrimitive {
  public:
   Rope(mlx::core::Stream stream, int dims, bool traditional, float base, float scale)
-      : mlx::core::Primitive(stream),
+      : CpuOnlyPrimitive(stream, "use mx.fast.rope"),
         dims_(dims),
         traditional_(traditional),
         base_(base),
         scale_(scale) {}
 
   void eval_cpu(
-      const std::vector<mlx::core::array>& inputs,
-      std::vector<mlx::core::array>& outputs) override;
-  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 

@@ -72,14 +72,6 @@ void SampleTokens::eval_cpu(
   });
 }
 
-void SampleTokens::eval_gpu(
-    const std::vector<mx::array>& /* inputs */,
-    std::vector<mx::array>& /* outputs */) {
-  throw std::runtime_error(
-      "VllmMetalSampleTokens is a CPU kernel; on Metal the sampler draws with MLX's own ops "
-      "(run this op on the CPU stream: stream=mx.cpu)");
-}
-
 bool SampleTokens::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const SampleTokens&>(other);
   return has_min_p_ == o.has_min_p_ && has_top_k_ == o.has_top_k_ && has_top_p_ == o.has_top_p_;

@@ -6,6 +6,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -35,19 +36,16 @@ mlx::core::array sample_tokens(
     const std::optional<mlx::core::array>& top_p = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
-class SampleTokens : public mlx::core::Primitive {
+class SampleTokens : public CpuOnlyPrimitive {
  public:
   // has_*: which optional inputs follow logits, temperature and keys, in order.
   SampleTokens(mlx::core::Stream stream, bool has_min_p, bool has_top_k, bool has_top_p)
-      : mlx::core::Primitive(stream),
+      : CpuOnlyPrimitive(stream, "the sampler draws with MLX's own ops (run this op on the CPU stream: stream=mx.cpu)"),
         has_min_p_(has_min_p),
         has_top_k_(has_top_k),
         has_top_p_(has_top_p) {}
 
   void eval_cpu(
-      const std::vector<mlx::core::array>& inputs,
-      std::vector<mlx::core::array>& outputs) override;
-  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 

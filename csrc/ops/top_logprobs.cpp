@@ -60,14 +60,6 @@ void TopLogprobs::eval_cpu(
   });
 }
 
-void TopLogprobs::eval_gpu(
-    const std::vector<mx::array>& /* inputs */,
-    std::vector<mx::array>& /* outputs */) {
-  throw std::runtime_error(
-      "VllmMetalTopLogprobs is a CPU kernel; on Metal the sampler uses MLX's own ops "
-      "(run this op on the CPU stream: stream=mx.cpu)");
-}
-
 bool TopLogprobs::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const TopLogprobs&>(other);
   return k_ == o.k_ && normalize_ == o.normalize_;

@@ -5,6 +5,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -29,15 +30,12 @@ std::vector<mlx::core::array> top_logprobs(
     bool normalize,
     mlx::core::StreamOrDevice s = {});
 
-class TopLogprobs : public mlx::core::Primitive {
+class TopLogprobs : public CpuOnlyPrimitive {
  public:
   TopLogprobs(mlx::core::Stream stream, int k, bool normalize)
-      : mlx::core::Primitive(stream), k_(k), normalize_(normalize) {}
+      : CpuOnlyPrimitive(stream, "the sampler uses MLX's own ops (run this op on the CPU stream: stream=mx.cpu)"), k_(k), normalize_(normalize) {}
 
   void eval_cpu(
-      const std::vector<mlx::core::array>& inputs,
-      std::vector<mlx::core::array>& outputs) override;
-  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 
