@@ -17,8 +17,12 @@ namespace {
 // How long an idle worker spins before sleeping: longer than the gaps between
 // the jobs of one forward, short enough that idle servers use no CPU.
 constexpr auto kSpin = std::chrono::microseconds(200);
-// Polls (~10-40 ns each) the caller spins on a straggling worker before yielding.
-constexpr int kCallerSpinPolls = 2000;
+// Both spin loops yield the core every this many polls (~1-2 us). On 2 cores a
+// third runnable thread (Python, a woken worker) often lands on a spinning
+// thread's core; without the yield the caller and a worker sharing one core
+// took turns of a whole kSpin per job. With nothing else runnable a yield
+// returns at once.
+constexpr int kPollsPerYield = 64;
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -99,9 +103,12 @@ void ThreadPool::worker_loop() {
     int polls = 0;
     while (generation_.load(std::memory_order_acquire) == seen) {
       cpu_relax();
-      if (++polls % 64 == 0 && std::chrono::steady_clock::now() > spin_until) {
+      if (++polls % kPollsPerYield != 0) continue;
+      if (std::chrono::steady_clock::now() > spin_until) {
         std::unique_lock<std::mutex> lk(sleep_mtx_);
         work_cv_.wait(lk, [&] { return generation_.load() != seen; });
+      } else {
+        std::this_thread::yield();
       }
     }
     seen = generation_.load();
@@ -135,8 +142,8 @@ void ThreadPool::parallel_for(int n, const std::function<void(int)>& fn) {
   open_.store(false);
   // A worker still inside was usually just slower by a few microseconds; if it
   // was preempted instead (other processes share the cores), yield to it.
-  for (int polls = 0; active_.load() != 0; ++polls) {
-    if (polls < kCallerSpinPolls) {
+  for (int polls = 1; active_.load() != 0; ++polls) {
+    if (polls % kPollsPerYield != 0) {
       cpu_relax();
     } else {
       std::this_thread::yield();

@@ -9,6 +9,7 @@ import mlx.core as mx
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_metal.platform import device_memory_bytes
+from vllm_metal.v1.idle_threads import deprioritize_threads
 from vllm_metal.v1.memory_budget import MemoryBudget
 from vllm_metal.v1.model_lifecycle import parameter_bytes
 from vllm_metal.v1.model_runner import MetalModelRunner
@@ -77,6 +78,7 @@ class MetalWorker(WorkerBase):
                                      distributed_init_method=self.distributed_init_method,
                                      local_rank=self.local_rank, backend="gloo")
         ensure_model_parallel_initialized(1, 1)
+        deprioritize_threads()  # gloo's idle loop threads
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         if load_dummy_weights:
