@@ -123,3 +123,34 @@ def test_finished_requests_free_rows(batch):
     _apply(batch, out)
     _check(batch, out)
     assert "r0" not in batch.requests and len(batch.row_of) == 4
+
+
+def test_decode_steps_one_token_each(batch):
+    """Steps of one token per request take the decode path; they must match the reference,
+    across block boundaries and with a request still one prompt token at a time."""
+    a, b, c = list(range(10, 17)), list(range(40, 48)), list(range(70, 90))
+    out = _out(new=[_new("a", a, [3]), _new("b", b, [5]), _new("c", c, [8, 2, 6], computed=5)],
+               sched={"a": 7, "b": 8, "c": 1})
+    _apply(batch, out)
+    _check(batch, out)
+    blocks = {"a": [3], "b": [5], "c": [8, 2, 6]}
+    computed = {"a": 7, "b": 8, "c": 6}
+    outputs = {"a": 0, "b": 0, "c": 0}
+    for step_no in range(12):
+        for r in ("a", "b"):
+            batch.append_token(r, 1000 + 10 * step_no + len(r))
+            outputs[r] += 1
+        order = ["b", "c", "a"] if step_no % 2 else ["a", "b", "c"]
+        new_blocks = []
+        for r in order:
+            grow = computed[r] + 1 > len(blocks[r]) * BLOCK
+            extra = [20 + step_no] if grow else []
+            blocks[r] += extra
+            new_blocks.append((extra,) if extra else None)
+        out = _out(cached=_cached(order, [computed[r] for r in order], new_blocks,
+                                  [outputs[r] for r in order]), sched={r: 1 for r in order})
+        _apply(batch, out)
+        step = _check(batch, out)
+        assert list(step.sample_mask) == [r != "c" for r in order]
+        for r in order:
+            computed[r] += 1

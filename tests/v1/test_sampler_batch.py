@@ -8,6 +8,7 @@ from vllm import SamplingParams
 from vllm_metal.v1.sampler import Sampler
 from vllm_metal.v1.sampling_batch import (
     RequestSamplingState,
+    SamplingBatchCache,
     build_sampling_batch,
     seeded_keys,
 )
@@ -137,3 +138,46 @@ def test_bfloat16_logits_sample_like_float32():
     want = mx.argmax(logits.astype(mx.bfloat16), axis=-1)
     assert np.array_equal(np.array(half.sampled), np.array(want))
     assert half.logprobs.logprobs.dtype == mx.float32
+
+
+def _same_fields(a, b):
+    for name, value in vars(a).items():
+        other = getattr(b, name)
+        if isinstance(value, np.ndarray):
+            np.testing.assert_array_equal(value, other, err_msg=name)
+        elif isinstance(value, tuple):
+            for x, y in zip(value, other):
+                np.testing.assert_array_equal(x, y, err_msg=name)
+        else:
+            assert value == other, name
+
+
+def test_cache_reuses_the_batch_only_for_the_same_states_in_order():
+    cache = SamplingBatchCache()
+    rows = [state(temperature=0.0), state(top_k=4, top_p=0.8), state(logprobs=2)]
+    first = cache.get(rows, 10)
+    assert cache.get(list(rows), 10) is first
+    _same_fields(first, build_sampling_batch(rows, 10))
+    swapped = cache.get([rows[1], rows[0], rows[2]], 10)
+    assert swapped is not first
+    _same_fields(swapped, build_sampling_batch([rows[1], rows[0], rows[2]], 10))
+    fewer = cache.get(rows[:2], 10)
+    _same_fields(fewer, build_sampling_batch(rows[:2], 10))
+    # An equal but distinct state is a different request: rebuilt.
+    twin = [state(temperature=0.0), rows[1]]
+    assert cache.get(twin, 10) is not cache.get(rows[:2], 10)
+    assert cache.get(rows[:2], 11).vocab_size == 11
+
+
+@pytest.mark.parametrize("extra", [dict(seed=7), dict(repetition_penalty=1.2),
+                                   dict(min_tokens=3, stop_token_ids=[2]),
+                                   dict(_bad_words_token_ids=[[5, 6]])])
+def test_cache_rebuilds_batches_that_read_outputs(extra):
+    """Seeded keys, penalties, min_tokens and bad words change as the output grows."""
+    cache = SamplingBatchCache()
+    rows = [state(), state(**extra)]
+    first = cache.get(rows, 10)
+    rows[1].output_token_ids += [5, 2]
+    second = cache.get(rows, 10)
+    assert second is not first
+    _same_fields(second, build_sampling_batch(rows, 10))

@@ -22,7 +22,7 @@ from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
 from vllm_metal.v1.request_updates import apply_scheduler_output
 from vllm_metal.v1.sampler import Sampler
-from vllm_metal.v1.sampling_batch import build_sampling_batch
+from vllm_metal.v1.sampling_batch import SamplingBatchCache
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -65,6 +65,7 @@ class MetalModelRunner:
         self._debug_sync = envs.VLLM_METAL_DEBUG_SYNC
         self._pipeline = envs.VLLM_METAL_DECODE_PIPELINE
         self.pending_tokens = PendingTokens(self.input_batch)
+        self._sampling_batches = SamplingBatchCache()
 
     # -- setup -------------------------------------------------------------
 
@@ -160,8 +161,8 @@ class MetalModelRunner:
             states = [self.input_batch.requests[r] for r in sampling_ids]
             if any(_reads_output_values(s.sampling_params) for s in states):
                 self.pending_tokens.resolve_all()  # penalties / bad words read real ids
-            batch = build_sampling_batch([s.sampling for s in states],
-                                         self.loaded.dims.vocab_size)
+            batch = self._sampling_batches.get([s.sampling for s in states],
+                                               self.loaded.dims.vocab_size)
             result = self.sampler(forwarded.logits, batch, _align_bitmask(grammar_output,
                                                                          sampling_ids))
             inflight = self.pending_tokens.add(result.sampled, sampling_ids)

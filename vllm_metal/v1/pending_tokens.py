@@ -89,14 +89,29 @@ class PendingTokens:
         for step in self._inflight[:-1]:
             self.resolve(step)
 
+    def _feeds_whole_step(self, step: StepInputs, newest: InflightStep) -> bool:
+        """True when ``step`` is one token per request, in ``newest``'s row order, and
+        each token is that request's placeholder from ``newest``."""
+        n = len(step.req_ids)
+        if n != len(newest.req_ids) or len(step.input_ids) != n or step.req_ids != newest.req_ids:
+            return False
+        for req_id, slot, pos in zip(step.req_ids, newest.slots, step.positions.tolist()):
+            if self._where.get(req_id, (None,))[0] is not newest:
+                return False
+            if len(self.batch.requests[req_id].prompt_token_ids) + slot != pos:
+                return False
+        return True
+
     def fill_inputs(self, step: StepInputs) -> mx.array:
         """input_ids int32 [total_q] with the newest step's device values in place of
         its placeholders (call ``resolve_stale`` before building ``step``)."""
-        input_ids = mx.array(step.input_ids)
         if not self._where:
-            return input_ids
-        positions, rows = [], []
+            return mx.array(step.input_ids)
         newest = self._inflight[-1]
+        if self._feeds_whole_step(step, newest):
+            return newest.sampled.astype(mx.int32)  # steady decode: no gather/scatter nodes
+        input_ids = mx.array(step.input_ids)
+        positions, rows = [], []
         for i, req_id in enumerate(step.req_ids):
             found = self._where.get(req_id)
             if found is None:

@@ -259,3 +259,27 @@ def build_sampling_batch(states: list[RequestSamplingState], vocab_size: int
         penalized.any() or bias_rows or allowed_r or batch.banned_tokens is not None
         or batch.stop_bans is not None or batch.num_logprobs is not None)
     return batch
+
+
+class SamplingBatchCache:
+    """The last SamplingBatch, handed out again while the same request states sample in
+    the same order and nothing in it reads their outputs so far (seeded keys, penalties,
+    bad words, min_tokens): a steady decode step then builds nothing. Holds the states
+    themselves, so identity cannot be fooled by a reused id()."""
+
+    def __init__(self) -> None:
+        self._states: tuple[RequestSamplingState, ...] = ()
+        self._batch: SamplingBatch | None = None
+
+    def get(self, states: list[RequestSamplingState], vocab_size: int) -> SamplingBatch:
+        cached = self._batch
+        if (cached is not None and cached.vocab_size == vocab_size
+                and len(states) == len(self._states)
+                and all(a is b for a, b in zip(states, self._states))):
+            return cached
+        batch = build_sampling_batch(states, vocab_size)
+        if batch.depends_on_output_ids or batch.seeded_rows.any():
+            self._states, self._batch = (), None
+        else:
+            self._states, self._batch = tuple(states), batch
+        return batch
