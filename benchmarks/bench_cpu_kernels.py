@@ -51,6 +51,18 @@ def best_time(fn, rounds: int) -> float:
     return best
 
 
+def start_table(description: str, columns: list[str], rounds: int = 7) -> int:
+    """Parse --rounds, print the build line and a markdown table header. Returns rounds."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    args = parser.parse_args()
+    ext = get_ops()
+    print(f"isa={ext.cpu_isa()} threads={ext.cpu_threads()} mlx={mx.__version__}\n")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    return args.rounds
+
+
 # -- machine limits ------------------------------------------------------------
 
 def read_bandwidth(threads: int, data: np.ndarray, rounds: int) -> float:

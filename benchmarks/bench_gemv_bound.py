@@ -13,16 +13,13 @@ runs faster warm is waiting on DRAM. Output: a markdown table
 
 from __future__ import annotations
 
-import argparse
 import os
 
 # The pool reads its size once, when the extension first uses it.
 os.environ["VLLM_METAL_CPU_THREADS"] = "1"
 
-import mlx.core as mx  # noqa: E402
-
+from benchmarks.bench_cpu_kernels import start_table  # noqa: E402
 from benchmarks.bench_int8_linear import timed  # noqa: E402
-from vllm_metal.metal import get_ops  # noqa: E402
 
 # (K, N, bits): SmolLM2's layer widths (K = 576 in, K = 1536 for down) and its
 # 8-bit head's K, made tall; group 32 as the GGUF loader gives them.
@@ -36,16 +33,11 @@ def gbps(k: int, n: int, bits: int, int8: bool, cold: bool, rounds: int) -> floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    ext = get_ops()
-    print(f"isa={ext.cpu_isa()} threads={ext.cpu_threads()} mlx={mx.__version__}\n")
-    print("| K x N (bits) | fp32 x warm GB/s | fp32 x cold GB/s | int8 x warm GB/s "
-          "| int8 x cold GB/s |")
-    print("|---|---|---|---|---|")
+    rounds = start_table(__doc__.splitlines()[0], [
+        "K x N (bits)", "fp32 x warm GB/s", "fp32 x cold GB/s", "int8 x warm GB/s",
+        "int8 x cold GB/s"])
     for k, n, bits in SHAPES:
-        cells = [f"{gbps(k, n, bits, int8, cold, args.rounds):.1f}"
+        cells = [f"{gbps(k, n, bits, int8, cold, rounds):.1f}"
                  for int8 in (False, True) for cold in (False, True)]
         print(f"| {k}x{n} ({bits}) | " + " | ".join(cells) + " |", flush=True)
 

@@ -13,11 +13,10 @@ rounds, MLX's per-node overhead included; all threads of the pool.
 
 from __future__ import annotations
 
-import argparse
 
 import mlx.core as mx
 
-from benchmarks.bench_cpu_kernels import COLD_BYTES, best_time
+from benchmarks.bench_cpu_kernels import COLD_BYTES, best_time, start_table
 from vllm_metal.metal import get_ops
 
 # (K, N, bits): q/o, k/v, gate/up, down projections and SmolLM2's 8-bit tied head.
@@ -53,18 +52,13 @@ def timed(k: int, n: int, bits: int, m: int, int8: bool, rounds: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
-    args = parser.parse_args()
-    ext = get_ops()
-    print(f"isa={ext.cpu_isa()} threads={ext.cpu_threads()} mlx={mx.__version__}\n")
-    print("| K x N (bits) | M | fp32 x: us | GB/s | GFLOP/s | int8 x: us | GB/s | GFLOP/s "
-          "| speedup |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    rounds = start_table(__doc__.splitlines()[0], [
+        "K x N (bits)", "M", "fp32 x: us", "GB/s", "GFLOP/s", "int8 x: us", "GB/s", "GFLOP/s",
+        "speedup"])
     for k, n, bits in SHAPES:
         for m in ROWS:
-            t32, b32 = timed(k, n, bits, m, False, args.rounds)
-            t8, b8 = timed(k, n, bits, m, True, args.rounds)
+            t32, b32 = timed(k, n, bits, m, False, rounds)
+            t8, b8 = timed(k, n, bits, m, True, rounds)
             flop = 2 * m * n * k
             print(f"| {k}x{n} ({bits}) | {m} | {t32 * 1e6:.1f} | {b32 / t32 / 1e9:.1f} | "
                   f"{flop / t32 / 1e9:.0f} | {t8 * 1e6:.1f} | {b8 / t8 / 1e9:.1f} | "

@@ -126,8 +126,8 @@ def test_finished_requests_free_rows(batch):
 
 
 def test_decode_steps_one_token_each(batch):
-    """Steps of one token per request take the decode path; they must match the reference,
-    across block boundaries and with a request still one prompt token at a time."""
+    """Steps of one token per request match the reference, across block boundaries, with
+    the order changing and a request still one prompt token at a time."""
     a, b, c = list(range(10, 17)), list(range(40, 48)), list(range(70, 90))
     out = _out(new=[_new("a", a, [3]), _new("b", b, [5]), _new("c", c, [8, 2, 6], computed=5)],
                sched={"a": 7, "b": 8, "c": 1})

@@ -7,7 +7,7 @@ import pytest
 
 from tests.v1.test_input_batch import BLOCK, _apply, _cached, _new, _out
 from vllm_metal.v1.input_batch import InputBatch
-from vllm_metal.v1.pending_tokens import PendingTokens
+from vllm_metal.v1.pending_tokens import PendingTokens, covers_step
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_placeholders_take_the_sampled_ids(two_sampled, order, whole, expected):
     batch, pending = two_sampled
     step = _decode(batch, order)
     assert list(step.input_ids) == [-1] * len(order)  # placeholders on the host
-    assert pending._feeds_whole_step(step, pending._inflight[-1]) is whole
+    assert covers_step(*pending.placeholders(step), len(order), 2) is whole
     ids = pending.fill_inputs(step)
     assert ids.dtype == mx.int32
     np.testing.assert_array_equal(np.array(ids), expected)
@@ -53,5 +53,5 @@ def test_mixed_step_with_a_prefill_chunk(two_sampled):
                cached=_cached(["a"], [3], [None], [1]), sched={"a": 1, "c": 4})
     _apply(batch, out)
     step = batch.prepare_inputs(out)
-    assert not pending._feeds_whole_step(step, pending._inflight[-1])
+    assert not covers_step(*pending.placeholders(step), 5, 2)
     np.testing.assert_array_equal(np.array(pending.fill_inputs(step)), [11, 30, 31, 32, 33])

@@ -149,8 +149,6 @@ class InputBatch:
         scheduled = scheduler_output.num_scheduled_tokens
         req_ids = list(scheduled)
         rows = np.fromiter((self.row_of[r] for r in req_ids), dtype=np.int64, count=len(req_ids))
-        if all(q == 1 for q in scheduled.values()):
-            return self._decode_inputs(req_ids, rows)
         q_lens = np.fromiter((scheduled[r] for r in req_ids), dtype=np.int32, count=len(req_ids))
 
         cu_seqlens_q = np.zeros(len(req_ids) + 1, dtype=np.int32)
@@ -174,22 +172,6 @@ class InputBatch:
         return StepInputs(req_ids, input_ids, positions, cu_seqlens_q, seq_lens,
                           np.ascontiguousarray(block_tables), slot_mapping,
                           sample_mask, logits_indices)
-
-    def _decode_inputs(self, req_ids: list[str], rows: np.ndarray) -> StepInputs:
-        """prepare_inputs for one token per request (a decode step), in fewer numpy calls:
-        each token's position is its request's computed count."""
-        n = len(req_ids)
-        positions = self.num_computed[rows]
-        input_ids = self.token_ids[rows, positions]
-        seq_lens = positions + 1
-        max_blocks = -(-int(seq_lens.max()) // self.block_size)
-        block_tables = np.ascontiguousarray(self.block_table[rows, :max_blocks])
-        pages = block_tables[np.arange(n), positions // self.block_size]
-        slot_mapping = (pages * self.block_size + positions % self.block_size).astype(np.int32)
-        sample_mask = seq_lens >= self.num_tokens[rows]
-        cu_seqlens_q = np.arange(n + 1, dtype=np.int32)
-        return StepInputs(req_ids, input_ids, positions, cu_seqlens_q, seq_lens, block_tables,
-                          slot_mapping, sample_mask, cu_seqlens_q[:-1][sample_mask])
 
     # -- rows --------------------------------------------------------------
 

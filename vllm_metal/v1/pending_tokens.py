@@ -89,29 +89,11 @@ class PendingTokens:
         for step in self._inflight[:-1]:
             self.resolve(step)
 
-    def _feeds_whole_step(self, step: StepInputs, newest: InflightStep) -> bool:
-        """True when ``step`` is one token per request, in ``newest``'s row order, and
-        each token is that request's placeholder from ``newest``."""
-        n = len(step.req_ids)
-        if n != len(newest.req_ids) or len(step.input_ids) != n or step.req_ids != newest.req_ids:
-            return False
-        for req_id, slot, pos in zip(step.req_ids, newest.slots, step.positions.tolist()):
-            if self._where.get(req_id, (None,))[0] is not newest:
-                return False
-            if len(self.batch.requests[req_id].prompt_token_ids) + slot != pos:
-                return False
-        return True
-
-    def fill_inputs(self, step: StepInputs) -> mx.array:
-        """input_ids int32 [total_q] with the newest step's device values in place of
-        its placeholders (call ``resolve_stale`` before building ``step``)."""
-        if not self._where:
-            return mx.array(step.input_ids)
-        newest = self._inflight[-1]
-        if self._feeds_whole_step(step, newest):
-            return newest.sampled.astype(mx.int32)  # steady decode: no gather/scatter nodes
-        input_ids = mx.array(step.input_ids)
+    def placeholders(self, step: StepInputs) -> tuple[list[int], list[int]]:
+        """Where the newest step's placeholders sit in ``step``: packed token positions,
+        and for each the row of the newest step's sampled array that fills it."""
         positions, rows = [], []
+        newest = self._inflight[-1] if self._inflight else None
         for i, req_id in enumerate(step.req_ids):
             found = self._where.get(req_id)
             if found is None:
@@ -124,7 +106,25 @@ class PendingTokens:
             if 0 <= offset < end - start:
                 positions.append(start + offset)
                 rows.append(row)
+        return positions, rows
+
+    def fill_inputs(self, step: StepInputs) -> mx.array:
+        """input_ids int32 [total_q] with the newest step's device values in place of
+        its placeholders (call ``resolve_stale`` before building ``step``)."""
+        if not self._where:
+            return mx.array(step.input_ids)
+        newest = self._inflight[-1]
+        positions, rows = self.placeholders(step)
+        if covers_step(positions, rows, len(step.input_ids), len(newest.req_ids)):
+            return newest.sampled.astype(mx.int32)  # steady decode: no gather/scatter nodes
+        input_ids = mx.array(step.input_ids)
         if positions:
             values = newest.sampled[mx.array(np.asarray(rows, dtype=np.int32))]
             input_ids[mx.array(np.asarray(positions, dtype=np.int32))] = values.astype(mx.int32)
         return input_ids
+
+
+def covers_step(positions: list[int], rows: list[int], total_q: int, num_sampled: int) -> bool:
+    """True when every token of a step is a placeholder and token i takes sampled row i:
+    the sampled array is then the step's input ids as it is."""
+    return total_q == num_sampled == len(positions) and positions == rows == list(range(total_q))
