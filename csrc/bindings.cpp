@@ -208,7 +208,7 @@ Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
 
   m.def("_data_ptr", &vllm_metal::data_ptr, "array"_a,
-        "Address of an evaluated array's first element (tests).");
+        "Address of an evaluated array's first element (tests; huge-page advice).");
   m.def("cpu_isa", &vllm_metal::cpu_isa,
         "Instruction set the CPU kernels use: 'avx512', 'avx2' or 'generic'.");
   m.def("_set_cpu_isa", &vllm_metal::set_cpu_isa, "name"_a,

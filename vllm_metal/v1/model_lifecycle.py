@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from vllm_metal import envs
 from vllm_metal.attention.context import get_forward_context
@@ -16,6 +18,7 @@ from vllm_metal.attention.patching import find_layers, walk_and_wrap
 from vllm_metal.models.cpu_fast_functions import cpu_fast_functions
 from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
 from vllm_metal.models.decoder_stack import DecoderStackPlan, plan_decoder_stack
+from vllm_metal.v1.huge_pages import array_ranges, back_with_huge_pages
 
 logger = logging.getLogger("vllm_metal")
 
@@ -76,6 +79,8 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
         module, index, sliding_window=window))
     mx.eval(model.parameters())
     cpu = mx.default_device().type == mx.cpu
+    if cpu and envs.VLLM_METAL_CPU_HUGE_PAGES:
+        _weights_on_huge_pages(model)
     stack = None
     if cpu and fast_linears and envs.VLLM_METAL_CPU_DECODER_STACK:
         stack = plan_decoder_stack(_inner_model(model), int8_activations=int8)
@@ -86,6 +91,15 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
                 fast_linears, ", decoder stack as one CPU node" if stack else "",
                 ", int8 activations" if int8 and fast_linears else "")
     return LoadedModel(model, dims, dtype, cpu_fast=cpu, stack=stack)
+
+
+def _weights_on_huge_pages(model: nn.Module) -> None:
+    start = time.perf_counter()
+    report = back_with_huge_pages(array_ranges(a for _, a in tree_flatten(model.parameters())))
+    logger.info("Weights on huge pages: %.1f of %.1f MiB (%.1f MiB collapsed in %.2f s)%s",
+                report.weights_collapsed / 2**20, report.weight_bytes / 2**20,
+                report.collapsed_bytes / 2**20, time.perf_counter() - start,
+                f"; refused: {', '.join(sorted(set(report.errors)))}" if report.errors else "")
 
 
 def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
@@ -125,8 +139,6 @@ def derive_dims(model: nn.Module) -> ModelDims:
 
 
 def parameter_bytes(model: nn.Module) -> int:
-    from mlx.utils import tree_flatten
-
     return sum(p.nbytes for _, p in tree_flatten(model.parameters()))
 
 

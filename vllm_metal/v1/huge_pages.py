@@ -1,0 +1,114 @@
+"""Back the loaded weights with transparent huge pages (Linux CPU backend).
+
+A decode step streams every weight byte from DRAM once. MLX allocates arrays
+with malloc, so the weights sit on 4 KiB pages: a TLB miss for every 4 KiB read,
+and the cores' stream prefetchers stop at each page edge. numpy, whose reads set
+the bandwidth the benchmarks hold us to, asks for huge pages on large arrays.
+Here the same is done for the weights once they are loaded: the 2 MiB-aligned
+part of each memory mapping that holds weights is advised ``MADV_HUGEPAGE`` and
+collapsed at once (``MADV_COLLAPSE``, Linux 6.1+) rather than whenever
+khugepaged gets to it. Where the kernel refuses (THP off, an older kernel), the
+weights simply stay on small pages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+HUGE_PAGE = 2 << 20        # x86_64 and aarch64 (4 KiB base pages) PMD size
+MADV_HUGEPAGE = 14
+MADV_COLLAPSE = 25
+
+
+@dataclass(frozen=True)
+class HugePageReport:
+    weight_bytes: int          # bytes of the arrays asked about
+    advised_bytes: int         # bytes of huge-page-aligned spans advised MADV_HUGEPAGE
+    collapsed_bytes: int       # of those, bytes MADV_COLLAPSE moved onto huge pages now
+    weights_collapsed: int     # weight bytes inside the collapsed spans
+    errors: tuple[str, ...]    # one "call: ERRNO" per refused span, e.g. "collapse: EINVAL"
+
+
+def anonymous_mappings(maps: str) -> list[tuple[int, int]]:
+    """[start, end) of the private writable anonymous mappings (and the heap) in the text
+    of /proc/<pid>/maps; huge pages can back only these."""
+    spans = []
+    for line in maps.splitlines():
+        fields = line.split()
+        if len(fields) < 5 or fields[1] != "rw-p":
+            continue
+        name = fields[5] if len(fields) > 5 else ""
+        if name not in ("", "[heap]"):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        spans.append((start, end))
+    return spans
+
+
+def plan_spans(ranges: Iterable[tuple[int, int]], mappings: Iterable[tuple[int, int]],
+               page: int = HUGE_PAGE) -> list[tuple[int, int]]:
+    """Page-aligned spans to advise: per mapping, from the first weight byte in it to the
+    last, cut to the mapping and shrunk to whole ``page``s; empty ones dropped.
+
+    ``ranges`` are [start, end) byte ranges of weights. Memory between two weights of
+    one mapping comes along: malloc interleaves small allocations with them, and
+    spans of single weights (most are under 2 MiB) would hold no aligned page.
+    """
+    ranges = sorted(ranges)
+    spans = []
+    for m_start, m_end in sorted(mappings):
+        inside = [(max(s, m_start), min(e, m_end)) for s, e in ranges if s < m_end and e > m_start]
+        if not inside:
+            continue
+        lo = -(-min(s for s, _ in inside) // page) * page
+        hi = max(e for _, e in inside) // page * page
+        if hi > lo:
+            spans.append((lo, hi))
+    return spans
+
+
+def _madvise():
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = libc.madvise
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def back_with_huge_pages(ranges: list[tuple[int, int]]) -> HugePageReport:
+    """Advise and collapse the huge-page spans around ``ranges`` ([start, end) of weight
+    bytes, in this process). Linux only; elsewhere it reports doing nothing."""
+    weight_bytes = sum(e - s for s, e in ranges)
+    if not sys.platform.startswith("linux"):
+        return HugePageReport(weight_bytes, 0, 0, 0, ("not Linux",))
+    try:
+        with open("/proc/self/maps") as f:
+            spans = plan_spans(ranges, anonymous_mappings(f.read()))
+    except OSError as e:
+        return HugePageReport(weight_bytes, 0, 0, 0, (f"maps: {e.strerror}",))
+    madvise = _madvise()
+    advised, collapsed, errors = 0, [], []
+    for lo, hi in spans:
+        for call, advice in (("advise", MADV_HUGEPAGE), ("collapse", MADV_COLLAPSE)):
+            if madvise(lo, hi - lo, advice) != 0:
+                errors.append(f"{call}: {errno.errorcode.get(ctypes.get_errno(), '?')}")
+                break   # not advised: nothing to collapse
+            if advice == MADV_HUGEPAGE:
+                advised += hi - lo
+            else:
+                collapsed.append((lo, hi))
+    inside = sum(max(0, min(e, hi) - max(s, lo)) for s, e in ranges for lo, hi in collapsed)
+    return HugePageReport(weight_bytes, advised, sum(hi - lo for lo, hi in collapsed), inside,
+                          tuple(errors))
+
+
+def array_ranges(arrays: Iterable) -> list[tuple[int, int]]:
+    """[start, end) of each evaluated mx.array's bytes (empty arrays skipped)."""
+    from vllm_metal.metal import get_ops
+
+    address = get_ops()._data_ptr
+    return [(address(a), address(a) + a.nbytes) for a in arrays if a.nbytes]
