@@ -15,6 +15,7 @@ from vllm_metal.v1.huge_pages import (
     anonymous_mappings,
     array_ranges,
     back_with_huge_pages,
+    zeros_on_huge_pages,
     plan_spans,
 )
 
@@ -67,8 +68,8 @@ def _thp_mode() -> str:
         return "never"
 
 
-def _huge_bytes(lo: int, hi: int) -> int:
-    """AnonHugePages of the mappings overlapping [lo, hi), from /proc/self/smaps."""
+def _huge_bytes(lo: int, hi: int, field: str = "AnonHugePages") -> int:
+    """``field`` (bytes) of the mappings overlapping [lo, hi), from /proc/self/smaps."""
     total, overlaps = 0, False
     with open("/proc/self/smaps") as f:
         for line in f:
@@ -76,7 +77,7 @@ def _huge_bytes(lo: int, hi: int) -> int:
             if head:
                 start, end = int(head.group(1), 16), int(head.group(2), 16)
                 overlaps = start < hi and end > lo
-            elif overlaps and line.startswith("AnonHugePages:"):
+            elif overlaps and line.startswith(field + ":"):
                 total += int(line.split()[1]) * 1024
     return total
 
@@ -110,3 +111,33 @@ def test_array_ranges_skips_empty_arrays():
     mx.eval(a, empty)
     ((lo, hi),) = array_ranges([a, empty])
     assert hi - lo == 4000
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux madvise")
+def test_zeros_on_huge_pages_releases_and_reads_zero_then_writes_stick():
+    cache = mx.zeros((12 * MiB // 2,), dtype=mx.float16)
+    mx.eval(cache)
+    (lo, hi), = array_ranges([cache])
+    resident = _huge_bytes(lo, hi, "Rss")
+
+    released = zeros_on_huge_pages([(lo, hi)])
+
+    if _thp_mode() == "never":
+        assert released == 0
+        pytest.skip("no transparent huge pages here")
+    whole_pages = (hi // HUGE_PAGE - -(-lo // HUGE_PAGE)) * HUGE_PAGE
+    assert released == whole_pages > 0
+    assert _huge_bytes(lo, hi, "Rss") <= resident - released   # the zeros no longer hold memory
+    assert not np.array(cache).any()          # released pages read back as zeros
+    # A write through an MLX kernel in place (as the KV writes are) lands and is read back.
+    from vllm_metal.metal import get_ops
+
+    rows = mx.full((3, 1, 4), 2.5, dtype=mx.float16)
+    view = cache.reshape(-1, 1, 1, 4)
+    k, _ = get_ops().reshape_and_cache(rows, rows, view, view,
+                                       mx.array([0, 1 << 19, view.shape[0] - 1], dtype=mx.int32))
+    mx.eval(k)
+    got = np.array(k).reshape(-1, 4)
+    assert (got[[0, 1 << 19, view.shape[0] - 1]] == 2.5).all()
+    assert np.count_nonzero(got) == 12
+    assert _huge_bytes(lo, hi) >= HUGE_PAGE    # the written pages came back huge

@@ -16,6 +16,7 @@ from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
+from vllm_metal.v1.huge_pages import array_ranges, zeros_on_huge_pages
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
 from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
@@ -102,8 +103,13 @@ class MetalModelRunner:
         dims = self.loaded.dims
         self.kv_cache = PagedKVCache(dims.num_layers, kv_cache_config.num_blocks, self.block_size,
                                      dims.num_kv_heads, dims.head_dim, self.kv_dtype)
-        logger.info("KV cache: %d blocks of %d tokens, %.1f MiB",
-                    kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20)
+        huge = 0
+        if self.loaded.cpu_fast and envs.VLLM_METAL_CPU_HUGE_PAGES:
+            huge = zeros_on_huge_pages(array_ranges(
+                [*self.kv_cache.key_caches, *self.kv_cache.value_caches]))
+        logger.info("KV cache: %d blocks of %d tokens, %.1f MiB%s",
+                    kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20,
+                    f" ({huge / 2**20:.0f} MiB on huge pages as first written)" if huge else "")
 
     def profile_run(self) -> int:
         """Estimate the peak activation bytes of a max_num_batched_tokens forward.
