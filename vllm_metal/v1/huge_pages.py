@@ -1,4 +1,4 @@
-"""Back the loaded weights with transparent huge pages (Linux CPU backend).
+"""Back the weights and the KV cache with transparent huge pages (Linux CPU backend).
 
 A decode step streams every weight byte from DRAM once. MLX allocates arrays
 with malloc, so the weights sit on 4 KiB pages: a TLB miss for every 4 KiB read,
@@ -7,12 +7,15 @@ the bandwidth the benchmarks hold us to, asks for huge pages on large arrays.
 Here the same is done for the weights once they are loaded: the 2 MiB-aligned
 part of each memory mapping that holds weights is advised ``MADV_HUGEPAGE`` and
 collapsed at once (``MADV_COLLAPSE``, Linux 6.1+) rather than whenever
-khugepaged gets to it. Where the kernel refuses (THP off, an older kernel), the
-weights simply stay on small pages.
+khugepaged gets to it. The KV cache, all zeros when it is made, is instead
+released onto huge pages that fill as it is written (``zeros_on_huge_pages``).
+Where the kernel refuses (THP off, an older kernel), memory simply stays on small
+pages.
 """
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
 import sys
@@ -55,18 +58,25 @@ def plan_spans(ranges: Iterable[tuple[int, int]], mappings: Iterable[tuple[int, 
     """Page-aligned spans to advise: per mapping, from the first weight byte in it to the
     last, cut to the mapping and shrunk to whole ``page``s; empty ones dropped.
 
-    ``ranges`` are [start, end) byte ranges of weights. Memory between two weights of
-    one mapping comes along: malloc interleaves small allocations with them, and
-    spans of single weights (most are under 2 MiB) would hold no aligned page.
+    ``ranges`` are [start, end) byte ranges of weights; ``mappings`` must not overlap.
+    Memory between two weights of one mapping comes along: malloc interleaves small
+    allocations with them, and spans of single weights (most are under 2 MiB) would
+    hold no aligned page.
     """
-    ranges = sorted(ranges)
+    mappings = sorted(mappings)
+    ends = [e for _, e in mappings]
+    hull: dict[int, list[int]] = {}   # mapping index -> [first weight byte, last + 1]
+    for s, e in ranges:
+        i = bisect.bisect_right(ends, s)   # the first mapping ending after s
+        while i < len(mappings) and mappings[i][0] < e:
+            m_start, m_end = mappings[i]
+            lo, hi = max(s, m_start), min(e, m_end)
+            span = hull.setdefault(i, [lo, hi])
+            span[0], span[1] = min(span[0], lo), max(span[1], hi)
+            i += 1
     spans = []
-    for m_start, m_end in sorted(mappings):
-        inside = [(max(s, m_start), min(e, m_end)) for s, e in ranges if s < m_end and e > m_start]
-        if not inside:
-            continue
-        lo = -(-min(s for s, _ in inside) // page) * page
-        hi = max(e for _, e in inside) // page * page
+    for i in sorted(hull):
+        lo, hi = -(-hull[i][0] // page) * page, hull[i][1] // page * page
         if hi > lo:
             spans.append((lo, hi))
     return spans
