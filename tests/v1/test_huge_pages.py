@@ -1,5 +1,6 @@
-"""Weights onto transparent huge pages: span planning, maps parsing, and the real
-madvise calls on an mx.array (contents kept, pages now 2 MiB per smaps)."""
+"""Transparent huge pages: span planning, maps parsing, and the real madvise calls on
+mx.arrays (weights: contents kept, pages now 2 MiB per smaps; a zeroed cache:
+released, read as zeros, written back onto a huge page)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from vllm_metal.v1.huge_pages import (
     anonymous_mappings,
     array_ranges,
     back_with_huge_pages,
-    zeros_on_huge_pages,
     plan_spans,
+    zeros_on_huge_pages,
 )
 
 MiB = 1 << 20
@@ -127,7 +128,8 @@ def test_zeros_on_huge_pages_releases_and_reads_zero_then_writes_stick():
         pytest.skip("no transparent huge pages here")
     whole_pages = (hi // HUGE_PAGE - -(-lo // HUGE_PAGE)) * HUGE_PAGE
     assert released == whole_pages > 0
-    assert _huge_bytes(lo, hi, "Rss") <= resident - released   # the zeros no longer hold memory
+    # The zeros no longer hold memory (slack: a new allocation may join the mapping).
+    assert _huge_bytes(lo, hi, "Rss") <= resident - released + MiB
     assert not np.array(cache).any()          # released pages read back as zeros
     # A write through an MLX kernel in place (as the KV writes are) lands and is read back.
     from vllm_metal.metal import get_ops
