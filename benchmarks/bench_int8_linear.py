@@ -13,7 +13,6 @@ rounds, MLX's per-node overhead included; all threads of the pool.
 
 from __future__ import annotations
 
-
 import mlx.core as mx
 
 from benchmarks.bench_cpu_kernels import COLD_BYTES, best_time, start_table

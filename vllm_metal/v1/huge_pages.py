@@ -31,8 +31,7 @@ MADV_COLLAPSE = 25
 @dataclass(frozen=True)
 class HugePageReport:
     weight_bytes: int          # bytes of the arrays asked about
-    advised_bytes: int         # bytes of huge-page-aligned spans advised MADV_HUGEPAGE
-    collapsed_bytes: int       # of those, bytes MADV_COLLAPSE moved onto huge pages now
+    collapsed_bytes: int       # bytes of the spans MADV_COLLAPSE moved onto huge pages
     weights_collapsed: int     # weight bytes inside the collapsed spans
     errors: tuple[str, ...]    # one "call: ERRNO" per refused span, e.g. "collapse: EINVAL"
 
@@ -74,12 +73,13 @@ def plan_spans(ranges: Iterable[tuple[int, int]], mappings: Iterable[tuple[int, 
             span = hull.setdefault(i, [lo, hi])
             span[0], span[1] = min(span[0], lo), max(span[1], hi)
             i += 1
-    spans = []
-    for i in sorted(hull):
-        lo, hi = -(-hull[i][0] // page) * page, hull[i][1] // page * page
-        if hi > lo:
-            spans.append((lo, hi))
-    return spans
+    spans = [_whole_pages(*hull[i], page) for i in sorted(hull)]
+    return [(lo, hi) for lo, hi in spans if hi > lo]
+
+
+def _whole_pages(start: int, end: int, page: int = HUGE_PAGE) -> tuple[int, int]:
+    """[start, end) shrunk to whole ``page``s (empty when it holds none: hi <= lo)."""
+    return -(-start // page) * page, end // page * page
 
 
 def _madvise():
@@ -90,30 +90,32 @@ def _madvise():
     return fn
 
 
+def _last_error() -> str:
+    return errno.errorcode.get(ctypes.get_errno(), "?")
+
+
 def back_with_huge_pages(ranges: list[tuple[int, int]]) -> HugePageReport:
     """Advise and collapse the huge-page spans around ``ranges`` ([start, end) of weight
     bytes, in this process). Linux only; elsewhere it reports doing nothing."""
     weight_bytes = sum(e - s for s, e in ranges)
     if not sys.platform.startswith("linux"):
-        return HugePageReport(weight_bytes, 0, 0, 0, ("not Linux",))
+        return HugePageReport(weight_bytes, 0, 0, ("not Linux",))
     try:
         with open("/proc/self/maps") as f:
             spans = plan_spans(ranges, anonymous_mappings(f.read()))
     except OSError as e:
-        return HugePageReport(weight_bytes, 0, 0, 0, (f"maps: {e.strerror}",))
+        return HugePageReport(weight_bytes, 0, 0, (f"maps: {e.strerror}",))
     madvise = _madvise()
-    advised, collapsed, errors = 0, [], []
+    collapsed, errors = [], []
     for lo, hi in spans:
-        for call, advice in (("advise", MADV_HUGEPAGE), ("collapse", MADV_COLLAPSE)):
-            if madvise(lo, hi - lo, advice) != 0:
-                errors.append(f"{call}: {errno.errorcode.get(ctypes.get_errno(), '?')}")
-                break   # not advised: nothing to collapse
-            if advice == MADV_HUGEPAGE:
-                advised += hi - lo
-            else:
-                collapsed.append((lo, hi))
+        if madvise(lo, hi - lo, MADV_HUGEPAGE) != 0:
+            errors.append(f"advise: {_last_error()}")
+        elif madvise(lo, hi - lo, MADV_COLLAPSE) != 0:
+            errors.append(f"collapse: {_last_error()}")
+        else:
+            collapsed.append((lo, hi))
     inside = sum(max(0, min(e, hi) - max(s, lo)) for s, e in ranges for lo, hi in collapsed)
-    return HugePageReport(weight_bytes, advised, sum(hi - lo for lo, hi in collapsed), inside,
+    return HugePageReport(weight_bytes, sum(hi - lo for lo, hi in collapsed), inside,
                           tuple(errors))
 
 
@@ -130,7 +132,7 @@ def zeros_on_huge_pages(ranges: list[tuple[int, int]]) -> int:
     madvise = _madvise()
     released = 0
     for start, end in ranges:
-        lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
+        lo, hi = _whole_pages(start, end)
         if hi > lo and madvise(lo, hi - lo, MADV_HUGEPAGE) == 0 \
                 and madvise(lo, hi - lo, MADV_DONTNEED) == 0:
             released += hi - lo
