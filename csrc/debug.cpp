@@ -1,6 +1,9 @@
 #include "debug.h"
 
+#include <atomic>
+#include <chrono>
 #include <stdexcept>
+#include <thread>
 
 #include "cpu/isa.h"
 #include "cpu/thread_pool.h"
@@ -25,6 +28,19 @@ void set_cpu_isa(const std::string& name) {
 
 int cpu_threads() {
   return cpu::ThreadPool::instance().size();
+}
+
+std::pair<std::vector<int>, long> pool_run(const std::vector<int>& sleep_us) {
+  auto& pool = cpu::ThreadPool::instance();
+  std::vector<std::atomic<int>> runs(sleep_us.size());
+  const long blocked = pool.blocked_joins();
+  pool.parallel_for(static_cast<int>(sleep_us.size()), [&](int i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us[i]));
+    runs[i].fetch_add(1);
+  });
+  std::vector<int> out;
+  for (auto& r : runs) out.push_back(r.load());
+  return {out, pool.blocked_joins() - blocked};
 }
 
 } // namespace vllm_metal

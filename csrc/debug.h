@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "mlx/array.h"
 
@@ -21,5 +23,10 @@ void set_cpu_isa(const std::string& name);
 
 // Threads the CPU kernel pool uses (including the calling thread).
 int cpu_threads();
+
+// Runs one pool job of len(sleep_us) items, item i sleeping sleep_us[i]
+// microseconds; returns how often each item ran and how many joins blocked
+// (the caller outlasting its spin) during the call.
+std::pair<std::vector<int>, long> pool_run(const std::vector<int>& sleep_us);
 
 } // namespace vllm_metal

@@ -31,6 +31,11 @@ class ThreadPool {
   // The first exception thrown by any fn is rethrown here.
   void parallel_for(int n, const std::function<void(int)>& fn);
 
+  // Joins so far at which the caller outlasted its spin and blocked.
+  long blocked_joins() const {
+    return blocked_joins_.load(std::memory_order_relaxed);
+  }
+
  private:
   explicit ThreadPool(int num_threads);
   void worker_loop();
@@ -54,6 +59,12 @@ class ThreadPool {
   std::atomic<int> next_{0};
   std::atomic<bool> open_{false};
   std::atomic<int> active_{0};
+  // The caller blocks here at a join that outlasts its spin; the last worker
+  // out wakes it when joiner_sleeping_ is set.
+  std::mutex join_mtx_;
+  std::condition_variable join_cv_;
+  std::atomic<bool> joiner_sleeping_{false};
+  std::atomic<long> blocked_joins_{0};
   std::mutex error_mtx_;
   std::exception_ptr error_;
 };

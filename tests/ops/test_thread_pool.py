@@ -1,0 +1,49 @@
+"""The CPU kernel pool's join: a caller that outlasts its spin blocks, and the last
+worker out wakes it.
+
+Run in a child process with a timeout, so a lost wake-up fails the test instead of
+hanging the suite.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_metal.metal import get_ops
+
+CHILD = r"""
+import random
+from vllm_metal.metal import get_ops
+
+ext = get_ops()
+ext._pool_run([0, 0])   # the pool's threads start
+rng = random.Random(0)
+blocked = 0
+for _ in range(300):
+    # Sleeps around the spin (30 us) and well past it, in random order, so
+    # each side of the join is sometimes the slow one.
+    delays = [rng.choice([0, 0, 20, 60, 500, 2000]) for _ in range(rng.randint(1, 9))]
+    runs, b = ext._pool_run(delays)
+    assert runs == [1] * len(delays), (delays, runs)
+    blocked += b
+# The caller takes item 0 first; the worker, woken meanwhile, takes item 1 and
+# outlasts the caller's item by 4 ms.
+slow_second = sum(ext._pool_run([1000, 5000])[1] for _ in range(20))
+print(blocked, slow_second)
+"""
+
+
+@pytest.mark.skipif(get_ops().cpu_threads() < 2, reason="a join needs a worker thread")
+def test_blocked_joins_run_every_item_once_and_wake():
+    env = dict(os.environ)
+    env.pop("VLLM_METAL_CPU_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    blocked, slow_second = map(int, out.stdout.split())
+    assert slow_second >= 10   # most of 20 joins that waited 4 ms blocked
+    assert blocked > 0
