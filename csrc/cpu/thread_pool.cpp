@@ -21,7 +21,7 @@ namespace {
 // Python, the API server); a spinning waiter then holds the other core, while
 // a sleeping one leaves it to that thread, or to the Python that preempted
 // it. Served single-stream TPOT (SmolLM2, int8 activations), against the
-// earlier 200 us worker spin and a join that never blocked: 3-6% lower in
+// earlier 200 us worker spin and a join that never blocked: 3-7% lower in
 // five interleaved rounds one hour, level in two the next.
 constexpr auto kSpin = std::chrono::microseconds(30);
 // Both spin loops yield the core every this many polls (~1-2 us). On 2 cores a
