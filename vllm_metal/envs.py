@@ -75,7 +75,8 @@ VARIABLES: dict[str, EnvVar] = {
     "VLLM_METAL_CPU_HUGE_PAGES": EnvVar(
         "1", _bool,
         "1: on the CPU backend (Linux), move the loaded weights onto transparent huge "
-        "pages (fewer TLB misses while a decode step streams them); 0: leave them on "
+        "pages (fewer TLB misses while a decode step streams them) and release the "
+        "zeroed KV cache onto huge pages that fill as it is written; 0: leave both on "
         "the 4 KiB pages malloc gave them."),
     "VLLM_METAL_CPU_INT8_ACTIVATIONS": EnvVar(
         "0", _bool,

@@ -44,9 +44,8 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex submit_mtx_; // one job at a time (MLX may run several streams)
 
-  // Workers spin on generation_ for a while after each job (a decode step
-  // issues a job every few tens of microseconds, and a futex wake-up costs
-  // about as much as a small GEMV), then sleep on work_cv_.
+  // Workers spin on generation_ for a while after each job (kSpin in
+  // thread_pool.cpp says how long and why), then sleep on work_cv_.
   std::mutex sleep_mtx_;
   std::condition_variable work_cv_;
   std::atomic<unsigned long> generation_{0};
