@@ -77,18 +77,21 @@ Returns [total_q, num_heads, head_size] in query's dtype.)");
       "x"_a,
       "w"_a,
       "scales"_a,
-      "biases"_a,
+      "biases"_a.none(),
       "bits"_a,
       "group_size"_a,
       "bias"_a = nb::none(),
       nb::kw_only(),
       "int8_activations"_a = false,
+      "zero_point"_a = 0.0f,
       "stream"_a = nb::none(),
       R"(x [..., K] @ W.T for an MLX affine-quantized W: w uint32 [N, K * bits / 32],
 scales/biases [N, K / group_size] (W = scale * q + bias); bias optional [N].
 bits 4 or 8, group_size 32/64/128. Returns [..., N] (fp32 accumulation) in
 MLX's promotion of the x, scales and bias dtypes. int8_activations: x is
-rounded to int8 per 32 columns and the products are integer dot products.)");
+rounded to int8 per 32 columns and the products are integer dot products.
+biases=None (only with int8_activations): symmetric weights whose biases are
+-zero_point * scale, formed from the scales instead of read.)");
 
   m.def(
       "dense_matmul",

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "cpu/linear_driver.h"
@@ -124,6 +125,7 @@ void quantized_matmul_cpu(const QuantMatrix& w, const LinearIO& io) {
   if (m == 0 || n == 0) return;
   if (k == 0) return zero_k(io, n);
   if (io.int8_activations) return quantized_matmul_q8_cpu(w, io);
+  if (w.biases == nullptr) throw std::invalid_argument("null biases need int8 activations");
   const LinearKernels& kern = linear_kernels();
   const int64_t weight_bytes = n * k * w.bits / 8;
 

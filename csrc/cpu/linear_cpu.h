@@ -14,15 +14,21 @@ enum class Elem : uint8_t { F32 = 0, BF16 = 1, F16 = 2 };
 // MLX affine-quantized matrix [n, k]: element (r, c) is
 // scales[r, c / gs] * q + biases[r, c / gs], q = bits-wide field
 // c % (32 / bits) of w[r, c * bits / 32], lowest bits first.
+//
+// Symmetric weights (GGUF's Q8_0 and Q4_0: W = d * (q - 2^(bits-1))) may
+// leave biases null: each bias is then -zero_point * scale, formed from the
+// scale already in hand, so a pass over W reads no biases. Only the int8
+// kernels (linear_q8.h) take a null biases.
 struct QuantMatrix {
   const uint32_t* w;      // [n, k * bits / 32]
   const void* scales;     // [n, k / group_size]
-  const void* biases;     // [n, k / group_size]
+  const void* biases;     // [n, k / group_size], or null (see above)
   Elem scale_type;        // of scales and biases
   int bits;               // 4 or 8
   int group_size;         // 32, 64 or 128
   int64_t n;
   int64_t k;
+  float zero_point = 0.0f;  // read only when biases is null
 };
 
 // Dense matrix [n, k], row-contiguous.

@@ -68,7 +68,8 @@ float output_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i, int64_t n
   const int64_t groups = w.k / w.group_size;
   const int64_t per = w.group_size / kQ8Block;
   const auto* scales = static_cast<const typename S::storage*>(w.scales) + n * groups;
-  const auto* biases = static_cast<const typename S::storage*>(w.biases) + n * groups;
+  const auto* biases =
+      w.biases ? static_cast<const typename S::storage*>(w.biases) + n * groups : nullptr;
   const float* d = a.d.get() + i * (a.kp / kQ8Block);
   const float* xsum = a.xsum.get() + i * groups;
   float y = 0.0f;
@@ -77,7 +78,9 @@ float output_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i, int64_t n
     for (int64_t b = g * per; b < (g + 1) * per; ++b) {
       t += static_cast<float>(block_dot(w, a, i, n, b)) * d[b];
     }
-    y += S::to_float(scales[g]) * t + S::to_float(biases[g]) * xsum[g];
+    const float scale = S::to_float(scales[g]);
+    const float bias = biases ? S::to_float(biases[g]) : -w.zero_point * scale;
+    y += scale * t + bias * xsum[g];
   }
   return y;
 }

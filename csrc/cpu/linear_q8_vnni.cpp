@@ -148,8 +148,9 @@ VLLM_METAL_INLINE void gemv_tile(const QuantMatrix& w, const Q8Acts& a, int64_t 
   for (int j = 0; j < NR; ++j) {
     wrow[j] = reinterpret_cast<const uint8_t*>(w.w) + (n + j) * row_bytes;
     srow[j] = static_cast<const ST*>(w.scales) + (n + j) * groups;
-    brow[j] = static_cast<const ST*>(w.biases) + (n + j) * groups;
+    brow[j] = w.biases ? static_cast<const ST*>(w.biases) + (n + j) * groups : nullptr;
   }
+  const __m512 neg_zero_point = _mm512_set1_ps(-w.zero_point);
   __m512 acc[MR][NR], sd[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -161,9 +162,15 @@ VLLM_METAL_INLINE void gemv_tile(const QuantMatrix& w, const Q8Acts& a, int64_t 
       const __mmask16 gm = mask16(gcount);
       for (int j = 0; j < NR; ++j) {
         prefetch_l2(srow[j] + g0, kPrefetchScales);
-        prefetch_l2(brow[j] + g0, kPrefetchScales);
-        const __m512 sv = _mm512_permutexvar_ps(block_group, load_scales<S>(srow[j] + g0, gcount));
-        const __m512 bv = load_scales<S>(brow[j] + g0, gcount);
+        const __m512 sg = load_scales<S>(srow[j] + g0, gcount);
+        const __m512 sv = _mm512_permutexvar_ps(block_group, sg);
+        __m512 bv;
+        if (brow[j]) {
+          prefetch_l2(brow[j] + g0, kPrefetchScales);
+          bv = load_scales<S>(brow[j] + g0, gcount);
+        } else {
+          bv = _mm512_mul_ps(sg, neg_zero_point);
+        }
         for (int i = 0; i < MR; ++i) {
           const __m512 dv = _mm512_maskz_loadu_ps(mask16(blocks - b0),
                                                   a.d.get() + (i0 + i) * blocks + b0);
@@ -254,6 +261,7 @@ VLLM_METAL_INLINE void prime_rows(const QuantMatrix& w, int64_t n0, int64_t n1) 
   const int64_t scale_bytes =
       std::min<int64_t>((n1 - n0) * groups * static_cast<int64_t>(sizeof(ST)), kPrefetchScales);
   for (const void* base : {w.scales, w.biases}) {
+    if (base == nullptr) continue;
     const auto* p = reinterpret_cast<const char*>(static_cast<const ST*>(base) + n0 * groups);
     for (int64_t off = 0; off < scale_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
   }
@@ -342,6 +350,7 @@ VLLM_METAL_INLINE void prefetch_tile(const QuantMatrix& w, int64_t t0) {
     _mm_prefetch(codes + off, _MM_HINT_T1);
   }
   for (const void* base : {w.scales, w.biases}) {
+    if (base == nullptr) continue;
     const auto* p = reinterpret_cast<const char*>(static_cast<const ST*>(base) + t0 * groups);
     for (int64_t off = 0; off < rows * groups * static_cast<int64_t>(sizeof(ST)); off += 64) {
       _mm_prefetch(p + off, _MM_HINT_T1);
@@ -358,7 +367,14 @@ Tile repack(const QuantMatrix& w, int64_t t0, int cols, void* scratch) {
   t.biases = t.scales + groups * kQ8TileCols;
   repack_part<S, 0>(w, t0, cols, t.words);
   repack_part<S, 1>(w, t0, cols, reinterpret_cast<uint32_t*>(t.scales));
-  repack_part<S, 2>(w, t0, cols, reinterpret_cast<uint32_t*>(t.biases));
+  if (w.biases) {
+    repack_part<S, 2>(w, t0, cols, reinterpret_cast<uint32_t*>(t.biases));
+  } else {
+    const __m512 neg_zero_point = _mm512_set1_ps(-w.zero_point);
+    for (int64_t i = 0; i < groups * kQ8TileCols; i += 16) {
+      _mm512_storeu_ps(t.biases + i, _mm512_mul_ps(_mm512_loadu_ps(t.scales + i), neg_zero_point));
+    }
+  }
   return t;
 }
 

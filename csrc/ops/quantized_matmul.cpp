@@ -1,5 +1,7 @@
 #include "ops/quantized_matmul.h"
 
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -22,11 +24,12 @@ mx::array quantized_matmul(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
-    const mx::array& biases,
+    const std::optional<mx::array>& biases,
     int bits,
     int group_size,
     const std::optional<mx::array>& bias,
     bool int8_activations,
+    float zero_point,
     mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128) {
@@ -35,16 +38,22 @@ mx::array quantized_matmul(
   if (x.ndim() < 1 || !is_linear_float(x.dtype())) fail("x must be [..., K] float");
   if (w.ndim() != 2 || w.dtype() != mx::uint32) fail("w must be uint32 [N, K * bits / 32]");
   if (scales.ndim() != 2 || !is_linear_float(scales.dtype()) ||
-      biases.shape() != scales.shape() || biases.dtype() != scales.dtype()) {
+      (biases && (biases->shape() != scales.shape() || biases->dtype() != scales.dtype()))) {
     fail("scales and biases must be float [N, K / group_size], same dtype");
   }
+  if (!biases && !int8_activations) {
+    fail("biases=None (symmetric weights, bias = -zero_point * scale) needs "
+         "int8_activations=True");
+  }
+  if (!std::isfinite(zero_point)) fail("zero_point must be finite");
   const int n = w.shape(0);
   const int k = x.shape(-1);
   if (static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(k) * bits ||
       scales.shape(0) != n || static_cast<int64_t>(scales.shape(1)) * group_size != k) {
     fail("shapes of x [..., K], w [N, K * bits / 32] and scales [N, K / group_size] disagree");
   }
-  std::vector<mx::array> inputs = {x, w, scales, biases};
+  std::vector<mx::array> inputs = {x, w, scales};
+  if (biases) inputs.push_back(*biases);
   if (bias) {
     if (bias->ndim() != 1 || bias->shape(0) != n || !is_linear_float(bias->dtype())) {
       fail("bias must be float [N]");
@@ -58,24 +67,29 @@ mx::array quantized_matmul(
   return mx::array(
       with_last_dim(x, n),
       out_type,
-      std::make_shared<QuantizedMatmul>(stream, bits, group_size, bias.has_value(),
-                                        int8_activations),
+      std::make_shared<QuantizedMatmul>(
+          stream, bits, group_size, bias.has_value(), int8_activations,
+          biases ? std::numeric_limits<float>::quiet_NaN() : zero_point),
       std::move(inputs));
 }
 
 void QuantizedMatmul::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  const int bias = has_bias_ ? 4 : -1;
+  const bool has_biases = std::isnan(zero_point_);
+  const int bias = has_bias_ ? (has_biases ? 4 : 3) : -1;
   const int bits = bits_, group_size = group_size_;
   const bool int8 = int8_activations_;
+  const float zero_point = has_biases ? 0.0f : zero_point_;
   const mx::Dtype out_type = outputs[0].dtype();
   dispatch_on_rows(stream(), inputs, outputs[0],
-                   [bias, bits, group_size, int8, out_type](const std::vector<RowContiguous>& in, void* dst) {
+                   [bias, bits, group_size, int8, has_biases, zero_point, out_type](
+                       const std::vector<RowContiguous>& in, void* dst) {
     const auto& scales = in[2].view;
-    cpu::QuantMatrix w{in[1].view.data<uint32_t>(), scales.data<void>(), in[3].view.data<void>(),
+    cpu::QuantMatrix w{in[1].view.data<uint32_t>(), scales.data<void>(),
+                       has_biases ? in[3].view.data<void>() : nullptr,
                        elem_of(scales.dtype()), bits, group_size, in[1].view.shape(0),
-                       in[0].view.shape(-1)};
+                       in[0].view.shape(-1), zero_point};
     cpu::LinearIO io = linear_io(in, bias, dst, out_type);
     io.int8_activations = int8;
     cpu::quantized_matmul_cpu(w, io);
@@ -84,8 +98,11 @@ void QuantizedMatmul::eval_cpu(
 
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
+  // NaN (biases are an input) compares unequal to itself: match it by isnan.
+  const bool same_zero = std::isnan(zero_point_) ? std::isnan(o.zero_point_)
+                                                 : zero_point_ == o.zero_point_;
   return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_ &&
-      int8_activations_ == o.int8_activations_;
+      int8_activations_ == o.int8_activations_ && same_zero;
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {

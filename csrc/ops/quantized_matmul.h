@@ -16,7 +16,10 @@ namespace vllm_metal {
  *   x        [..., K] float32/bfloat16/float16
  *   w        uint32 [N, K * bits / 32], bits-wide fields, lowest bits first
  *   scales   [N, K / group_size] float32/bfloat16/float16
- *   biases   same shape and dtype as scales; W[n, k] = scale * q + bias
+ *   biases   same shape and dtype as scales; W[n, k] = scale * q + bias.
+ *            Or none, for symmetric weights (GGUF's Q8_0, Q4_0): each bias is
+ *            then -zero_point * scale and never read from memory; only with
+ *            int8_activations
  *   bias     optional [N] float, added to every output row
  *   returns  [..., N] accumulated in float32, in MLX's promotion of x's,
  *            the scales' (and the bias') dtypes: x's dtype when they agree
@@ -28,22 +31,25 @@ mlx::core::array quantized_matmul(
     const mlx::core::array& x,
     const mlx::core::array& w,
     const mlx::core::array& scales,
-    const mlx::core::array& biases,
+    const std::optional<mlx::core::array>& biases,
     int bits,
     int group_size,
     const std::optional<mlx::core::array>& bias = std::nullopt,
     bool int8_activations = false,
+    float zero_point = 0.0f,
     mlx::core::StreamOrDevice s = {});
 
 class QuantizedMatmul : public CpuOnlyPrimitive {
  public:
+  // zero_point: the biases are -zero_point * scale, not an input (NaN: they are one).
   QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias,
-                  bool int8_activations)
+                  bool int8_activations, float zero_point)
       : CpuOnlyPrimitive(stream, "use mx.quantized_matmul (run this op on the CPU stream: stream=mx.cpu)"),
         bits_(bits),
         group_size_(group_size),
         has_bias_(has_bias),
-        int8_activations_(int8_activations) {}
+        int8_activations_(int8_activations),
+        zero_point_(zero_point) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -61,6 +67,7 @@ class QuantizedMatmul : public CpuOnlyPrimitive {
   int group_size_;
   bool has_bias_;
   bool int8_activations_;
+  float zero_point_;
 };
 
 } // namespace vllm_metal

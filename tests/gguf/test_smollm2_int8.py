@@ -39,3 +39,20 @@ def test_int8_activations_stay_close_to_fp32_on_smollm2(smollm2_path):
     assert agree >= 0.9, agree
     assert kl.mean() < 0.05, kl.mean()
     assert kl.mean() > 0  # the flag took effect
+
+
+def test_the_q8_0_head_forms_its_biases_from_its_scales(smollm2_path):
+    # SmolLM2's tied embedding is Q8_0 (symmetric: bias = -128 * scale); its Q4_1
+    # layers carry real biases. With int8 activations the head reads no biases,
+    # and gives exactly the logits it gives reading them.
+    model, _ = load_gguf_model(smollm2_path, mx.float32)
+    use_fast_cpu_linears(model, activation_dtype=mx.float32, int8_activations=True)
+    head = model.model.embed_tokens
+    assert head.zero_point == 128
+    assert all(m.zero_point is None for _, m in model.named_modules()
+               if hasattr(m, "zero_point") and m is not head)
+    hidden = mx.random.normal((3, head.scales.shape[1] * head.group_size), key=mx.random.key(1))
+    formed = head.as_linear(hidden)
+    head.zero_point = None
+    read = head.as_linear(hidden)
+    np.testing.assert_array_equal(np.array(formed), np.array(read))

@@ -9,6 +9,8 @@ dot products and scaling, not their rounding choices.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -151,6 +153,59 @@ def test_leading_dims_and_isa_agreement():
     with cpu_isa("generic"):
         portable = run(x, q)
     np.testing.assert_allclose(np.array(out), np.array(portable), rtol=1e-5, atol=1e-5)
+
+
+def symmetric(q):
+    """q with GGUF Q8_0/Q4_0 biases: -2^(bits-1) * scale (W = scale * (code - zero point))."""
+    zero = 2 ** (q.bits - 1)
+    return replace(q, biases=q.scales * -zero), zero
+
+
+@pytest.mark.parametrize("isa", ["avx512", "generic"])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("m", [1, 2, 4, 5, 13])
+@pytest.mark.parametrize("scale_dtype", [mx.float16, mx.float32])
+def test_symmetric_weights_without_biases(isa, bits, m, scale_dtype):
+    # biases=None: each bias is -zero_point * scale, formed from the scale the
+    # kernel already holds. The GEMV (M <= 4) and the GEMM's repacked tiles
+    # (M > 4) must give exactly what the same biases read from memory give,
+    # and both match the oracle. K = 1664 spans several scale windows; N = 45
+    # ends in a partial tile.
+    q, zero = symmetric(make_quantized(45, 1664, bits, 32, scale_dtype=scale_dtype, seed=m))
+    x = random_float((m, 1664), seed=m + 7)
+    with cpu_isa(isa):
+        read = run(x, q)
+        formed = linear.quantized_matmul(x, q.w, q.scales, None, bits=bits, group_size=32,
+                                         int8_activations=True, zero_point=zero)
+        mx.eval(read, formed)   # the ops are lazy: run them under this ISA
+    assert_q8_close(formed, x, q)
+    np.testing.assert_array_equal(np.array(formed), np.array(read))
+
+
+def test_symmetric_zero_point_changes_the_result():
+    # The zero point is used, not assumed: a wrong one moves every output.
+    q, zero = symmetric(make_quantized(16, 128, 8, 32, seed=3))
+    x = random_float((1, 128), seed=4)
+    right = linear.quantized_matmul(x, q.w, q.scales, None, bits=8, group_size=32,
+                                    int8_activations=True, zero_point=zero)
+    wrong = linear.quantized_matmul(x, q.w, q.scales, None, bits=8, group_size=32,
+                                    int8_activations=True, zero_point=zero - 1)
+    assert_q8_close(right, x, q)
+    assert (np.abs(np.array(right) - np.array(wrong)) > 1e-6).all()
+
+
+def test_symmetric_arguments_are_checked():
+    q = make_quantized(8, 64, 8, 32)
+    x = random_float((1, 64))
+    with pytest.raises(ValueError, match="int8_activations=True"):
+        linear.quantized_matmul(x, q.w, q.scales, None, bits=8, group_size=32, zero_point=128)
+    with pytest.raises(ValueError, match="only with biases=None"):
+        linear.quantized_matmul(x, *q.args(), bits=8, group_size=32, int8_activations=True,
+                                zero_point=128)
+    for bad in (float("nan"), "128", True):
+        with pytest.raises(TypeError, match="zero_point"):
+            linear.quantized_matmul(x, q.w, q.scales, None, bits=8, group_size=32,
+                                    int8_activations=True, zero_point=bad)
 
 
 def test_flag_must_be_a_bool():

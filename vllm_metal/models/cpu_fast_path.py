@@ -35,11 +35,13 @@ class FastQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear (affine) through ``quantized_matmul``: x [..., K] -> [..., N]."""
 
     int8_activations: bool = False  # see use_fast_cpu_linears
+    zero_point: int | None = None   # see _find_zero_point
 
     def __call__(self, x: mx.array) -> mx.array:
-        return get_ops().quantized_matmul(x, self["weight"], self["scales"], self["biases"],
+        return get_ops().quantized_matmul(x, self["weight"], self["scales"], _biases(self),
                                           self.bits, self.group_size, self.get("bias"),
-                                          int8_activations=self.int8_activations)
+                                          int8_activations=self.int8_activations,
+                                          zero_point=self.zero_point or 0)
 
 
 class FastEmbedding(nn.Embedding):
@@ -60,6 +62,7 @@ class FastQuantizedEmbedding(nn.QuantizedEmbedding):
 
     activation_dtype: mx.Dtype | None = None  # see use_fast_cpu_linears
     int8_activations: bool = False
+    zero_point: int | None = None
 
     def __call__(self, ids: mx.array) -> mx.array:
         rows = get_ops().embedding_gather(ids, self["weight"], self["scales"], self["biases"],
@@ -67,9 +70,10 @@ class FastQuantizedEmbedding(nn.QuantizedEmbedding):
         return _as_activation(self, rows)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return get_ops().quantized_matmul(x, self["weight"], self["scales"], self["biases"],
+        return get_ops().quantized_matmul(x, self["weight"], self["scales"], _biases(self),
                                           self.bits, self.group_size,
-                                          int8_activations=self.int8_activations)
+                                          int8_activations=self.int8_activations,
+                                          zero_point=self.zero_point or 0)
 
 
 def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = None,
@@ -100,8 +104,10 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
             module.activation_dtype = activation_dtype
         if isinstance(module, (FastQuantizedLinear, FastQuantizedEmbedding)):
             module.int8_activations = int8_activations
+            module.zero_point = None
             if int8_activations:
                 _narrow_scales(module)
+                _find_zero_point(module)
     return switched
 
 
@@ -116,6 +122,20 @@ def _narrow_scales(module: nn.Module) -> None:
     if (mx.array_equal(s16.astype(mx.float32), scales).item()
             and mx.array_equal(b16.astype(mx.float32), biases).item()):
         module["scales"], module["biases"] = s16, b16
+
+
+def _find_zero_point(module: nn.Module) -> None:
+    """Mark symmetric weights, biases == -2^(bits-1) * scales (GGUF's Q8_0 and Q4_0):
+    the int8 kernels then form each bias from its scale instead of reading it, and a
+    GGUF model's Q8_0 head reads 1/18 fewer bytes per token. The biases stay for the
+    embedding gather and the decoder stack."""
+    zero = 2 ** (module.bits - 1)
+    if mx.array_equal(module["biases"], module["scales"] * -zero).item():
+        module.zero_point = zero
+
+
+def _biases(module: nn.Module) -> mx.array | None:
+    return None if module.zero_point is not None else module["biases"]
 
 
 def _as_activation(module: nn.Module, rows: mx.array) -> mx.array:

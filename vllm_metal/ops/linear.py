@@ -13,6 +13,7 @@ routes through them when MLX computes on the CPU (models/cpu_fast_path.py).
 
 from __future__ import annotations
 
+import math
 import sys
 from numbers import Integral
 
@@ -28,9 +29,9 @@ BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 
 
-def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *,
+def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, *,
                      bits: int, group_size: int, bias: mx.array | None = None,
-                     int8_activations: bool = False) -> mx.array:
+                     int8_activations: bool = False, zero_point: float = 0.0) -> mx.array:
     """``x @ W.T`` for an MLX affine-quantized ``W`` (``mx.quantize`` layout).
 
     x:      [..., K] float32/bfloat16/float16
@@ -42,6 +43,9 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     and bias dtypes (as nn.QuantizedLinear returns: x's dtype when they agree).
     int8_activations: round x to int8 per 32 columns (step max|x| / 127) and
     multiply in integers (csrc/cpu/linear_q8.h); faster, ~1e-3 relative error.
+    biases=None, only with int8_activations: symmetric weights (GGUF's Q8_0 and
+    Q4_0, W = scales * (q - zero_point)); the kernels form each bias as
+    -zero_point * scale instead of reading it.
     """
     if not isinstance(int8_activations, bool):
         raise TypeError(f"int8_activations must be a bool, got {int8_activations!r}")
@@ -60,14 +64,30 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     if k % group_size:
         raise ValueError(f"x's K = {k} is not a multiple of group_size {group_size}")
     for name, a in (("scales", scales), ("biases", biases)):
+        if a is None and name == "biases":
+            continue
         _float_array(name, a)
         if a.shape != groups_shape:
             raise ValueError(f"{name} must be [N, K / group_size] = {groups_shape}, got {a.shape}")
-    if biases.dtype != scales.dtype:
+    _check_zero_point(zero_point, biases, int8_activations)
+    if biases is not None and biases.dtype != scales.dtype:
         raise TypeError(f"biases dtype {biases.dtype} must equal scales dtype {scales.dtype}")
     _check_bias(bias, n)
     return get_ops().quantized_matmul(x, w, scales, biases, bits, group_size, bias,
-                                      int8_activations=int8_activations, stream=_stream())
+                                      int8_activations=int8_activations,
+                                      zero_point=float(zero_point), stream=_stream())
+
+
+def _check_zero_point(zero_point, biases: mx.array | None, int8_activations: bool) -> None:
+    if (isinstance(zero_point, bool) or not isinstance(zero_point, (int, float))
+            or not math.isfinite(zero_point)):
+        raise TypeError(f"zero_point must be a finite number, got {zero_point!r}")
+    if biases is None and not int8_activations:
+        raise ValueError("biases=None (symmetric weights, bias = -zero_point * scale) needs "
+                         "int8_activations=True; pass the biases otherwise")
+    if biases is not None and zero_point != 0:
+        raise ValueError(f"zero_point={zero_point!r} applies only with biases=None; the "
+                         "biases given already hold the offset")
 
 
 def dense_matmul(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
