@@ -46,6 +46,9 @@ mx::array quantized_matmul(
          "int8_activations=True");
   }
   if (!std::isfinite(zero_point)) fail("zero_point must be finite");
+  if (biases && zero_point != 0.0f) {
+    fail("zero_point applies only with biases=None; the biases given already hold the offset");
+  }
   const int n = w.shape(0);
   const int k = x.shape(-1);
   if (static_cast<int64_t>(w.shape(1)) * 32 != static_cast<int64_t>(k) * bits ||
