@@ -146,7 +146,12 @@ class MetalModelRunner:
         hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step))
         logits = None
         if len(step.logits_indices):
-            logits = self.loaded.logits(hidden[mx.array(step.logits_indices)])
+            # The indices rise strictly within [0, total_q): as many as the rows (a
+            # decode step) means every row, in order, and no gather node is needed.
+            rows = hidden
+            if len(step.logits_indices) != hidden.shape[0]:
+                rows = hidden[mx.array(step.logits_indices)]
+            logits = self.loaded.logits(rows)
         prompt_lps = {}
         if self.prompt_logprobs.active:
             prompt_lps = self.prompt_logprobs.collect(
