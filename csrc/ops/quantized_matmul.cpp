@@ -1,7 +1,6 @@
 #include "ops/quantized_matmul.h"
 
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -71,19 +70,19 @@ mx::array quantized_matmul(
       with_last_dim(x, n),
       out_type,
       std::make_shared<QuantizedMatmul>(
-          stream, bits, group_size, bias.has_value(), int8_activations,
-          biases ? std::numeric_limits<float>::quiet_NaN() : zero_point),
+          stream, bits, group_size, bias.has_value(), int8_activations, biases.has_value(),
+          zero_point),
       std::move(inputs));
 }
 
 void QuantizedMatmul::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  const bool has_biases = std::isnan(zero_point_);
+  const bool has_biases = has_biases_;
   const int bias = has_bias_ ? (has_biases ? 4 : 3) : -1;
   const int bits = bits_, group_size = group_size_;
   const bool int8 = int8_activations_;
-  const float zero_point = has_biases ? 0.0f : zero_point_;
+  const float zero_point = zero_point_;
   const mx::Dtype out_type = outputs[0].dtype();
   dispatch_on_rows(stream(), inputs, outputs[0],
                    [bias, bits, group_size, int8, has_biases, zero_point, out_type](
@@ -101,11 +100,9 @@ void QuantizedMatmul::eval_cpu(
 
 bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
-  // NaN (biases are an input) compares unequal to itself: match it by isnan.
-  const bool same_zero = std::isnan(zero_point_) ? std::isnan(o.zero_point_)
-                                                 : zero_point_ == o.zero_point_;
   return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_ &&
-      int8_activations_ == o.int8_activations_ && same_zero;
+      int8_activations_ == o.int8_activations_ && has_biases_ == o.has_biases_ &&
+      zero_point_ == o.zero_point_;
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {

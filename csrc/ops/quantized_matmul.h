@@ -41,14 +41,15 @@ mlx::core::array quantized_matmul(
 
 class QuantizedMatmul : public CpuOnlyPrimitive {
  public:
-  // zero_point: the biases are -zero_point * scale, not an input (NaN: they are one).
+  // has_biases false: the biases are -zero_point * scale, not an input.
   QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias,
-                  bool int8_activations, float zero_point)
+                  bool int8_activations, bool has_biases, float zero_point)
       : CpuOnlyPrimitive(stream, "use mx.quantized_matmul (run this op on the CPU stream: stream=mx.cpu)"),
         bits_(bits),
         group_size_(group_size),
         has_bias_(has_bias),
         int8_activations_(int8_activations),
+        has_biases_(has_biases),
         zero_point_(zero_point) {}
 
   void eval_cpu(
@@ -67,6 +68,7 @@ class QuantizedMatmul : public CpuOnlyPrimitive {
   int group_size_;
   bool has_bias_;
   bool int8_activations_;
+  bool has_biases_;
   float zero_point_;
 };
 
