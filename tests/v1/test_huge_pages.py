@@ -40,8 +40,17 @@ def test_plan_spans_separate_mappings_and_tiny_spans():
 
 def test_plan_spans_clips_a_weight_to_each_mapping_it_crosses():
     weights = [(3 * MiB, 13 * MiB)]
-    assert plan_spans(weights, [(0, 8 * MiB), (8 * MiB, 16 * MiB)]) == [
-        (4 * MiB, 8 * MiB), (8 * MiB, 12 * MiB)]
+    assert plan_spans(weights, [(0, 8 * MiB), (9 * MiB, 16 * MiB)]) == [
+        (4 * MiB, 8 * MiB), (10 * MiB, 12 * MiB)]
+
+
+def test_plan_spans_joins_touching_mappings_across_an_unaligned_boundary():
+    # Earlier advice split one region at 5 MiB + 4 KiB: the page at [4, 6) MiB straddles
+    # the split, and would be lost if each piece were shrunk to whole pages on its own.
+    split = 5 * MiB + 4096
+    mappings = [(split, 16 * MiB), (0, split), (20 * MiB, 32 * MiB)]
+    weights = [(1 * MiB, 4 * MiB + 100), (4 * MiB + 200, 13 * MiB), (21 * MiB, 31 * MiB)]
+    assert plan_spans(weights, mappings) == [(2 * MiB, 12 * MiB), (22 * MiB, 30 * MiB)]
 
 
 def test_plan_spans_other_page_size():
@@ -105,6 +114,33 @@ def test_back_with_huge_pages_keeps_contents_and_maps_huge_pages():
     assert _huge_bytes(lo, hi) >= report.weights_collapsed // HUGE_PAGE * HUGE_PAGE
     # The array still computes with its (now huge-page) memory.
     assert int(mx.sum(weight.astype(mx.uint64)).item()) == int(expected.astype(np.uint64).sum())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux madvise")
+def test_back_with_huge_pages_across_a_mapping_split_off_center():
+    # Earlier advice (here: MADV_NOHUGEPAGE on one 4 KiB page that is not 2 MiB-aligned)
+    # splits the buffer's mapping in three; the pages around the splits must still be
+    # collapsed, as they are when the heap was split by an earlier load.
+    import ctypes
+
+    expected = np.arange(24 * MiB // 4, dtype=np.uint32)
+    weight = mx.array(expected)
+    mx.eval(weight)
+    (lo, hi), = array_ranges([weight])
+    cut = -(-lo // HUGE_PAGE) * HUGE_PAGE + 5 * MiB + 4096
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.madvise(cut, 4096, 15) == 0          # MADV_NOHUGEPAGE
+
+    report = back_with_huge_pages([(lo, hi)])
+
+    np.testing.assert_array_equal(np.array(weight), expected)
+    if _thp_mode() == "never" or any("EINVAL" in e for e in report.errors):
+        pytest.skip(f"no transparent huge pages here ({_thp_mode()}, {report.errors})")
+    assert report.errors == ()
+    whole_pages = (hi // HUGE_PAGE - -(-lo // HUGE_PAGE)) * HUGE_PAGE
+    assert report.weights_collapsed == whole_pages     # the page across the cut too
+    assert _huge_bytes(lo, hi) >= whole_pages
 
 
 def test_array_ranges_skips_empty_arrays():

@@ -54,15 +54,16 @@ def anonymous_mappings(maps: str) -> list[tuple[int, int]]:
 
 def plan_spans(ranges: Iterable[tuple[int, int]], mappings: Iterable[tuple[int, int]],
                page: int = HUGE_PAGE) -> list[tuple[int, int]]:
-    """Page-aligned spans to advise: per mapping, from the first weight byte in it to the
-    last, cut to the mapping and shrunk to whole ``page``s; empty ones dropped.
+    """Page-aligned spans to advise: per mapping (touching mappings count as one), from
+    the first weight byte in it to the last, cut to the mapping and shrunk to whole
+    ``page``s; empty ones dropped.
 
     ``ranges`` are [start, end) byte ranges of weights; ``mappings`` must not overlap.
     Memory between two weights of one mapping comes along: malloc interleaves small
     allocations with them, and spans of single weights (most are under 2 MiB) would
     hold no aligned page.
     """
-    mappings = sorted(mappings)
+    mappings = _touching_merged(mappings)
     ends = [e for _, e in mappings]
     hull: dict[int, list[int]] = {}   # mapping index -> [first weight byte, last + 1]
     for s, e in ranges:
@@ -75,6 +76,23 @@ def plan_spans(ranges: Iterable[tuple[int, int]], mappings: Iterable[tuple[int, 
             i += 1
     spans = [_whole_pages(*hull[i], page) for i in sorted(hull)]
     return [(lo, hi) for lo, hi in spans if hi > lo]
+
+
+def _touching_merged(mappings: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted mappings with each run of touching ones (end == next start) made one.
+
+    Earlier advice splits one malloc region into several mappings at boundaries that need
+    not be page-aligned; a huge page across such a boundary would be lost on both sides.
+    One MADV_HUGEPAGE over the whole run gives its parts the same flags, so the kernel
+    merges them back and the collapse can use that page.
+    """
+    merged: list[list[int]] = []
+    for start, end in sorted(mappings):
+        if merged and merged[-1][1] == start:
+            merged[-1][1] = end
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
 
 
 def _whole_pages(start: int, end: int, page: int = HUGE_PAGE) -> tuple[int, int]:
