@@ -94,11 +94,11 @@ void check_slots(const StackArgs& a) {
 }
 
 template <typename T>
-void write_cache_as(const StackArgs& a, const StackLayer& l, const float* k, const float* v) {
+void write_cache_as(const StackArgs& a, int layer, const float* k, const float* v) {
   using ST = typename T::storage;
   const int64_t row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
-  auto* kc = static_cast<ST*>(l.key_cache);
-  auto* vc = static_cast<ST*>(l.value_cache);
+  auto* kc = static_cast<ST*>(a.key_caches[layer]);
+  auto* vc = static_cast<ST*>(a.value_caches[layer]);
   for (int64_t i = 0; i < a.t; ++i) {
     const int64_t slot = a.slot_mapping[i];
     if (slot < 0) continue;
@@ -114,14 +114,14 @@ void write_cache_as(const StackArgs& a, const StackLayer& l, const float* k, con
   }
 }
 
-void write_cache(const StackArgs& a, const StackLayer& l, const float* k, const float* v) {
+void write_cache(const StackArgs& a, int layer, const float* k, const float* v) {
   switch (a.kv_type) {
     case Elem::F32:
-      return write_cache_as<F32>(a, l, k, v);
+      return write_cache_as<F32>(a, layer, k, v);
     case Elem::BF16:
-      return write_cache_as<BF16>(a, l, k, v);
+      return write_cache_as<BF16>(a, layer, k, v);
     default:
-      return write_cache_as<F16>(a, l, k, v);
+      return write_cache_as<F16>(a, layer, k, v);
   }
 }
 
@@ -175,7 +175,8 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   const int64_t q_width = static_cast<int64_t>(a.num_heads) * a.head_dim;
   const int64_t kv_width = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
   int64_t inter = 0;
-  for (const auto& l : a.layers) inter = std::max(inter, l.gate.out_features());
+  const std::vector<StackLayer>& layers = *a.layers;
+  for (const auto& l : layers) inter = std::max(inter, l.gate.out_features());
 
   // h: the residual stream; scratch sized for the widest layer.
   std::vector<float> h(a.x, a.x + t * hidden);
@@ -207,7 +208,8 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   int planned_window = -1;
   std::vector<float> angles;
   const StackLayer* angles_of = nullptr;
-  for (const auto& l : a.layers) {
+  for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
+    const StackLayer& l = layers[li];
     if (l.sliding_window != planned_window) {  // before this layer writes its cache
       pa.sliding_window = l.sliding_window;
       route = plan_paged_attention_cpu(pa);
@@ -229,10 +231,10 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     }
     rotate(rope, angles, q.data(), a.num_heads);
     rotate(rope, angles, k.data(), a.num_kv_heads);
-    write_cache(a, l, k.data(), v.data());
+    write_cache(a, li, k.data(), v.data());
 
-    pa.key_cache = l.key_cache;
-    pa.value_cache = l.value_cache;
+    pa.key_cache = a.key_caches[li];
+    pa.value_cache = a.value_caches[li];
     pa.scale = l.attn_scale;
     pa.softcap = l.softcap;
     run_paged_attention_cpu(pa, route);

@@ -53,8 +53,6 @@ struct StackLayer {
   float attn_scale;
   int sliding_window; // 0: full context
   float softcap;      // 0: off
-  void* key_cache;    // [num_blocks, block_size, num_kv_heads, head_dim], StackArgs::kv_type
-  void* value_cache;
 };
 
 struct StackArgs {
@@ -76,7 +74,12 @@ struct StackArgs {
   int num_seqs;
   int max_blocks_per_seq;
   StackNorm final_norm;
-  std::vector<StackLayer> layers;
+  // The model's layers (held by its DecoderStackWeights, not copied per step)
+  // and each layer's caches [num_blocks, block_size, num_kv_heads, head_dim]
+  // of kv_type.
+  const std::vector<StackLayer>* layers;
+  std::vector<void*> key_caches;
+  std::vector<void*> value_caches;
 };
 
 // Runs every layer; returns the attention route of the last one (diagnostics).

@@ -17,8 +17,8 @@ namespace mx = mlx::core;
 
 namespace {
 
-// x, positions, slot_mapping, block_tables, seq_lens, cu_seqlens_q; then the caches.
-constexpr int kFixedInputs = 6;
+// x, positions, slot_mapping, block_tables, seq_lens, cu_seqlens_q.
+constexpr int kInputs = 6;
 const char* const kLinearNames[kStackLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};
 
@@ -248,8 +248,6 @@ DecoderStackWeights::DecoderStackWeights(
     l.attn_scale = f[5];
     l.softcap = f[6];
     l.sliding_window = tail[4];
-    l.key_cache = nullptr;
-    l.value_cache = nullptr;
     layers_.push_back(l);
   }
 }
@@ -298,13 +296,26 @@ mx::array decoder_stack(
       cu_seqlens_q.shape(0) != block_tables.shape(0) + 1) {
     fail("block_tables [S, max_blocks], seq_lens [S] and cu_seqlens_q [S + 1] disagree");
   }
+  // The caches ride in the primitive (see decoder_stack.h), so they must have
+  // their buffers before the node is built: evaluate any that are still lazy.
+  std::vector<mx::array> caches(key_caches);
+  caches.insert(caches.end(), value_caches.begin(), value_caches.end());
+  std::vector<mx::array> lazy;
+  for (const auto& c : caches) {
+    if (c.status() == mx::array::Status::unscheduled) lazy.push_back(c);
+  }
+  if (!lazy.empty()) mx::eval(lazy);
+  for (const auto& c : caches) {
+    if (!c.flags().row_contiguous) {
+      fail("the caches must be row-contiguous (they are written in place)");
+    }
+  }
   auto stream = mx::to_stream(s);
   std::vector<mx::array> inputs = {x, as_int32(positions, stream), as_int32(slot_mapping, stream),
                                    as_int32(block_tables, stream), as_int32(seq_lens, stream),
                                    as_int32(cu_seqlens_q, stream)};
-  inputs.insert(inputs.end(), key_caches.begin(), key_caches.end());
-  inputs.insert(inputs.end(), value_caches.begin(), value_caches.end());
-  return mx::array(x.shape(), mx::float32, std::make_shared<DecoderStack>(stream, std::move(weights)),
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches)),
                    std::move(inputs));
 }
 
@@ -315,16 +326,8 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   auto& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
 
-  // The caches are written in place (see decoder_stack.h): they must be
-  // row-contiguous buffers of their own.
-  for (int i = 0; i < 2 * layers; ++i) {
-    if (!inputs[kFixedInputs + i].flags().row_contiguous) {
-      throw std::invalid_argument(
-          "decoder_stack: the caches must be row-contiguous (they are written in place)");
-    }
-  }
   std::vector<RowContiguous> in;
-  for (int i = 0; i < kFixedInputs; ++i) in.push_back(row_contiguous(inputs[i], encoder));
+  for (int i = 0; i < kInputs; ++i) in.push_back(row_contiguous(inputs[i], encoder));
 
   cpu::StackArgs a;
   const auto& x = in[0].view;
@@ -335,7 +338,7 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.num_heads = weights_->num_heads();
   a.num_kv_heads = weights_->num_kv_heads();
   a.head_dim = weights_->head_dim();
-  const mx::array& cache0 = inputs[kFixedInputs];
+  const mx::array& cache0 = caches_[0];
   a.num_blocks = cache0.shape(0);
   a.block_size = cache0.shape(1);
   a.kv_type = elem_of(cache0.dtype());
@@ -347,24 +350,28 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.num_seqs = in[3].view.shape(0);
   a.max_blocks_per_seq = in[3].view.shape(1);
   a.final_norm = weights_->final_norm();
-  a.layers = weights_->layers();
+  a.layers = &weights_->layers();
   for (int li = 0; li < layers; ++li) {
-    a.layers[li].key_cache = const_cast<void*>(inputs[kFixedInputs + li].data<void>());
-    a.layers[li].value_cache =
-        const_cast<void*>(inputs[kFixedInputs + layers + li].data<void>());
+    a.key_caches.push_back(const_cast<void*>(caches_[li].data<void>()));
+    a.value_caches.push_back(const_cast<void*>(caches_[layers + li].data<void>()));
   }
 
   for (const auto& i : inputs) encoder.set_input_array(i);
   for (auto& o : outputs) encoder.set_output_array(o);
-  // The task holds the weights: a step in flight keeps them alive.
-  encoder.dispatch([in = std::move(in), a = std::move(a), keep = weights_]() {
+  // The task holds the weights and the caches: a step in flight keeps them alive.
+  encoder.dispatch([in = std::move(in), a = std::move(a), keep = weights_, caches = caches_]() {
     for (const auto& r : in) r.fill();
     dispatch::record_paged_dispatch(cpu::decoder_stack_cpu(a));
   });
 }
 
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
-  return weights_ == static_cast<const DecoderStack&>(other).weights_;
+  const auto& o = static_cast<const DecoderStack&>(other);
+  if (weights_ != o.weights_ || caches_.size() != o.caches_.size()) return false;
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    if (caches_[i].id() != o.caches_[i].id()) return false;
+  }
+  return true;
 }
 
 std::vector<mx::Shape> DecoderStack::output_shapes(const std::vector<mx::array>& inputs) {

@@ -59,7 +59,7 @@ class DecoderStackWeights {
   int head_dim() const {
     return head_dim_;
   }
-  // Layers with every field but the caches set; the final norm.
+  // The layers (each step passes their caches); the final norm.
   const std::vector<cpu::StackLayer>& layers() const {
     return layers_;
   }
@@ -85,11 +85,14 @@ class DecoderStackWeights {
  * returns        hidden_out [1, T, hidden] (after the final norm).
  *
  * The new keys and values are written into the caches' own buffers, which are
- * inputs, not outputs: MLX builds every output of a node with its own copy of
- * the input and sibling lists, so 2 x layers cache outputs cost the host
- * ~0.5 ms per step (measured, 30 layers). Whatever reads the caches later must
- * be enqueued on the same stream after this node (the model runner's steps
- * are; the CPU stream runs in order).
+ * neither outputs nor inputs of the node but held by the primitive (lazy ones
+ * are evaluated first). As outputs, MLX builds every output of a node with
+ * its own copy of the input and sibling lists: 2 x layers of them cost the
+ * host ~0.5 ms per step (measured, 30 layers). As inputs, each costs the host
+ * a hash-set insert and a reference count per evaluation and the stream
+ * thread the matching release (60 caches: ~50 us of host time per step).
+ * Whatever reads the caches later must be enqueued on the same stream after
+ * this node (the model runner's steps are; the CPU stream runs in order).
  */
 mlx::core::array decoder_stack(
     std::shared_ptr<DecoderStackWeights> weights,
@@ -105,8 +108,12 @@ mlx::core::array decoder_stack(
 
 class DecoderStack : public CpuOnlyPrimitive {
  public:
-  DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights)
-      : CpuOnlyPrimitive(stream, "the model runs module by module"), weights_(std::move(weights)) {}
+  // caches: every layer's key cache, then every layer's value cache.
+  DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
+               std::vector<mlx::core::array> caches)
+      : CpuOnlyPrimitive(stream, "the model runs module by module"),
+        weights_(std::move(weights)),
+        caches_(std::move(caches)) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -121,6 +128,7 @@ class DecoderStack : public CpuOnlyPrimitive {
 
  private:
   std::shared_ptr<DecoderStackWeights> weights_;
+  std::vector<mlx::core::array> caches_;
 };
 
 } // namespace vllm_metal
