@@ -84,6 +84,7 @@ Returns [total_q, num_heads, head_size] in query's dtype.)");
       nb::kw_only(),
       "int8_activations"_a = false,
       "zero_point"_a = 0.0f,
+      "argmax_columns"_a = 0,
       "stream"_a = nb::none(),
       R"(x [..., K] @ W.T for an MLX affine-quantized W: w uint32 [N, K * bits / 32],
 scales/biases [N, K / group_size] (W = scale * q + bias); bias optional [N].
@@ -91,7 +92,9 @@ bits 4 or 8, group_size 32/64/128. Returns [..., N] (fp32 accumulation) in
 MLX's promotion of the x, scales and bias dtypes. int8_activations: x is
 rounded to int8 per 32 columns and the products are integer dot products.
 biases=None (only with int8_activations): symmetric weights whose biases are
--zero_point * scale, formed from the scales instead of read.)");
+-zero_point * scale, formed from the scales instead of read. argmax_columns > 0
+(float32 results only): returns int32 [...], each row's argmax over its first
+argmax_columns products (first NaN, else first maximum, as mx.argmax).)");
 
   m.def(
       "dense_matmul",

@@ -4,7 +4,10 @@
 #include <stdexcept>
 #include <string>
 
+#include <vector>
+
 #include "cpu/linear_cpu.h"
+#include "cpu/row_argmax.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {
@@ -29,6 +32,7 @@ mx::array quantized_matmul(
     const std::optional<mx::array>& bias,
     bool int8_activations,
     float zero_point,
+    int argmax_columns,
     mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128) {
@@ -66,13 +70,22 @@ mx::array quantized_matmul(
   // MLX's type promotion, as nn.QuantizedLinear (matmul, then + bias) gives.
   mx::Dtype out_type = mx::promote_types(x.dtype(), scales.dtype());
   if (bias) out_type = mx::promote_types(out_type, bias->dtype());
-  return mx::array(
-      with_last_dim(x, n),
-      out_type,
-      std::make_shared<QuantizedMatmul>(
-          stream, bits, group_size, bias.has_value(), int8_activations, biases.has_value(),
-          zero_point),
-      std::move(inputs));
+  if (argmax_columns < 0 || argmax_columns > n) {
+    fail("argmax_columns must be in [0, N = " + std::to_string(n) + "], got " +
+         std::to_string(argmax_columns));
+  }
+  if (argmax_columns > 0 && out_type != mx::float32) {
+    // The argmax of products rounded to a narrower type can differ (ties).
+    fail("argmax_columns needs a float32 result: x, scales and bias must promote to float32");
+  }
+  auto primitive = std::make_shared<QuantizedMatmul>(
+      stream, bits, group_size, bias.has_value(), int8_activations, biases.has_value(),
+      zero_point, argmax_columns);
+  if (argmax_columns > 0) {
+    mx::Shape rows(x.shape().begin(), x.shape().end() - 1);
+    return mx::array(std::move(rows), mx::int32, std::move(primitive), std::move(inputs));
+  }
+  return mx::array(with_last_dim(x, n), out_type, std::move(primitive), std::move(inputs));
 }
 
 void QuantizedMatmul::eval_cpu(
@@ -83,18 +96,29 @@ void QuantizedMatmul::eval_cpu(
   const int bits = bits_, group_size = group_size_;
   const bool int8 = int8_activations_;
   const float zero_point = zero_point_;
-  const mx::Dtype out_type = outputs[0].dtype();
+  const int argmax_columns = argmax_columns_;
+  const mx::Dtype out_type = argmax_columns > 0 ? mx::float32 : outputs[0].dtype();
   dispatch_on_rows(stream(), inputs, outputs[0],
-                   [bias, bits, group_size, int8, has_biases, zero_point, out_type](
-                       const std::vector<RowContiguous>& in, void* dst) {
+                   [bias, bits, group_size, int8, has_biases, zero_point, out_type,
+                    argmax_columns](const std::vector<RowContiguous>& in, void* dst) {
     const auto& scales = in[2].view;
     cpu::QuantMatrix w{in[1].view.data<uint32_t>(), scales.data<void>(),
                        has_biases ? in[3].view.data<void>() : nullptr,
                        elem_of(scales.dtype()), bits, group_size, in[1].view.shape(0),
                        in[0].view.shape(-1), zero_point};
-    cpu::LinearIO io = linear_io(in, bias, dst, out_type);
+    if (argmax_columns == 0) {
+      cpu::LinearIO io = linear_io(in, bias, dst, out_type);
+      io.int8_activations = int8;
+      return cpu::quantized_matmul_cpu(w, io);
+    }
+    // The products into scratch that stays warm for the argmax pass.
+    const int64_t rows = in[0].view.size() / w.k;
+    thread_local std::vector<float> logits;
+    logits.resize(static_cast<size_t>(rows * w.n));
+    cpu::LinearIO io = linear_io(in, bias, logits.data(), out_type);
     io.int8_activations = int8;
     cpu::quantized_matmul_cpu(w, io);
+    cpu::row_argmax_cpu(logits.data(), rows, w.n, argmax_columns, static_cast<int32_t*>(dst));
   });
 }
 
@@ -102,10 +126,11 @@ bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
   return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_ &&
       int8_activations_ == o.int8_activations_ && has_biases_ == o.has_biases_ &&
-      zero_point_ == o.zero_point_;
+      zero_point_ == o.zero_point_ && argmax_columns_ == o.argmax_columns_;
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  if (argmax_columns_ > 0) return {mx::Shape(inputs[0].shape().begin(), inputs[0].shape().end() - 1)};
   return {with_last_dim(inputs[0], inputs[1].shape(0))};
 }
 

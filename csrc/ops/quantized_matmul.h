@@ -26,6 +26,10 @@ namespace vllm_metal {
  *
  * bits is 4 or 8, group_size 32, 64 or 128. int8_activations rounds x to
  * int8 per 32 columns and multiplies in integers (cpu/linear_q8.h).
+ *
+ * argmax_columns > 0 (at most N; the result type must be float32): returns
+ * int32 [...] instead, each row's mx.argmax over its first argmax_columns
+ * products (cpu/row_argmax.h) — greedy decoding without a logits node.
  */
 mlx::core::array quantized_matmul(
     const mlx::core::array& x,
@@ -37,20 +41,23 @@ mlx::core::array quantized_matmul(
     const std::optional<mlx::core::array>& bias = std::nullopt,
     bool int8_activations = false,
     float zero_point = 0.0f,
+    int argmax_columns = 0,
     mlx::core::StreamOrDevice s = {});
 
 class QuantizedMatmul : public CpuOnlyPrimitive {
  public:
   // has_biases false: the biases are -zero_point * scale, not an input.
+  // argmax_columns > 0: the output is each row's argmax over that many columns.
   QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias,
-                  bool int8_activations, bool has_biases, float zero_point)
+                  bool int8_activations, bool has_biases, float zero_point, int argmax_columns)
       : CpuOnlyPrimitive(stream, "use mx.quantized_matmul (run this op on the CPU stream: stream=mx.cpu)"),
         bits_(bits),
         group_size_(group_size),
         has_bias_(has_bias),
         int8_activations_(int8_activations),
         has_biases_(has_biases),
-        zero_point_(zero_point) {}
+        zero_point_(zero_point),
+        argmax_columns_(argmax_columns) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -70,6 +77,7 @@ class QuantizedMatmul : public CpuOnlyPrimitive {
   bool int8_activations_;
   bool has_biases_;
   float zero_point_;
+  int argmax_columns_;
 };
 
 } // namespace vllm_metal

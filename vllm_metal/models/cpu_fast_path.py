@@ -43,6 +43,14 @@ class FastQuantizedLinear(nn.QuantizedLinear):
                                           int8_activations=self.int8_activations,
                                           zero_point=self.zero_point or 0)
 
+    def greedy(self, x: mx.array, columns: int) -> mx.array:
+        """int32 [...]: argmax over the first ``columns`` of ``self(x)`` (float32 x)."""
+        return get_ops().quantized_matmul(x, self["weight"], self["scales"], _biases(self),
+                                          self.bits, self.group_size, self.get("bias"),
+                                          int8_activations=self.int8_activations,
+                                          zero_point=self.zero_point or 0,
+                                          argmax_columns=columns)
+
 
 class FastEmbedding(nn.Embedding):
     """nn.Embedding through ``embedding_gather``; ``as_linear`` through ``dense_matmul``."""
@@ -74,6 +82,14 @@ class FastQuantizedEmbedding(nn.QuantizedEmbedding):
                                           self.bits, self.group_size,
                                           int8_activations=self.int8_activations,
                                           zero_point=self.zero_point or 0)
+
+    def greedy(self, x: mx.array, columns: int) -> mx.array:
+        """int32 [...]: argmax over the first ``columns`` of ``as_linear(x)`` (float32 x)."""
+        return get_ops().quantized_matmul(x, self["weight"], self["scales"], _biases(self),
+                                          self.bits, self.group_size,
+                                          int8_activations=self.int8_activations,
+                                          zero_point=self.zero_point or 0,
+                                          argmax_columns=columns)
 
 
 def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = None,

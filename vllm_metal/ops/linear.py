@@ -31,7 +31,8 @@ GROUP_SIZES = (32, 64, 128)
 
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, *,
                      bits: int, group_size: int, bias: mx.array | None = None,
-                     int8_activations: bool = False, zero_point: float = 0.0) -> mx.array:
+                     int8_activations: bool = False, zero_point: float = 0.0,
+                     argmax_columns: int = 0) -> mx.array:
     """``x @ W.T`` for an MLX affine-quantized ``W`` (``mx.quantize`` layout).
 
     x:      [..., K] float32/bfloat16/float16
@@ -46,6 +47,10 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     biases=None, only with int8_activations: symmetric weights (GGUF's Q8_0 and
     Q4_0, W = scales * (q - zero_point)); the kernels form each bias as
     -zero_point * scale instead of reading it.
+    argmax_columns > 0 (at most N; x, scales and bias must promote to float32):
+    returns int32 [...] instead, each row's ``mx.argmax`` over its first
+    argmax_columns products (the first NaN, else the first maximum), without a
+    logits array: greedy decoding straight from the head.
     """
     if not isinstance(int8_activations, bool):
         raise TypeError(f"int8_activations must be a bool, got {int8_activations!r}")
@@ -73,9 +78,19 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     if biases is not None and biases.dtype != scales.dtype:
         raise TypeError(f"biases dtype {biases.dtype} must equal scales dtype {scales.dtype}")
     _check_bias(bias, n)
+    _check_argmax_columns(argmax_columns, n)
     return get_ops().quantized_matmul(x, w, scales, biases, bits, group_size, bias,
                                       int8_activations=int8_activations,
-                                      zero_point=float(zero_point), stream=_stream())
+                                      zero_point=float(zero_point),
+                                      argmax_columns=int(argmax_columns), stream=_stream())
+
+
+def _check_argmax_columns(columns: object, n: int) -> None:
+    # The extension refuses a result type other than float32 (ValueError).
+    if not isinstance(columns, Integral) or isinstance(columns, bool):
+        raise TypeError(f"argmax_columns must be an int, got {columns!r}")
+    if not 0 <= columns <= n:
+        raise ValueError(f"argmax_columns must be in [0, N = {n}], got {columns}")
 
 
 def _check_zero_point(zero_point, biases: mx.array | None, int8_activations: bool) -> None:

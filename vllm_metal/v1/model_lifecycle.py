@@ -61,6 +61,20 @@ class LoadedModel:
             return head(hidden)
         return _inner_model(model).embed_tokens.as_linear(hidden)
 
+    def greedy_tokens(self, hidden: mx.array, vocab_size: int) -> mx.array | None:
+        """hidden [R, hidden] -> int32 [R], argmax of ``logits(hidden)[:, :vocab_size]`` in
+        one node that never writes the logits out; None where the head has no such op
+        (not a CPU quantized head, or activations other than float32)."""
+        head = getattr(self.model, "lm_head", None)
+        if head is None:
+            head = _inner_model(self.model).embed_tokens
+        greedy = getattr(head, "greedy", None)
+        if greedy is None or hidden.dtype != mx.float32:
+            return None
+        if head.get("bias") is not None and head["bias"].dtype != mx.float32:
+            return None
+        return greedy(hidden, vocab_size)
+
 
 def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
     """Load a local HF-format model directory (float or MLX-quantized) with mlx-lm.

@@ -22,7 +22,7 @@ from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
 from vllm_metal.v1.request_updates import apply_scheduler_output
-from vllm_metal.v1.sampler import Sampler
+from vllm_metal.v1.sampler import Sampler, SamplerResult
 from vllm_metal.v1.sampling_batch import SamplingBatchCache
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ class _ForwardedStep:
     step: StepInputs
     logits: mx.array | None  # [num_sampling, vocab], lazy
     prompt_logprobs: dict
+    rows: mx.array | None = None  # [num_sampling, hidden]: the head's input
 
 
 class MetalModelRunner:
@@ -144,7 +145,7 @@ class MetalModelRunner:
         self.pending_tokens.resolve_stale()
         step = self.input_batch.prepare_inputs(scheduler_output)
         hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step))
-        logits = None
+        logits = rows = None
         if len(step.logits_indices):
             # The indices rise strictly within [0, total_q): as many as the rows (a
             # decode step) means every row, in order, and no gather node is needed.
@@ -156,7 +157,7 @@ class MetalModelRunner:
         if self.prompt_logprobs.active:
             prompt_lps = self.prompt_logprobs.collect(
                 step, self.input_batch.requests, hidden, self.loaded.logits)
-        self._forwarded = _ForwardedStep(step, logits, prompt_lps)
+        self._forwarded = _ForwardedStep(step, logits, prompt_lps, rows)
         return None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None):
@@ -174,8 +175,15 @@ class MetalModelRunner:
                 self.pending_tokens.resolve_all()  # penalties / bad words read real ids
             batch = self._sampling_batches.get([s.sampling for s in states],
                                                self.loaded.dims.vocab_size)
-            result = self.sampler(forwarded.logits, batch, _align_bitmask(grammar_output,
-                                                                         sampling_ids))
+            bitmask = _align_bitmask(grammar_output, sampling_ids)
+            greedy = None
+            if batch.all_greedy_plain and bitmask is None:
+                # The head's own argmax: the logits node is then never evaluated.
+                greedy = self.loaded.greedy_tokens(forwarded.rows, self.sampler.vocab_size)
+            if greedy is not None:
+                result = SamplerResult(greedy, None)
+            else:
+                result = self.sampler(forwarded.logits, batch, bitmask)
             inflight = self.pending_tokens.add(result.sampled, sampling_ids)
             logprobs = result.logprobs
             arrays = [result.sampled, *(logprobs or ())]
