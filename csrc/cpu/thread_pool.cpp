@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include <pthread.h>
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -67,23 +68,44 @@ int configured_threads() {
   return v == 0 ? hardware_threads() : static_cast<int>(v);
 }
 
+namespace {
+
+// The process's pool, and whether this process is a fork of the one that made
+// it (the child has the parent's pool object but none of its threads). Set by
+// an atfork handler: asking getpid() on every call cost a system call per
+// parallel loop, ~1000 per decode step.
+std::atomic<ThreadPool*> g_pool{nullptr};
+std::atomic<bool> g_forked{false};
+
+void mark_forked() {
+  g_forked.store(true, std::memory_order_relaxed);
+}
+
+} // namespace
+
 ThreadPool& ThreadPool::instance() {
-  // Leaked on purpose: joining threads during static destruction can hang
-  // while MLX's own threads are still finishing work.
+  ThreadPool* pool = g_pool.load(std::memory_order_acquire);
+  if (pool != nullptr && !g_forked.load(std::memory_order_relaxed)) return *pool;
   static std::mutex mtx;
-  static ThreadPool* pool = nullptr;
-  static pid_t owner = 0;
   std::lock_guard<std::mutex> lk(mtx);
-  if (pool == nullptr || owner != getpid()) {
+  static const bool registered = pthread_atfork(nullptr, nullptr, mark_forked) == 0;
+  (void)registered;
+  pool = g_pool.load(std::memory_order_relaxed);
+  if (pool == nullptr || g_forked.load(std::memory_order_relaxed)) {
+    // Leaked on purpose (the parent's too, in a child): joining threads during
+    // static destruction can hang while MLX's own threads are still finishing work.
     pool = new ThreadPool(configured_threads());
-    owner = getpid();
+    g_forked.store(false, std::memory_order_relaxed);
+    g_pool.store(pool, std::memory_order_release);
   }
   return *pool;
 }
 
 ThreadPool::ThreadPool(int num_threads) {
+  // A worker starts from the generation of its creation, so a job submitted
+  // before the thread first runs is not taken for an old one.
   for (int i = 1; i < num_threads; ++i) {
-    workers_.emplace_back([this] { worker_loop(); });
+    workers_.emplace_back([this, seen = generation_.load()] { worker_loop(seen); });
     workers_.back().detach();
   }
 }
@@ -102,8 +124,7 @@ void ThreadPool::run_items() {
   }
 }
 
-void ThreadPool::worker_loop() {
-  unsigned long seen = generation_.load();
+void ThreadPool::worker_loop(unsigned long seen) {
   for (;;) {
     // Spin first: the next job of a forward usually comes within microseconds.
     const auto spin_until = std::chrono::steady_clock::now() + kSpin;

@@ -38,7 +38,7 @@ class ThreadPool {
 
  private:
   explicit ThreadPool(int num_threads);
-  void worker_loop();
+  void worker_loop(unsigned long seen);
   void run_items();
 
   std::vector<std::thread> workers_;

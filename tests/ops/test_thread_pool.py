@@ -47,3 +47,32 @@ def test_blocked_joins_run_every_item_once_and_wake():
     blocked, slow_second = map(int, out.stdout.split())
     assert slow_second >= 10   # most of 20 joins that waited 4 ms blocked
     assert blocked > 0
+
+
+FORK_CHILD = r"""
+import os, time
+from vllm_metal.metal import get_ops
+
+ext = get_ops()
+ext._pool_run([0, 0])   # the parent's pool and its threads exist before the fork
+pid = os.fork()
+if pid == 0:
+    # The child inherits the pool object but not its threads: it must build its own,
+    # or its two 50 ms items would run one after the other on the caller.
+    start = time.perf_counter()
+    runs, _ = ext._pool_run([50_000, 50_000])
+    os._exit(0 if runs == [1, 1] and time.perf_counter() - start < 0.09 else 1)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(get_ops().cpu_threads() < 2, reason="needs a worker thread")
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_a_pool_with_threads():
+    env = dict(os.environ)
+    env.pop("VLLM_METAL_CPU_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0"
