@@ -94,7 +94,9 @@ def test_greedy_tokens_is_the_argmax_of_the_heads_logits(family):
     np.testing.assert_array_equal(np.array(got), np.array(want))
 
 
-def test_greedy_tokens_declines_float_heads():
+def test_greedy_tokens_declines_float_heads_and_a_vocab_past_the_head():
     loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
     hidden = random_float((2, loaded.model.args.hidden_size))
     assert loaded.greedy_tokens(hidden, loaded.dims.vocab_size) is None
+    quantized = load_model(str(cached_tiny_model("llama", quantize_bits=4)), mx.float32)
+    assert quantized.greedy_tokens(hidden, quantized.dims.vocab_size + 1) is None

@@ -69,8 +69,8 @@ class LoadedModel:
         if head is None:
             head = _inner_model(self.model).embed_tokens
         greedy = getattr(head, "greedy", None)
-        if greedy is None or hidden.dtype != mx.float32:
-            return None
+        if greedy is None or hidden.dtype != mx.float32 or vocab_size > head["weight"].shape[0]:
+            return None   # the sampler's path (and its errors) apply
         if head.get("bias") is not None and head["bias"].dtype != mx.float32:
             return None
         return greedy(hidden, vocab_size)
