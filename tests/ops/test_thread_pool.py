@@ -37,14 +37,19 @@ print(blocked, slow_second)
 """
 
 
-@pytest.mark.skipif(get_ops().cpu_threads() < 2, reason="a join needs a worker thread")
-def test_blocked_joins_run_every_item_once_and_wake():
+def run_child(code: str) -> str:
+    """stdout of `code` run by a fresh interpreter with the default pool size."""
     env = dict(os.environ)
     env.pop("VLLM_METAL_CPU_THREADS", None)
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0, out.stderr
-    blocked, slow_second = map(int, out.stdout.split())
+    return out.stdout
+
+
+@pytest.mark.skipif(get_ops().cpu_threads() < 2, reason="a join needs a worker thread")
+def test_blocked_joins_run_every_item_once_and_wake():
+    blocked, slow_second = map(int, run_child(CHILD).split())
     assert slow_second >= 10   # most of 20 joins that waited 4 ms blocked
     assert blocked > 0
 
@@ -70,9 +75,4 @@ print(os.waitstatus_to_exitcode(status))
 @pytest.mark.skipif(get_ops().cpu_threads() < 2, reason="needs a worker thread")
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_gets_a_pool_with_threads():
-    env = dict(os.environ)
-    env.pop("VLLM_METAL_CPU_THREADS", None)
-    out = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True,
-                         timeout=120, env=env)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[-1] == "0"
+    assert run_child(FORK_CHILD).split()[-1] == "0"
