@@ -338,7 +338,8 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.num_heads = weights_->num_heads();
   a.num_kv_heads = weights_->num_kv_heads();
   a.head_dim = weights_->head_dim();
-  const mx::array& cache0 = caches_[0];
+  const std::vector<mx::array>& caches = *caches_;
+  const mx::array& cache0 = caches[0];
   a.num_blocks = cache0.shape(0);
   a.block_size = cache0.shape(1);
   a.kv_type = elem_of(cache0.dtype());
@@ -352,14 +353,14 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.final_norm = weights_->final_norm();
   a.layers = &weights_->layers();
   for (int li = 0; li < layers; ++li) {
-    a.key_caches.push_back(const_cast<void*>(caches_[li].data<void>()));
-    a.value_caches.push_back(const_cast<void*>(caches_[layers + li].data<void>()));
+    a.key_caches.push_back(const_cast<void*>(caches[li].data<void>()));
+    a.value_caches.push_back(const_cast<void*>(caches[layers + li].data<void>()));
   }
 
   for (const auto& i : inputs) encoder.set_input_array(i);
   for (auto& o : outputs) encoder.set_output_array(o);
   // The task holds the weights and the caches: a step in flight keeps them alive.
-  encoder.dispatch([in = std::move(in), a = std::move(a), keep = weights_, caches = caches_]() {
+  encoder.dispatch([in = std::move(in), a = std::move(a), keep = weights_, held = caches_]() {
     for (const auto& r : in) r.fill();
     dispatch::record_paged_dispatch(cpu::decoder_stack_cpu(a));
   });
@@ -367,9 +368,9 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
 
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
-  if (weights_ != o.weights_ || caches_.size() != o.caches_.size()) return false;
-  for (size_t i = 0; i < caches_.size(); ++i) {
-    if (caches_[i].id() != o.caches_[i].id()) return false;
+  if (weights_ != o.weights_ || caches_->size() != o.caches_->size()) return false;
+  for (size_t i = 0; i < caches_->size(); ++i) {
+    if ((*caches_)[i].id() != (*o.caches_)[i].id()) return false;
   }
   return true;
 }

@@ -113,7 +113,7 @@ class DecoderStack : public CpuOnlyPrimitive {
                std::vector<mlx::core::array> caches)
       : CpuOnlyPrimitive(stream, "the model runs module by module"),
         weights_(std::move(weights)),
-        caches_(std::move(caches)) {}
+        caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -128,7 +128,8 @@ class DecoderStack : public CpuOnlyPrimitive {
 
  private:
   std::shared_ptr<DecoderStackWeights> weights_;
-  std::vector<mlx::core::array> caches_;
+  // Shared with each dispatched task: one reference keeps them all alive.
+  std::shared_ptr<const std::vector<mlx::core::array>> caches_;
 };
 
 } // namespace vllm_metal

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
-
 #include <vector>
 
 #include "cpu/linear_cpu.h"
@@ -18,6 +17,11 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) {
   throw std::invalid_argument("quantized_matmul: " + msg);
+}
+
+// x's shape without its last dimension: the argmax result's.
+mx::Shape rows_shape(const mx::array& x) {
+  return mx::Shape(x.shape().begin(), x.shape().end() - 1);
 }
 
 } // namespace
@@ -82,8 +86,7 @@ mx::array quantized_matmul(
       stream, bits, group_size, bias.has_value(), int8_activations, biases.has_value(),
       zero_point, argmax_columns);
   if (argmax_columns > 0) {
-    mx::Shape rows(x.shape().begin(), x.shape().end() - 1);
-    return mx::array(std::move(rows), mx::int32, std::move(primitive), std::move(inputs));
+    return mx::array(rows_shape(x), mx::int32, std::move(primitive), std::move(inputs));
   }
   return mx::array(with_last_dim(x, n), out_type, std::move(primitive), std::move(inputs));
 }
@@ -130,7 +133,7 @@ bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {
-  if (argmax_columns_ > 0) return {mx::Shape(inputs[0].shape().begin(), inputs[0].shape().end() - 1)};
+  if (argmax_columns_ > 0) return {rows_shape(inputs[0])};
   return {with_last_dim(inputs[0], inputs[1].shape(0))};
 }
 

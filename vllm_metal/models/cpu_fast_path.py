@@ -38,18 +38,11 @@ class FastQuantizedLinear(nn.QuantizedLinear):
     zero_point: int | None = None   # see _find_zero_point
 
     def __call__(self, x: mx.array) -> mx.array:
-        return get_ops().quantized_matmul(x, self["weight"], self["scales"], _biases(self),
-                                          self.bits, self.group_size, self.get("bias"),
-                                          int8_activations=self.int8_activations,
-                                          zero_point=self.zero_point or 0)
+        return _quantized_product(self, x, self.get("bias"))
 
     def greedy(self, x: mx.array, columns: int) -> mx.array:
         """int32 [...]: argmax over the first ``columns`` of ``self(x)`` (float32 x)."""
-        return get_ops().quantized_matmul(x, self["weight"], self["scales"], _biases(self),
-                                          self.bits, self.group_size, self.get("bias"),
-                                          int8_activations=self.int8_activations,
-                                          zero_point=self.zero_point or 0,
-                                          argmax_columns=columns)
+        return _quantized_product(self, x, self.get("bias"), argmax_columns=columns)
 
 
 class FastEmbedding(nn.Embedding):
@@ -78,18 +71,11 @@ class FastQuantizedEmbedding(nn.QuantizedEmbedding):
         return _as_activation(self, rows)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return get_ops().quantized_matmul(x, self["weight"], self["scales"], _biases(self),
-                                          self.bits, self.group_size,
-                                          int8_activations=self.int8_activations,
-                                          zero_point=self.zero_point or 0)
+        return _quantized_product(self, x)
 
     def greedy(self, x: mx.array, columns: int) -> mx.array:
         """int32 [...]: argmax over the first ``columns`` of ``as_linear(x)`` (float32 x)."""
-        return get_ops().quantized_matmul(x, self["weight"], self["scales"], _biases(self),
-                                          self.bits, self.group_size,
-                                          int8_activations=self.int8_activations,
-                                          zero_point=self.zero_point or 0,
-                                          argmax_columns=columns)
+        return _quantized_product(self, x, argmax_columns=columns)
 
 
 def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = None,
@@ -152,6 +138,17 @@ def _find_zero_point(module: nn.Module) -> None:
 
 def _biases(module: nn.Module) -> mx.array | None:
     return None if module.zero_point is not None else module["biases"]
+
+
+def _quantized_product(module: nn.Module, x: mx.array, bias: mx.array | None = None,
+                       argmax_columns: int = 0) -> mx.array:
+    """x [..., K] @ W.T of a switched quantized module (+ bias) -> [..., N]; with
+    argmax_columns > 0, each row's argmax over that many columns instead (int32 [...])."""
+    return get_ops().quantized_matmul(x, module["weight"], module["scales"], _biases(module),
+                                      module.bits, module.group_size, bias,
+                                      int8_activations=module.int8_activations,
+                                      zero_point=module.zero_point or 0,
+                                      argmax_columns=argmax_columns)
 
 
 def _as_activation(module: nn.Module, rows: mx.array) -> mx.array:

@@ -53,21 +53,23 @@ class LoadedModel:
         with cpu_fast_functions(self.cpu_fast):
             return inner(input_ids)
 
+    def _head(self) -> tuple[nn.Module, bool]:
+        """The model's output projection, and whether it is the tied token embedding."""
+        head = getattr(self.model, "lm_head", None)
+        if head is not None:
+            return head, False
+        return _inner_model(self.model).embed_tokens, True
+
     def logits(self, hidden: mx.array) -> mx.array:
         """hidden [..., hidden] -> logits [..., vocab] (the model's own head)."""
-        model = self.model
-        head = getattr(model, "lm_head", None)
-        if head is not None:
-            return head(hidden)
-        return _inner_model(model).embed_tokens.as_linear(hidden)
+        head, tied = self._head()
+        return head.as_linear(hidden) if tied else head(hidden)
 
     def greedy_tokens(self, hidden: mx.array, vocab_size: int) -> mx.array | None:
         """hidden [R, hidden] -> int32 [R], argmax of ``logits(hidden)[:, :vocab_size]`` in
         one node that never writes the logits out; None where the head has no such op
         (not a CPU quantized head, or activations other than float32)."""
-        head = getattr(self.model, "lm_head", None)
-        if head is None:
-            head = _inner_model(self.model).embed_tokens
+        head, _ = self._head()
         greedy = getattr(head, "greedy", None)
         if greedy is None or hidden.dtype != mx.float32 or vocab_size > head["weight"].shape[0]:
             return None   # the sampler's path (and its errors) apply
