@@ -8,9 +8,9 @@ Here the same is done for the weights once they are loaded: the 2 MiB-aligned
 part of each memory mapping that holds weights is advised ``MADV_HUGEPAGE`` and
 collapsed at once (``MADV_COLLAPSE``, Linux 6.1+) rather than whenever
 khugepaged gets to it. The KV cache, all zeros when it is made, is instead
-released onto huge pages that fill as it is written (``zeros_on_huge_pages``).
-Where the kernel refuses (THP off, an older kernel), memory simply stays on small
-pages.
+dropped and faulted straight back in as zeroed huge pages
+(``zeros_on_huge_pages``). Where the kernel refuses (THP off, an older kernel),
+memory simply stays on small pages.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 HUGE_PAGE = 2 << 20        # x86_64 and aarch64 (4 KiB base pages) PMD size
 MADV_DONTNEED = 4
 MADV_HUGEPAGE = 14
+MADV_POPULATE_WRITE = 23  # Linux 5.14+
 MADV_COLLAPSE = 25
 
 
@@ -139,22 +140,35 @@ def back_with_huge_pages(ranges: list[tuple[int, int]]) -> HugePageReport:
 
 def zeros_on_huge_pages(ranges: list[tuple[int, int]]) -> int:
     """For freshly zeroed buffers no one reads yet (the KV cache): advise the whole 2 MiB
-    pages inside each of ``ranges`` MADV_HUGEPAGE, then drop them (MADV_DONTNEED). They
-    read as zeros again, and each comes back as a huge page when first written, instead
-    of costing a collapse (seconds for GiBs) at startup. Until then they hold no memory.
+    pages inside each of ``ranges`` MADV_HUGEPAGE, drop them (MADV_DONTNEED) and fault
+    them straight back in as zeroed huge pages (MADV_POPULATE_WRITE; where the kernel
+    lacks it, by writing the zeros again). A collapse would cost seconds for GiBs.
 
-    Returns the bytes released; pages whose advice the kernel refuses keep their zeros.
+    The pages are committed here rather than on first write because vLLM's block
+    allocator hands out the least recently freed block: a lazily committed pool grows
+    the process by every block's first write until all of it has been written (hours of
+    serving at 4 GiB), and a host short of memory would then fail mid-serving instead
+    of at startup.
+
+    Returns the bytes moved; pages whose advice the kernel refuses keep their zeros.
+    Raises MemoryError when the kernel cannot back the pages (ENOMEM).
     """
     if not sys.platform.startswith("linux"):
         return 0
     madvise = _madvise()
-    released = 0
+    moved = 0
     for start, end in ranges:
         lo, hi = _whole_pages(start, end)
-        if hi > lo and madvise(lo, hi - lo, MADV_HUGEPAGE) == 0 \
-                and madvise(lo, hi - lo, MADV_DONTNEED) == 0:
-            released += hi - lo
-    return released
+        if hi <= lo or madvise(lo, hi - lo, MADV_HUGEPAGE) != 0 \
+                or madvise(lo, hi - lo, MADV_DONTNEED) != 0:
+            continue
+        if madvise(lo, hi - lo, MADV_POPULATE_WRITE) != 0:
+            if ctypes.get_errno() == errno.ENOMEM:
+                raise MemoryError(f"the kernel could not back {(hi - lo) / 2**20:.0f} MiB "
+                                  "of zeroed memory (MADV_POPULATE_WRITE: ENOMEM)")
+            ctypes.memset(lo, 0, hi - lo)
+        moved += hi - lo
+    return moved
 
 
 def array_ranges(arrays: Iterable) -> list[tuple[int, int]]:

@@ -9,8 +9,19 @@ logger = logging.getLogger("vllm_metal")
 GiB = 2**30
 
 
+# MLX's own cache limit on its CPU backend: room for a decode step's buffers.
+MIN_ALLOCATOR_CACHE = 32 << 20
+
+
 class InsufficientMemoryError(RuntimeError):
     pass
+
+
+def allocator_cache_limit(activations: int) -> int:
+    """Bytes MLX may keep of freed buffers. One step's activations are all the next
+    step can reuse; MLX's Metal default (its memory limit, most of the machine) would
+    let buffers of shapes never seen again hold memory the budget gave the KV cache."""
+    return max(activations, MIN_ALLOCATOR_CACHE)
 
 
 @dataclass(frozen=True)
@@ -21,12 +32,15 @@ class MemoryBudget:
     utilization:   --gpu-memory-utilization
     weights:       model parameters
     activations:   peak transient memory of a max_num_batched_tokens forward
+    allocator_cache: the most freed memory MLX keeps for reuse (its cache limit),
+                   which can sit beside a step's live activations
     """
 
     device_total: int
     utilization: float
     weights: int
     activations: int
+    allocator_cache: int = 0
 
     @property
     def budget(self) -> int:
@@ -34,7 +48,7 @@ class MemoryBudget:
 
     @property
     def available_for_kv(self) -> int:
-        return self.budget - self.weights - self.activations
+        return self.budget - self.weights - self.activations - self.allocator_cache
 
     def kv_cache_bytes(self, bytes_per_block: int, block_size: int, max_model_len: int,
                        max_num_seqs: int, cap: int | None = None) -> int:
@@ -50,8 +64,8 @@ class MemoryBudget:
                 f"Not enough memory for the KV cache of one {max_model_len}-token request: "
                 f"budget {self.budget / GiB:.2f} GiB (--gpu-memory-utilization "
                 f"{self.utilization} of {self.device_total / GiB:.2f} GiB) minus weights "
-                f"{self.weights / GiB:.2f} GiB and activations {self.activations / GiB:.2f} GiB "
-                f"leaves {available / GiB:.3f} GiB, but one request needs "
+                f"{self.weights / GiB:.2f} GiB, activations {self.activations / GiB:.2f} GiB "
+                f"and allocator cache {self.allocator_cache / GiB:.2f} GiB leaves {available / GiB:.3f} GiB, but one request needs "
                 f"{one_request / GiB:.3f} GiB. Raise --gpu-memory-utilization or lower "
                 f"--max-model-len (or --max-num-batched-tokens).")
         # More blocks than max_num_seqs full-length requests can never be used at

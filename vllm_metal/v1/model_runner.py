@@ -18,6 +18,7 @@ from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forw
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.huge_pages import array_ranges, zeros_on_huge_pages
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
+from vllm_metal.v1.memory_budget import InsufficientMemoryError
 from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
@@ -106,11 +107,17 @@ class MetalModelRunner:
                                      dims.num_kv_heads, dims.head_dim, self.kv_dtype)
         huge = 0
         if self.loaded.cpu_fast and envs.VLLM_METAL_CPU_HUGE_PAGES:
-            huge = zeros_on_huge_pages(array_ranges(
-                [*self.kv_cache.key_caches, *self.kv_cache.value_caches]))
-        logger.info("KV cache: %d blocks of %d tokens, %.1f MiB%s",
+            try:
+                huge = zeros_on_huge_pages(array_ranges(
+                    [*self.kv_cache.key_caches, *self.kv_cache.value_caches]))
+            except MemoryError as e:
+                raise InsufficientMemoryError(
+                    f"The {self.kv_cache.nbytes / 2**30:.2f} GiB KV cache does not fit in "
+                    f"this host's free memory ({e}). Lower VLLM_METAL_CPU_KV_CACHE_GIB, "
+                    "--kv-cache-memory or --gpu-memory-utilization.") from e
+        logger.info("KV cache: %d blocks of %d tokens, %.1f MiB, committed%s",
                     kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20,
-                    f" ({huge / 2**20:.0f} MiB on huge pages as first written)" if huge else "")
+                    f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")
 
     def profile_run(self) -> int:
         """Estimate the peak activation bytes of a max_num_batched_tokens forward.

@@ -10,7 +10,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_metal.platform import device_memory_bytes
 from vllm_metal.v1.idle_threads import deprioritize_threads
-from vllm_metal.v1.memory_budget import MemoryBudget
+from vllm_metal.v1.memory_budget import MemoryBudget, allocator_cache_limit
 from vllm_metal.v1.model_lifecycle import parameter_bytes
 from vllm_metal.v1.model_runner import MetalModelRunner
 
@@ -98,6 +98,8 @@ class MetalWorker(WorkerBase):
         cache_config = self.vllm_config.cache_config
         runner = self.model_runner
         self._activation_bytes = runner.profile_run()
+        cache_limit = allocator_cache_limit(self._activation_bytes)
+        mx.set_cache_limit(cache_limit)
         explicit = getattr(cache_config, "kv_cache_memory_bytes", None)
         if explicit:
             return int(explicit)
@@ -106,13 +108,15 @@ class MetalWorker(WorkerBase):
             utilization=float(cache_config.gpu_memory_utilization),
             weights=parameter_bytes(runner.loaded.model),
             activations=self._activation_bytes,
+            allocator_cache=cache_limit,
         )
         kv_bytes = budget.kv_cache_bytes(runner.kv_bytes_per_block(), runner.block_size,
                                          runner.max_model_len, runner.max_num_reqs,
                                          cap=_cpu_kv_cap())
         logger.info("Memory budget %.2f GiB: weights %.2f GiB, activations %.2f GiB, "
-                    "KV cache %.2f GiB", budget.budget / 2**30, budget.weights / 2**30,
-                    budget.activations / 2**30, kv_bytes / 2**30)
+                    "allocator cache %.2f GiB, KV cache %.2f GiB", budget.budget / 2**30,
+                    budget.weights / 2**30, budget.activations / 2**30,
+                    budget.allocator_cache / 2**30, kv_bytes / 2**30)
         return kv_bytes
 
     def update_max_model_len(self, max_model_len: int) -> None:
