@@ -144,7 +144,7 @@ def _plot(run_json: Path, png: Path) -> None:
     from benchmarks.suite.install import DEFAULT_CACHE_ROOT, ensure_tools_venv
 
     try:
-        python = ensure_tools_venv(DEFAULT_CACHE_ROOT)
+        python = ensure_tools_venv(DEFAULT_CACHE_ROOT.expanduser())
         subprocess.run([str(python), "-m", "benchmarks.soak.plot", str(run_json), str(png)],
                        cwd=REPO, check=True)
         print(f"plot: {png}")

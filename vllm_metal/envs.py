@@ -75,9 +75,9 @@ VARIABLES: dict[str, EnvVar] = {
     "VLLM_METAL_CPU_HUGE_PAGES": EnvVar(
         "1", _bool,
         "1: on the CPU backend (Linux), move the loaded weights onto transparent huge "
-        "pages (fewer TLB misses while a decode step streams them) and release the "
-        "zeroed KV cache onto huge pages that fill as it is written; 0: leave both on "
-        "the 4 KiB pages malloc gave them."),
+        "pages (fewer TLB misses while a decode step streams them) and move the "
+        "zeroed KV cache onto huge pages; 0: leave both on the 4 KiB pages malloc "
+        "gave them."),
     "VLLM_METAL_CPU_INT8_ACTIVATIONS": EnvVar(
         "0", _bool,
         "1: on the CPU backend, 4/8-bit linear layers round their input to int8 per 32 "

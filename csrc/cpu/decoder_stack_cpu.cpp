@@ -9,6 +9,7 @@
 
 #include "cpu/norm_rope_cpu.h"
 #include "cpu/isa.h"
+#include "cpu/scratch.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tile_math.h"
 
@@ -73,7 +74,7 @@ bool same_angles(const StackLayer& a, const StackLayer& b) {
 }
 
 // x [t, heads, head_dim] in place, with the angles in `table` ([t, dims / 2] cos, then sin).
-void rotate(RopeArgs r, const std::vector<float>& table, float* x, int heads) {
+void rotate(RopeArgs r, const ScratchVector<float>& table, float* x, int heads) {
   r.x = x;
   r.out = x;
   r.m = heads;
@@ -179,8 +180,8 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   for (const auto& l : layers) inter = std::max(inter, l.gate.out_features());
 
   // h: the residual stream; scratch sized for the widest layer.
-  std::vector<float> h(a.x, a.x + t * hidden);
-  std::vector<float> xn(t * hidden), q(t * q_width), k(t * kv_width), v(t * kv_width),
+  ScratchVector<float> h(a.x, a.x + t * hidden);
+  ScratchVector<float> xn(t * hidden), q(t * q_width), k(t * kv_width), v(t * kv_width),
       attn(t * q_width), gate(t * inter), up(t * inter), tmp(t * hidden);
 
   PagedAttentionArgs pa{};
@@ -206,7 +207,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   // when a layer's sliding window differs from the last one planned).
   dispatch::PagedDispatch route{};
   int planned_window = -1;
-  std::vector<float> angles;
+  ScratchVector<float> angles;
   const StackLayer* angles_of = nullptr;
   for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
     const StackLayer& l = layers[li];

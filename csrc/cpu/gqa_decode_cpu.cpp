@@ -8,6 +8,7 @@
 
 #include "cpu/attention_item.h"
 #include "cpu/attention_output.h"
+#include "cpu/scratch.h"
 #include "cpu/tile_math.h"
 
 namespace vllm_metal::cpu {
@@ -63,7 +64,7 @@ void gqa_decode_cpu(const PagedAttentionArgs& p, int partition_size, ThreadPool&
   });
   // Split sequences: (max, exp-sum, unnormalized output) per (piece, head),
   // and a count of pieces still running.
-  std::vector<float> state(static_cast<size_t>(states) * h * (d + 2));
+  ScratchVector<float> state(static_cast<size_t>(states) * h * (d + 2));
   float* state_m = state.data();
   float* state_l = state_m + static_cast<size_t>(states) * h;
   float* state_acc = state_l + static_cast<size_t>(states) * h;

@@ -9,6 +9,7 @@
 #include "cpu/linear_driver.h"
 #include "cpu/linear_kernels.h"
 #include "cpu/linear_q8.h"
+#include "cpu/scratch.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tile_math.h"
 
@@ -36,8 +37,8 @@ constexpr int64_t kTileFloats = 48 * 1024;
 // (in nibble order when `nibble`). xsum [m, k / gs] gets each group's sum.
 struct PreparedX {
   const float* x = nullptr;
-  std::unique_ptr<float[]> owned;
-  std::unique_ptr<float[]> xsum;
+  ScratchArray<float> owned;
+  ScratchArray<float> xsum;
 };
 
 PreparedX prepare_x(const LinearIO& io, int64_t k, bool nibble, int gs) {
@@ -48,9 +49,9 @@ PreparedX prepare_x(const LinearIO& io, int64_t k, bool nibble, int gs) {
     return p;
   }
   std::unique_ptr<float[]> row(new float[k]);
-  if (copy) p.owned.reset(new float[io.m * k]);
+  if (copy) p.owned = scratch_array<float>(io.m * k);
   const int64_t groups = gs > 0 ? k / gs : 0;
-  if (gs > 0) p.xsum.reset(new float[io.m * groups]);
+  if (gs > 0) p.xsum = scratch_array<float>(io.m * groups);
   for (int64_t i = 0; i < io.m; ++i) {
     load_row(io.x, io.x_type, i * k, k, row.get());
     if (copy) {
@@ -93,7 +94,7 @@ struct PanelBuffer {
 };
 
 PanelBuffer panel_buffer(int64_t rows, int64_t k, int panel_rows) {
-  thread_local std::vector<float> buf;
+  thread_local ScratchVector<float> buf;
   const int64_t panel_floats = round_up(rows, panel_rows) * k;
   const int64_t floats = panel_floats + panel_rows * k;
   if (static_cast<int64_t>(buf.size()) < floats) buf.resize(floats);

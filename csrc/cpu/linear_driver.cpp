@@ -42,7 +42,7 @@ ColumnBlock column_block(const LinearIO& io, int64_t n, int64_t c0, int64_t c1) 
     b.y = static_cast<float*>(io.out) + c0;
     b.ldy = n;
   } else {
-    b.local.reset(new float[io.m * (c1 - c0)]);
+    b.local = scratch_array<float>(io.m * (c1 - c0));
     b.y = b.local.get();
     b.ldy = c1 - c0;
   }

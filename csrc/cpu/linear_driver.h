@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cpu/linear_cpu.h"
+#include "cpu/scratch.h"
 #include "cpu/tile_math.h"
 
 namespace vllm_metal::cpu::driver {
@@ -45,7 +46,7 @@ void load_row(const void* src, Elem t, int64_t offset, int64_t n, float* dst);
 struct ColumnBlock {
   float* y;
   int64_t ldy;
-  std::unique_ptr<float[]> local;
+  ScratchArray<float> local;
 };
 
 ColumnBlock column_block(const LinearIO& io, int64_t n, int64_t c0, int64_t c1);

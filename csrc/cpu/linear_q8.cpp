@@ -146,9 +146,9 @@ Q8Acts quantize_acts(const LinearIO& io, int64_t k, int bits, int group_size) {
   a.bits = bits;
   a.group_size = group_size;
   a.kp = round_up(k, bits == 4 ? kChunk4 : kChunk8);
-  a.q.reset(new int8_t[a.m * a.kp]);
-  a.d.reset(new float[a.m * (a.kp / kQ8Block)]);
-  a.xsum.reset(new float[a.m * (k / group_size)]);
+  a.q = scratch_array<int8_t>(a.m * a.kp);
+  a.d = scratch_array<float>(a.m * (a.kp / kQ8Block));
+  a.xsum = scratch_array<float>(a.m * (k / group_size));
   const Q8Kernels& kern = q8_kernels();
   auto rows = [&](int64_t r0, int64_t r1) {
     std::vector<float> row(io.x_type == Elem::F32 ? 0 : k);

@@ -20,6 +20,7 @@
 
 #include "cpu/isa.h"
 #include "cpu/linear_cpu.h"
+#include "cpu/scratch.h"
 
 namespace vllm_metal::cpu {
 
@@ -33,9 +34,9 @@ struct Q8Acts {
   int64_t kp = 0;      // padded row length of q
   int bits = 4;
   int group_size = 32;
-  std::unique_ptr<int8_t[]> q;    // [m, kp]
-  std::unique_ptr<float[]> d;     // [m, kp / 32]: each 32-column block's step
-  std::unique_ptr<float[]> xsum;  // [m, k / group_size]
+  ScratchArray<int8_t> q;    // [m, kp]
+  ScratchArray<float> d;     // [m, kp / 32]: each 32-column block's step
+  ScratchArray<float> xsum;  // [m, k / group_size]
 };
 
 constexpr int kQ8Block = 32;

@@ -12,6 +12,7 @@
 #include "cpu/attention_item.h"
 #include "cpu/attention_output.h"
 #include "cpu/gqa_decode_cpu.h"
+#include "cpu/scratch.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tile_math.h"
 #include "dispatch/dispatch_env.h"
@@ -209,7 +210,7 @@ class Planner {
   std::vector<WorkItem> items_;
   std::vector<MergeGroup> groups_;
   int num_partials_ = 0;
-  std::vector<float> partials_;
+  ScratchVector<float> partials_;
 };
 
 std::mutex g_force_mutex;

@@ -7,6 +7,7 @@
 
 #include "cpu/linear_cpu.h"
 #include "cpu/row_argmax.h"
+#include "cpu/scratch.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {
@@ -116,7 +117,7 @@ void QuantizedMatmul::eval_cpu(
     }
     // The products into scratch that stays warm for the argmax pass.
     const int64_t rows = in[0].view.size() / w.k;
-    thread_local std::vector<float> logits;
+    thread_local cpu::ScratchVector<float> logits;
     logits.resize(static_cast<size_t>(rows * w.n));
     cpu::LinearIO io = linear_io(in, bias, logits.data(), out_type);
     io.int8_activations = int8;

@@ -17,11 +17,12 @@ class InsufficientMemoryError(RuntimeError):
     pass
 
 
-def allocator_cache_limit(activations: int) -> int:
-    """Bytes MLX may keep of freed buffers. One step's activations are all the next
-    step can reuse; MLX's Metal default (its memory limit, most of the machine) would
-    let buffers of shapes never seen again hold memory the budget gave the KV cache."""
-    return max(activations, MIN_ALLOCATOR_CACHE)
+def allocator_cache_limit(array_activations: int) -> int:
+    """Bytes MLX may keep of freed buffers, from the MLX-array part of a step's peak
+    activations: that is all the next step can reuse; MLX's Metal default (its memory
+    limit, most of the machine) would let buffers of shapes never seen again hold memory
+    the budget gave the KV cache."""
+    return max(array_activations, MIN_ALLOCATOR_CACHE)
 
 
 @dataclass(frozen=True)
@@ -65,9 +66,10 @@ class MemoryBudget:
                 f"budget {self.budget / GiB:.2f} GiB (--gpu-memory-utilization "
                 f"{self.utilization} of {self.device_total / GiB:.2f} GiB) minus weights "
                 f"{self.weights / GiB:.2f} GiB, activations {self.activations / GiB:.2f} GiB "
-                f"and allocator cache {self.allocator_cache / GiB:.2f} GiB leaves {available / GiB:.3f} GiB, but one request needs "
-                f"{one_request / GiB:.3f} GiB. Raise --gpu-memory-utilization or lower "
-                f"--max-model-len (or --max-num-batched-tokens).")
+                f"and allocator cache {self.allocator_cache / GiB:.2f} GiB leaves "
+                f"{available / GiB:.3f} GiB, but one request needs {one_request / GiB:.3f} "
+                f"GiB. Raise --gpu-memory-utilization or lower --max-model-len (or "
+                f"--max-num-batched-tokens).")
         # More blocks than max_num_seqs full-length requests can never be used at
         # once; keeping them from other applications helps nobody.
         useful = one_request * max_num_seqs + bytes_per_block

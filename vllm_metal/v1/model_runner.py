@@ -15,6 +15,7 @@ from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
+from vllm_metal.metal import get_ops
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.huge_pages import array_ranges, zeros_on_huge_pages
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
@@ -38,6 +39,18 @@ _KV_CACHE_DTYPES = {name: getattr(mx, name) for name in envs.KV_CACHE_DTYPES if 
 
 # Tokens of the profiling forward whose peak memory is scaled to max_num_batched_tokens.
 PROFILE_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class ActivationEstimate:
+    """Peak transient bytes of a max_num_batched_tokens forward."""
+
+    arrays: int          # MLX arrays (what MLX's allocator and its cache hold)
+    kernel_scratch: int  # the CPU kernels' own buffers (malloc), MLX-invisible
+
+    @property
+    def total(self) -> int:
+        return self.arrays + self.kernel_scratch
 
 
 @dataclass
@@ -119,13 +132,14 @@ class MetalModelRunner:
                     kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20,
                     f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")
 
-    def profile_run(self) -> int:
+    def profile_run(self) -> ActivationEstimate:
         """Estimate the peak activation bytes of a max_num_batched_tokens forward.
 
         Runs a forward of PROFILE_TOKENS fresh prompt tokens and scales its peak
         linearly: the paged kernels materialize no [q, k] score matrix, so every
         activation is proportional to the token count. A full-size forward would
-        cost minutes at startup on slow backends for no better answer.
+        cost minutes at startup on slow backends for no better answer. MLX's peak
+        and the CPU kernels' own scratch (which MLX does not see) are kept apart.
         """
         target = min(self.max_num_batched_tokens, self.max_num_reqs * self.max_model_len)
         num_tokens = min(target, PROFILE_TOKENS, self.max_model_len)
@@ -134,14 +148,19 @@ class MetalModelRunner:
         cache = PagedKVCache(dims.num_layers, blocks + 1, self.block_size,
                              dims.num_kv_heads, dims.head_dim, self.kv_dtype)
         step = _synthetic_prefill(np.array([num_tokens], dtype=np.int32), blocks, self.block_size)
+        ops = get_ops()
         mx.reset_peak_memory()
         before = mx.get_active_memory()
+        ops.scratch_bytes(reset=True)
         hidden = self._forward(step, cache)
         mx.eval(self.loaded.logits(hidden[mx.array(step.logits_indices)]))
-        peak = max(mx.get_peak_memory() - before, 0)
+        arrays = max(mx.get_peak_memory() - before, 0)
+        # All the scratch, not its growth: buffers the kernels keep count as much as new ones.
+        scratch = ops.scratch_bytes()[1]
         del cache, hidden
         mx.clear_cache()
-        return int(peak * target / num_tokens)
+        scale = target / num_tokens
+        return ActivationEstimate(int(arrays * scale), int(scratch * scale))
 
     # -- the step ----------------------------------------------------------
 

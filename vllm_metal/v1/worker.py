@@ -97,8 +97,9 @@ class MetalWorker(WorkerBase):
     def determine_available_memory(self) -> int:
         cache_config = self.vllm_config.cache_config
         runner = self.model_runner
-        self._activation_bytes = runner.profile_run()
-        cache_limit = allocator_cache_limit(self._activation_bytes)
+        estimate = runner.profile_run()
+        self._activation_bytes = estimate.total
+        cache_limit = allocator_cache_limit(estimate.arrays)
         mx.set_cache_limit(cache_limit)
         explicit = getattr(cache_config, "kv_cache_memory_bytes", None)
         if explicit:
