@@ -1,8 +1,8 @@
 """Engine memory stays flat under repeated generation: no per-token or per-request growth.
 
 The bundled SmolLM2 generates the same mixed batch (greedy, seeded sampling, logprobs,
-prompt logprobs, penalties, a structured-output choice, long ignore_eos outputs) several rounds
-in one engine. After the first round (warm-up: first-use caches, grammar compiles)
+prompt logprobs, penalties, a structured-output choice, long ignore_eos outputs)
+several rounds in one engine. After the first round (warm-up: first-use caches, grammar compiles)
 the process's resident memory and MLX's active + cache memory must stay where they
 were. Each round writes ~2,000 new tokens to the KV cache (~90 MiB of fp32 keys and
 values for this model), so a pool committed as it is written, or any state kept per
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+
 import mlx.core as mx
 import pytest
 
@@ -34,8 +35,13 @@ MODES = {  # mode -> (environment, LLM arguments)
     # No prefix caching and a pool of 1,280 tokens for 16 requests of up to ~220:
     # requests are preempted and recomputed every round.
     "no-prefix-cache-preempting": ({}, {"enable_prefix_caching": False,
-                                        "kv_cache_memory_bytes": 60 * MiB}),
+                                        "kv_cache_memory_bytes": 60 * MiB,
+                                        "disable_log_stats": False}),
 }
+
+
+def _preemptions(llm) -> float:
+    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
 
 
 def _rss() -> int:
@@ -108,6 +114,8 @@ def test_memory_returns_to_its_level_after_the_first_round(mode, monkeypatch):
         growth = [(x - rss[0]) / MiB for x in rss[1:]]
         assert max(growth) < RSS_SLACK / MiB, f"RSS after each round vs the first (MiB): {growth}"
         assert max(abs(m - mlx_bytes[0]) for m in mlx_bytes[1:]) <= MiB, mlx_bytes
+        if "kv_cache_memory_bytes" in llm_args:
+            assert _preemptions(llm) > 0, "the small pool was meant to preempt requests"
     finally:
         del llm
         gc.collect()
