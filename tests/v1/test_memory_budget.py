@@ -1,6 +1,7 @@
 import pytest
 
-from vllm_metal.v1.memory_budget import InsufficientMemoryError, MemoryBudget
+from vllm_metal.v1.memory_budget import (MIN_ALLOCATOR_CACHE, InsufficientMemoryError,
+                                        MemoryBudget, allocator_cache_limit)
 
 GiB = 2**30
 
@@ -31,3 +32,20 @@ def test_cap_limits_kv_but_never_below_one_request():
     assert budget.kv_cache_bytes(block, 16, 4096, 64, cap=2 * GiB) == 2 * GiB
     # One 4096-token request needs 256 blocks = 256 MiB: a smaller cap is raised to it.
     assert budget.kv_cache_bytes(block, 16, 4096, 64, cap=1 << 20) == 257 * block
+
+
+def test_allocator_cache_is_taken_from_the_kv_share_and_named_in_the_refusal():
+    budget = MemoryBudget(device_total=16 * GiB, utilization=0.5, weights=2 * GiB,
+                          activations=1 * GiB, allocator_cache=1 * GiB)
+    assert budget.available_for_kv == 4 * GiB
+    block = 1 << 20
+    assert budget.kv_cache_bytes(block, 16, 4096, 64) == 4 * GiB
+    tight = MemoryBudget(device_total=4 * GiB, utilization=0.5, weights=1 * GiB,
+                         activations=0, allocator_cache=1 * GiB)
+    with pytest.raises(InsufficientMemoryError, match="allocator cache 1.00 GiB"):
+        tight.kv_cache_bytes(block, 16, 4096, 1)
+
+
+def test_allocator_cache_limit_is_the_arrays_share_with_mlx_cpu_default_as_floor():
+    assert allocator_cache_limit(3 * GiB) == 3 * GiB
+    assert allocator_cache_limit(0) == MIN_ALLOCATOR_CACHE == 32 << 20

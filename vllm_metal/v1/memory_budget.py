@@ -17,6 +17,18 @@ class InsufficientMemoryError(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class ActivationEstimate:
+    """Peak transient bytes of a max_num_batched_tokens forward."""
+
+    arrays: int          # MLX arrays (what MLX's allocator and its cache hold)
+    kernel_scratch: int  # the CPU kernels' own buffers (malloc), MLX-invisible
+
+    @property
+    def total(self) -> int:
+        return self.arrays + self.kernel_scratch
+
+
 def allocator_cache_limit(array_activations: int) -> int:
     """Bytes MLX may keep of freed buffers, from the MLX-array part of a step's peak
     activations: that is all the next step can reuse; MLX's Metal default (its memory

@@ -19,7 +19,7 @@ from vllm_metal.metal import get_ops
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.huge_pages import array_ranges, zeros_on_huge_pages
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
-from vllm_metal.v1.memory_budget import InsufficientMemoryError
+from vllm_metal.v1.memory_budget import ActivationEstimate, InsufficientMemoryError
 from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
@@ -39,18 +39,6 @@ _KV_CACHE_DTYPES = {name: getattr(mx, name) for name in envs.KV_CACHE_DTYPES if 
 
 # Tokens of the profiling forward whose peak memory is scaled to max_num_batched_tokens.
 PROFILE_TOKENS = 64
-
-
-@dataclass(frozen=True)
-class ActivationEstimate:
-    """Peak transient bytes of a max_num_batched_tokens forward."""
-
-    arrays: int          # MLX arrays (what MLX's allocator and its cache hold)
-    kernel_scratch: int  # the CPU kernels' own buffers (malloc), MLX-invisible
-
-    @property
-    def total(self) -> int:
-        return self.arrays + self.kernel_scratch
 
 
 @dataclass
