@@ -101,6 +101,7 @@ def main() -> int:
     os.environ.update(env)
     out = args.out or REPO / "benchmarks" / "soak" / "results" / f"{args.mode}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    commit = _commit()  # the code the server runs, whatever lands while it does
     server = VllmServer(str(args.model), "--served-model-name", "smollm2", "--max-model-len",
                         "2048", *server_args)
     try:
@@ -121,7 +122,7 @@ def main() -> int:
     run = {"mode": args.mode, "env": env, "server_args": server_args,
            "command": " ".join(["python", "benchmarks/bench_soak.py", *sys.argv[1:]]),
            "clients": args.clients, "warmup_s": args.warmup_minutes * 60,
-           "commit": _commit(), "summary": summary, "samples": sampler.samples}
+           "commit": commit, "summary": summary, "samples": sampler.samples}
     out.write_text(json.dumps(run, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     if not args.no_plot:
