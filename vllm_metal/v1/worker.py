@@ -101,9 +101,6 @@ class MetalWorker(WorkerBase):
         self._activation_bytes = estimate.total
         cache_limit = allocator_cache_limit(estimate.arrays)
         mx.set_cache_limit(cache_limit)
-        explicit = getattr(cache_config, "kv_cache_memory_bytes", None)
-        if explicit:
-            return int(explicit)
         budget = MemoryBudget(
             device_total=device_memory_bytes(),
             utilization=float(cache_config.gpu_memory_utilization),
@@ -111,13 +108,17 @@ class MetalWorker(WorkerBase):
             activations=self._activation_bytes,
             allocator_cache=cache_limit,
         )
-        kv_bytes = budget.kv_cache_bytes(runner.kv_bytes_per_block(), runner.block_size,
-                                         runner.max_model_len, runner.max_num_reqs,
-                                         cap=_cpu_kv_cap())
+        explicit = getattr(cache_config, "kv_cache_memory_bytes", None)
+        if explicit:
+            kv_bytes, source = int(explicit), " (--kv-cache-memory)"
+        else:
+            kv_bytes, source = budget.kv_cache_bytes(
+                runner.kv_bytes_per_block(), runner.block_size, runner.max_model_len,
+                runner.max_num_reqs, cap=_cpu_kv_cap()), ""
         logger.info("Memory budget %.2f GiB: weights %.2f GiB, activations %.2f GiB, "
-                    "allocator cache %.2f GiB, KV cache %.2f GiB", budget.budget / 2**30,
+                    "allocator cache %.2f GiB, KV cache %.2f GiB%s", budget.budget / 2**30,
                     budget.weights / 2**30, budget.activations / 2**30,
-                    budget.allocator_cache / 2**30, kv_bytes / 2**30)
+                    budget.allocator_cache / 2**30, kv_bytes / 2**30, source)
         return kv_bytes
 
     def update_max_model_len(self, max_model_len: int) -> None:
