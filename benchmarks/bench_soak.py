@@ -38,8 +38,9 @@ MODES = {  # mode -> (environment, extra server arguments)
     "int8": ({"VLLM_METAL_CPU_INT8_ACTIVATIONS": "1", "VLLM_METAL_CPU_KV_CACHE_DTYPE": "float16"},
              []),
     "no-prefix-cache": ({}, ["--no-enable-prefix-caching"]),
-    # A pool of ~2,800 tokens for 8 clients' up to ~800 each: requests are preempted.
-    "preemption": ({}, ["--kv-cache-memory", str(128 * MiB)]),
+    # A pool of ~2,200 tokens (one --max-model-len request and a little) for 8 clients'
+    # up to ~850 each: running requests are preempted and recomputed.
+    "preemption": ({}, ["--kv-cache-memory", str(100 * MiB)]),
 }
 
 
@@ -110,6 +111,7 @@ def main() -> int:
         begin = time.monotonic()
         tally = asyncio.run(run_load(server.base_url, "smollm2", args.clients, args.minutes * 60))
         load_s = time.monotonic() - begin
+        preemptions = _metric(server.base_url, "vllm:num_preemptions_total")
         time.sleep(2 * args.interval)  # idle: what is still held once the load has stopped
         sampler.stopped.set()
         sampler.join()
@@ -119,6 +121,7 @@ def main() -> int:
     budget = budget_from_log(log)
     summary = summarize(sampler.samples, args.warmup_minutes * 60, tally, budget)
     summary["load_s"] = round(load_s)
+    summary["preemptions"] = preemptions
     run = {"mode": args.mode, "env": env, "server_args": server_args,
            "command": " ".join(["python", "benchmarks/bench_soak.py", *sys.argv[1:]]),
            "clients": args.clients, "warmup_s": args.warmup_minutes * 60,
@@ -131,6 +134,19 @@ def main() -> int:
               and summary["peak_within_budget"] and not summary["unexpected"])
     print("PASS" if passed else "FAIL", f"(samples in {out})")
     return 0 if passed else 1
+
+
+def _metric(base_url: str, name: str) -> float | None:
+    """The sum of a counter's series on the server's /metrics, or None if absent."""
+    import requests
+
+    try:
+        text = requests.get(base_url + "/metrics", timeout=10).text
+    except requests.RequestException:
+        return None
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") or line.startswith(name + " ")]
+    return sum(values) if values else None
 
 
 def _commit() -> str:
