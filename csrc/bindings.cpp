@@ -7,6 +7,7 @@
 #include <nanobind/stl/variant.h>
 
 #include "constants.h"
+#include "cpu/scratch.h"
 #include "debug.h"
 #include "dispatch/dispatch_bindings.h"
 #include "ops/paged_attention.h"
@@ -221,7 +222,7 @@ runs (read them only through work enqueued after it on the same stream).)");
         "Use a narrower instruction set than detected (tests).");
   m.def("cpu_threads", &vllm_metal::cpu_threads,
         "Threads of the CPU kernel pool (VLLM_METAL_CPU_THREADS; 0 = all).");
-  m.def("scratch_bytes", &vllm_metal::scratch_bytes, "reset"_a = false,
+  m.def("scratch_bytes", &vllm_metal::cpu::scratch_bytes, "reset"_a = false,
         "(live, peak) bytes the CPU kernels hold of their own scratch (outside MLX's "
         "counters); reset=True first makes the peak the live figure.");
   m.def("_pool_run", &vllm_metal::pool_run, "sleep_us"_a,

@@ -6,7 +6,6 @@
 #include <thread>
 
 #include "cpu/isa.h"
-#include "cpu/scratch.h"
 #include "cpu/thread_pool.h"
 
 namespace vllm_metal {
@@ -42,12 +41,6 @@ std::pair<std::vector<int>, long> pool_run(const std::vector<int>& sleep_us) {
   std::vector<int> out;
   for (auto& r : runs) out.push_back(r.load());
   return {out, pool.blocked_joins() - blocked};
-}
-
-std::pair<int64_t, int64_t> scratch_bytes(bool reset) {
-  if (reset) cpu::reset_scratch_peak();
-  const cpu::ScratchStats s = cpu::scratch_stats();
-  return {s.live, s.peak};
 }
 
 } // namespace vllm_metal

@@ -29,7 +29,4 @@ int cpu_threads();
 // (the caller outlasting its spin) during the call.
 std::pair<std::vector<int>, long> pool_run(const std::vector<int>& sleep_us);
 
-// (live, peak) bytes of the CPU kernels' own scratch; reset=true starts a new peak.
-std::pair<int64_t, int64_t> scratch_bytes(bool reset);
-
 } // namespace vllm_metal

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import psutil
 
 MiB = 2**20
+MAX_SLOPE_MIB_PER_MIN = 2.0
 
 
 def tree_rss(pid: int) -> dict[str, int]:
@@ -28,16 +30,16 @@ def _rss(process: psutil.Process) -> int:
 
 def slope_mib_per_min(points: list[tuple[float, int]]) -> float:
     """Least-squares slope of (seconds, bytes) points, in MiB per minute."""
-    n = len(points)
-    if n < 2:
+    if len({t for t, _ in points}) < 2:
         return 0.0
-    mean_t = sum(t for t, _ in points) / n
-    mean_b = sum(b for _, b in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    if var == 0:
-        return 0.0
-    cov = sum((t - mean_t) * (b - mean_b) for t, b in points)
-    return cov / var * 60 / MiB
+    t, b = np.array(points, dtype=np.float64).T
+    return float(np.polyfit(t, b, 1)[0]) * 60 / MiB
+
+
+def target_met(summary: dict) -> bool:
+    """The soak's target: flat after warm-up, the peak inside the budget."""
+    return (summary["engine_slope_mib_per_min"] < MAX_SLOPE_MIB_PER_MIN
+            and summary["peak_within_budget"])
 
 
 def budget_from_log(text: str) -> dict[str, float]:

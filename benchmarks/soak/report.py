@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from benchmarks.soak.memory import target_met
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -23,7 +25,7 @@ def row(run: dict) -> str:
         f"{s['engine_mib_after_warmup']:,} -> {s['engine_mib_end']:,} (peak {s['engine_mib_peak']:,})",
         f"{s['engine_slope_mib_per_min']:+.2f}", f"{s['api_slope_mib_per_min']:+.2f}",
         f"{budget.get('budget', 0):.2f} GiB" if budget else "?",
-        "yes" if s["engine_slope_mib_per_min"] < 2 and s["peak_within_budget"] else "no",
+        "yes" if target_met(s) else "no",
     ])
 
 

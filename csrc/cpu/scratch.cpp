@@ -16,10 +16,9 @@ void scratch_count(int64_t bytes) {
   }
 }
 
-ScratchStats scratch_stats() {
+std::pair<int64_t, int64_t> scratch_bytes(bool reset_peak) {
+  if (reset_peak) g_peak.store(g_live.load(std::memory_order_relaxed));
   return {g_live.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed)};
 }
-
-void reset_scratch_peak() { g_peak.store(g_live.load(std::memory_order_relaxed)); }
 
 }  // namespace vllm_metal::cpu

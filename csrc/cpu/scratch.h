@@ -10,18 +10,16 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace vllm_metal::cpu {
 
-struct ScratchStats {
-  int64_t live;  // bytes allocated now
-  int64_t peak;  // the most live at once since the last reset_scratch_peak()
-};
-
 void scratch_count(int64_t bytes);  // + on allocation, - on release
-ScratchStats scratch_stats();
-void reset_scratch_peak();            // peak := live
+
+// (live, peak) bytes: allocated now, and the most live at once since the last reset.
+// reset_peak=true first makes the peak the live figure.
+std::pair<int64_t, int64_t> scratch_bytes(bool reset_peak = false);
 
 // std::allocator that counts; value-initializes as std::vector always does.
 template <class T>

@@ -46,14 +46,9 @@ def _step_peak(runner: MetalModelRunner, tokens: int) -> tuple[int, int, int]:
     blocks = -(-tokens // BLOCK)
     cache = PagedKVCache(d.num_layers, blocks + 1, BLOCK, d.num_kv_heads, d.head_dim, mx.float32)
     step = _synthetic_prefill(np.array([tokens], dtype=np.int32), blocks, BLOCK)
-    ops = get_ops()
-    mx.reset_peak_memory()
-    before = mx.get_active_memory()
-    scratch_before, _ = ops.scratch_bytes(reset=True)
-    hidden = runner._forward(step, cache)
-    mx.eval(runner.loaded.logits(hidden[mx.array(step.logits_indices)]))
-    live, peak = ops.scratch_bytes()
-    return mx.get_peak_memory() - before, peak - scratch_before, peak
+    scratch_before, _ = get_ops().scratch_bytes()
+    arrays, peak = runner.forward_peak(step, cache)
+    return arrays, peak - scratch_before, peak
 
 
 def test_decoder_stack_scratch_is_counted_and_given_back(loaded):

@@ -136,19 +136,23 @@ class MetalModelRunner:
         cache = PagedKVCache(dims.num_layers, blocks + 1, self.block_size,
                              dims.num_kv_heads, dims.head_dim, self.kv_dtype)
         step = _synthetic_prefill(np.array([num_tokens], dtype=np.int32), blocks, self.block_size)
+        arrays, scratch = self.forward_peak(step, cache)
+        del cache
+        mx.clear_cache()
+        scale = target / num_tokens
+        return ActivationEstimate(int(arrays * scale), int(scratch * scale))
+
+    def forward_peak(self, step: StepInputs, cache: PagedKVCache) -> tuple[int, int]:
+        """Run ``step`` through the model and its head and return (MLX's peak bytes above
+        its live level, the CPU kernels' scratch peak). The scratch is counted whole, not
+        its growth: buffers the kernels keep count as much as new ones."""
         ops = get_ops()
         mx.reset_peak_memory()
         before = mx.get_active_memory()
         ops.scratch_bytes(reset=True)
         hidden = self._forward(step, cache)
         mx.eval(self.loaded.logits(hidden[mx.array(step.logits_indices)]))
-        arrays = max(mx.get_peak_memory() - before, 0)
-        # All the scratch, not its growth: buffers the kernels keep count as much as new ones.
-        scratch = ops.scratch_bytes()[1]
-        del cache, hidden
-        mx.clear_cache()
-        scale = target / num_tokens
-        return ActivationEstimate(int(arrays * scale), int(scratch * scale))
+        return max(mx.get_peak_memory() - before, 0), ops.scratch_bytes()[1]
 
     # -- the step ----------------------------------------------------------
 
