@@ -13,7 +13,7 @@ import pytest
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.models.decoder_stack import _plan, plan_decoder_stack
-from vllm_metal.v1.model_lifecycle import _inner_model, load_model
+from vllm_metal.v1.model_lifecycle import load_model
 
 BLOCK = 16
 
@@ -81,7 +81,7 @@ def test_stack_matches_the_module_path(family, kwargs):
 def test_yarn_with_prescaled_input_keeps_the_module_path():
     # YaRN multiplies q/k before mx.fast.rope: the probe sees that and declines.
     loaded = load_model(str(cached_tiny_model("llama", rope_scaling="yarn")), mx.float32)
-    rope = _inner_model(loaded.model).layers[0].self_attn.inner.rope
+    rope = loaded.adapter.backbone.layers[0].self_attn.rope
     if getattr(rope, "mscale", 1.0) == 1.0:
         pytest.skip("this YaRN config has no input scale")
     assert loaded.stack is None
@@ -101,7 +101,9 @@ def test_unknown_backbone_is_declined():
             super().__init__()
             self.layers = []
 
-    assert plan_decoder_stack(Other()) is None
+    adapter = load_model(str(cached_tiny_model("llama")), mx.float32).adapter
+    adapter.backbone = Other()
+    assert plan_decoder_stack(adapter) is None
 
 
 def test_slot_outside_the_cache_raises_at_evaluation():
@@ -133,11 +135,10 @@ def test_caches_that_cannot_be_written_in_place_are_refused():
 def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
     # The extension validates every weight once, when the plan is built.
     loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
-    backbone = _inner_model(loaded.model)
-    layer = backbone.layers[1]
+    layer = loaded.adapter.backbone.layers[1]
     layer.mlp.down_proj.weight = layer.mlp.down_proj.weight[:, :-1]   # K no longer matches
     with pytest.raises(ValueError, match="layer 1 down_proj"):
-        _plan(backbone)
+        _plan(loaded.adapter)
 
 
 @pytest.mark.parametrize("family,kwargs", [

@@ -1,6 +1,6 @@
-"""The per-step attention metadata the paged wrappers read.
+"""The per-step attention state the model's caches read (``LayerCache``).
 
-The runner sets it around one forward (``with forward_context(meta):``); the
+The runner sets it around one forward (``with forward_context(ctx):``); the
 model never sees it, so mlx-lm model code runs unmodified.
 """
 
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
+
+from vllm_metal import ops
 
 
 @dataclass
@@ -33,11 +35,54 @@ class AttentionMetadata:
 
 @dataclass
 class ForwardContext:
+    """One packed forward: its metadata and the paged caches of every KV entry.
+
+    The model's tokens are ``total_q`` rows of one token each: K/V arrive as
+    [total_q, num_kv_heads, 1, head_dim] and queries as [total_q, num_heads, 1, head_dim].
+    """
+
     metadata: AttentionMetadata
-    # Per layer [num_blocks, block_size, num_kv_heads, head_dim]; the wrappers
-    # replace entries with the arrays reshape_and_cache returns.
+    # Per KV entry [num_blocks, block_size, num_kv_heads, head_dim]; write()
+    # replaces entries with the arrays reshape_and_cache returns.
     key_caches: list[mx.array]
     value_caches: list[mx.array]
+    # id(keys handed back by write) -> (entry, keys): layers that reuse another
+    # layer's K/V (Gemma 4's shared-KV layers) attend with no cache of their own.
+    _written: dict[int, tuple[int, mx.array]] = field(default_factory=dict)
+
+    def write(self, entry: int, keys: mx.array, values: mx.array) -> None:
+        """Store this step's K/V rows of KV entry ``entry``."""
+        k, v = _rows(keys, "keys", entry), _rows(values, "values", entry)
+        self.key_caches[entry], self.value_caches[entry] = ops.reshape_and_cache(
+            k, v, self.key_caches[entry], self.value_caches[entry],
+            self.metadata.slot_mapping)
+        self._written[id(keys)] = (entry, keys)
+
+    def entry_of(self, keys: mx.array) -> int | None:
+        """The KV entry whose write() returned ``keys``, if any."""
+        found = self._written.get(id(keys))
+        return found[0] if found is not None and found[1] is keys else None
+
+    def attend(self, entry: int, queries: mx.array, scale: float, window: int | None,
+               softcap: float | None = None, sinks: mx.array | None = None) -> mx.array:
+        """queries [total_q, num_heads, 1, D] -> [total_q, num_heads, 1, D] over entry's cache."""
+        q = _rows(queries, "queries", entry)
+        meta = self.metadata
+        out = ops.paged_attention(
+            q, self.key_caches[entry], self.value_caches[entry], meta.block_tables,
+            meta.seq_lens, meta.cu_seqlens_q, scale, sliding_window=window, softcap=softcap,
+            sinks=sinks)
+        return out[:, :, None, :]
+
+
+def _rows(x: mx.array, name: str, entry: int) -> mx.array:
+    """[total_q, heads, 1, D] -> [total_q, heads, D]; anything else is a layout the
+    paged path does not know (the family reshaped its tokens its own way)."""
+    if x.ndim != 4 or x.shape[2] != 1:
+        raise ValueError(
+            f"KV entry {entry}: {name} of shape {tuple(x.shape)} are not one token per "
+            "row [total_q, heads, 1, head_dim]")
+    return x.reshape(x.shape[0], x.shape[1], x.shape[3])
 
 
 _current: ForwardContext | None = None
@@ -59,3 +104,7 @@ def get_forward_context() -> ForwardContext:
             "paged attention called outside a forward_context(): the model runner "
             "must set the step's metadata before calling the model")
     return _current
+
+
+def in_forward() -> bool:
+    return _current is not None

@@ -19,8 +19,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.attention.context import ForwardContext
-from vllm_metal.attention.paged_attention import PagedAttention
 from vllm_metal.metal import get_ops
+from vllm_metal.models.adapter import ModelAdapter
 from vllm_metal.models.cpu_fast_path import FastLinear, FastQuantizedLinear
 
 logger = logging.getLogger("vllm_metal")
@@ -63,28 +63,31 @@ class DecoderStackPlan:
         return x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
 
 
-def plan_decoder_stack(backbone: nn.Module,
+def plan_decoder_stack(adapter: ModelAdapter,
                        int8_activations: bool = False) -> DecoderStackPlan | None:
     """The stack's plan, or None (logged) when the model is not one we know exactly.
 
-    ``backbone`` is the mlx-lm inner model (``model.model``) after the attention
-    modules were wrapped and the linears switched to the fast CPU classes.
+    ``adapter`` holds the mlx-lm backbone (linears already switched to the fast
+    CPU classes) and what each layer's attention was found to do.
     ``int8_activations``: the quantized linears multiply on int8-rounded inputs.
     """
     try:
-        return _plan(backbone, int8_activations)
+        return _plan(adapter, int8_activations)
     except Unsupported as e:
         logger.info("Decoder stack runs module by module on the CPU: %s", e)
         return None
 
 
-def _plan(backbone: nn.Module, int8_activations: bool = False) -> DecoderStackPlan:
+def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStackPlan:
+    backbone = adapter.backbone
     kind = type(backbone)
     names = _KNOWN.get(kind.__module__)
     if names is None or kind.__name__ != names[0]:
         raise Unsupported(f"{kind.__module__}.{kind.__name__} is not a known backbone")
     if getattr(backbone, "pipeline_size", 1) != 1:
         raise Unsupported("pipeline-parallel backbone")
+    if len(adapter.entries) != len(backbone.layers):
+        raise Unsupported("layers share KV entries")
     _exact_norm(backbone.norm, "final norm")
     arrays: list[mx.array] = []
     ints: list[int] = []
@@ -97,19 +100,19 @@ def _plan(backbone: nn.Module, int8_activations: bool = False) -> DecoderStackPl
         mlp = layer.mlp
         if type(mlp).__name__ != names[2] or type(mlp).__module__ != kind.__module__:
             raise Unsupported(f"{where}'s MLP is a {type(mlp).__name__}")
-        attn = layer.self_attn
-        if not isinstance(attn, PagedAttention):
-            raise Unsupported(f"{where}'s attention is not paged")
-        inner = attn.inner
-        heads.add((attn.num_heads, attn.num_kv_heads, attn.head_dim))
+        inner = layer.self_attn
+        facts = adapter.entries[index]
+        if facts.has_sinks:
+            raise Unsupported(f"{where} attends with sinks")
+        heads.add((facts.num_heads, facts.num_kv_heads, facts.head_dim))
         linears = [inner.q_proj, inner.k_proj, inner.v_proj, inner.o_proj,
                    mlp.gate_proj, mlp.up_proj, mlp.down_proj]
         for lin in linears:
             ints += _linear_spec(lin, where)
         qk_norm = hasattr(inner, "q_norm")
-        rope = _rope_spec(inner.rope, attn.head_dim, where)
+        rope = _rope_spec(inner.rope, facts.head_dim, where)
         ints += [int(qk_norm), rope["dims"], int(rope["traditional"]),
-                 int(rope["freqs"] is not None), int(attn.sliding_window or 0)]
+                 int(rope["freqs"] is not None), int(facts.window or 0)]
         qk_eps = 0.0
         if qk_norm:
             _exact_norm(inner.q_norm, f"{where} q_norm")
@@ -120,7 +123,7 @@ def _plan(backbone: nn.Module, int8_activations: bool = False) -> DecoderStackPl
         _exact_norm(layer.input_layernorm, f"{where} input_layernorm")
         _exact_norm(layer.post_attention_layernorm, f"{where} post_attention_layernorm")
         floats += [layer.input_layernorm.eps, layer.post_attention_layernorm.eps, qk_eps,
-                   rope["base"] or 0.0, rope["scale"], attn.scale, attn.softcap or 0.0]
+                   rope["base"] or 0.0, rope["scale"], facts.scale, facts.softcap or 0.0]
 
         arrays.append(layer.input_layernorm.weight)
         for lin in linears[:4]:

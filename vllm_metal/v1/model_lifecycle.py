@@ -13,8 +13,7 @@ from mlx.utils import tree_flatten
 
 from vllm_metal import envs
 from vllm_metal.attention.context import get_forward_context
-from vllm_metal.attention.paged_attention import PagedAttention
-from vllm_metal.attention.patching import find_layers, walk_and_wrap
+from vllm_metal.models.adapter import ModelAdapter, UnsupportedModelError
 from vllm_metal.models.cpu_fast_functions import cpu_fast_functions
 from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
 from vllm_metal.models.decoder_stack import DecoderStackPlan, plan_decoder_stack
@@ -25,7 +24,7 @@ logger = logging.getLogger("vllm_metal")
 
 @dataclass(frozen=True)
 class ModelDims:
-    num_layers: int
+    num_layers: int     # KV entries (layers that share K/V count once)
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -35,6 +34,7 @@ class ModelDims:
 @dataclass
 class LoadedModel:
     model: nn.Module
+    adapter: ModelAdapter
     dims: ModelDims
     dtype: mx.Dtype
     # MLX computes on the CPU: build norms and RoPE as our single-node kernels.
@@ -44,32 +44,26 @@ class LoadedModel:
 
     def backbone(self, input_ids: mx.array) -> mx.array:
         """input_ids int32 [1, total_q] -> final hidden states [1, total_q, hidden]."""
-        inner = _inner_model(self.model)
         if self.stack is not None:
             ctx = get_forward_context()
-            x = inner.embed_tokens(input_ids)
+            x = self.adapter.backbone.embed_tokens(input_ids)
             if self.stack.accepts(x, ctx):
                 return self.stack(x, ctx)
         with cpu_fast_functions(self.cpu_fast):
-            return inner(input_ids)
-
-    def _head(self) -> tuple[nn.Module, bool]:
-        """The model's output projection, and whether it is the tied token embedding."""
-        head = getattr(self.model, "lm_head", None)
-        if head is not None:
-            return head, False
-        return _inner_model(self.model).embed_tokens, True
+            return self.adapter.hidden(input_ids[0])[None]
 
     def logits(self, hidden: mx.array) -> mx.array:
-        """hidden [..., hidden] -> logits [..., vocab] (the model's own head)."""
-        head, tied = self._head()
-        return head.as_linear(hidden) if tied else head(hidden)
+        """hidden [R, hidden] -> logits [R, vocab] (the family's own head)."""
+        return self.adapter.logits(hidden)
 
     def greedy_tokens(self, hidden: mx.array, vocab_size: int) -> mx.array | None:
         """hidden [R, hidden] -> int32 [R], argmax of ``logits(hidden)[:, :vocab_size]`` in
         one node that never writes the logits out; None where the head has no such op
-        (not a CPU quantized head, or activations other than float32)."""
-        head, _ = self._head()
+        (not a CPU quantized head, a head the family transforms after, or activations
+        other than float32)."""
+        if self.adapter.plain_head is None:
+            return None
+        head, _ = self.adapter.plain_head
         greedy = getattr(head, "greedy", None)
         if greedy is None or hidden.dtype != mx.float32 or vocab_size > head["weight"].shape[0]:
             return None   # the sampler's path (and its errors) apply
@@ -90,23 +84,22 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
     int8 = envs.VLLM_METAL_CPU_INT8_ACTIVATIONS
     fast_linears = use_fast_cpu_linears(model, activation_dtype=mx.float32 if int8 else None,
                                         int8_activations=int8)
-    dims = derive_dims(model)
-    walk_and_wrap(model, lambda module, index, window: PagedAttention(
-        module, index, sliding_window=window))
     mx.eval(model.parameters())
+    adapter = ModelAdapter(model)
+    dims = derive_dims(adapter)
     cpu = mx.default_device().type == mx.cpu
     if cpu and envs.VLLM_METAL_CPU_HUGE_PAGES:
         _weights_on_huge_pages(model)
     stack = None
     if cpu and fast_linears and envs.VLLM_METAL_CPU_DECODER_STACK:
-        stack = plan_decoder_stack(_inner_model(model), int8_activations=int8)
+        stack = plan_decoder_stack(adapter, int8_activations=int8)
     logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB, "
                 "%d linear/embedding layers on the fast CPU path%s%s",
-                type(model).__module__.rsplit(".", 1)[-1], dims.num_layers, dims.num_heads,
+                adapter.family, dims.num_layers, dims.num_heads,
                 dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20,
                 fast_linears, ", decoder stack as one CPU node" if stack else "",
                 ", int8 activations" if int8 and fast_linears else "")
-    return LoadedModel(model, dims, dtype, cpu_fast=cpu, stack=stack)
+    return LoadedModel(model, adapter, dims, dtype, cpu_fast=cpu, stack=stack)
 
 
 def _weights_on_huge_pages(model: nn.Module) -> None:
@@ -140,34 +133,18 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
     return model
 
 
-def derive_dims(model: nn.Module) -> ModelDims:
-    sites = find_layers(model)
-    heads = {(int(s.module.n_heads), int(s.module.n_kv_heads)) for s in sites}
-    wrapped = [PagedAttention(s.module, i) for i, s in enumerate(sites)]
-    head_dims = {w.head_dim for w in wrapped}
-    if len(heads) != 1 or len(head_dims) != 1:
-        raise ValueError("layers with different head counts or head sizes are not supported yet")
-    (num_heads, num_kv_heads), (head_dim,) = heads.pop(), head_dims
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    vocab = _vocab_size(model)
-    return ModelDims(len(sites), num_heads, num_kv_heads, head_dim, vocab)
+def derive_dims(adapter: ModelAdapter) -> ModelDims:
+    """The paged cache's dimensions; refused when KV entries differ in shape."""
+    shapes = {(e.num_kv_heads, e.head_dim) for e in adapter.entries}
+    if len(shapes) != 1:
+        raise UnsupportedModelError(
+            f"{adapter.family}: its layers differ in (KV heads, head size) {sorted(shapes)}; "
+            "vllm-metal's paged cache needs one shape for all layers")
+    (num_kv_heads, head_dim), = shapes
+    num_heads = max(e.num_heads for e in adapter.entries)
+    return ModelDims(len(adapter.entries), num_heads, num_kv_heads, head_dim,
+                     adapter.vocab_size)
 
 
 def parameter_bytes(model: nn.Module) -> int:
     return sum(p.nbytes for _, p in tree_flatten(model.parameters()))
-
-
-def _vocab_size(model: nn.Module) -> int:
-    args = getattr(model, "args", None)
-    vocab = getattr(args, "vocab_size", None)
-    if vocab:
-        return int(vocab)
-    return int(_inner_model(model).embed_tokens.weight.shape[0])
-
-
-def _inner_model(model: nn.Module) -> nn.Module:
-    inner = getattr(model, "model", None)
-    if inner is None:
-        raise ValueError(f"{type(model).__name__} has no .model backbone")
-    return inner

@@ -1,0 +1,237 @@
+"""Tiny random-weight checkpoints of every mlx-lm family, built by mlx-lm itself.
+
+`make_family_model(path, family)` instantiates mlx-lm's own ``Model`` class for
+the family's ``model_type`` from a small config, fills its parameters with
+seeded random values, and saves them with mlx-lm's ``save_model`` (the layout
+of an mlx-community checkpoint), with config.json and the byte-level BPE
+tokenizer of tests/tiny_models.py. Model types transformers does not know get
+a configuration class in the directory and an ``auto_map`` (as their hub
+checkpoints ship), so vLLM needs ``trust_remote_code``.
+
+Weights: linears N(0, gain^2 / fan_in), embeddings and untied heads N(0, 1) rows
+(logit std ~ sqrt(hidden)), norms near 1, biases small. Special and non-ASCII
+byte tokens are damped in the output rows so runs are not cut short by EOS.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.tiny_models import BOS, EOS, PAD, _damped_ids, _train_tokenizer, _write_json
+
+VOCAB = 1024
+HIDDEN = 256
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = 64
+INTER = 512
+MAX_POS = 4096
+# Small enough that short test prompts cross it.
+WINDOW = 16
+
+_DIMS = dict(hidden_size=HIDDEN, num_hidden_layers=2, intermediate_size=INTER,
+             num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+             vocab_size=VOCAB, max_position_embeddings=MAX_POS, rms_norm_eps=1e-6,
+             rope_theta=10000.0)
+
+# family -> (HF architecture, config keys beyond _DIMS). Each is the smallest
+# config that turns on the family's distinct features (windows, fused
+# projections, q/k norms, logit transforms).
+FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaForCausalLM", dict(tie_word_embeddings=False)),
+    "mistral": ("MistralForCausalLM", dict(tie_word_embeddings=True)),
+    "ministral3": ("Ministral3ForCausalLM", dict(
+        num_hidden_layers=4, sliding_window=WINDOW, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0,
+                             original_max_position_embeddings=1024, llama_4_scaling_beta=0.1,
+                             beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0))),
+    "qwen2": ("Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3ForCausalLM", dict(tie_word_embeddings=False)),
+    "gemma": ("GemmaForCausalLM", dict()),
+    "gemma2": ("Gemma2ForCausalLM", dict(query_pre_attn_scalar=48.0, attn_logit_softcapping=5.0,
+                                         final_logit_softcapping=8.0)),
+    "gemma3_text": ("Gemma3ForCausalLM", dict(
+        num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=2,
+        query_pre_attn_scalar=48, rope_local_base_freq=10000.0, rope_theta=1e6)),
+    # The language model of a multimodal checkpoint, served text-only.
+    "gemma3": ("Gemma3ForConditionalGeneration", dict(text_config=dict(
+        model_type="gemma3_text", **{k: v for k, v in _DIMS.items()
+                                      if k not in ("vocab_size", "num_hidden_layers")},
+        num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=2,
+        query_pre_attn_scalar=48, rope_local_base_freq=10000.0))),
+    # KV-shared layers, per-layer inputs, proportional partial RoPE on global layers.
+    "gemma4_text": ("Gemma4ForCausalLM", dict(
+        num_hidden_layers=6, sliding_window=WINDOW, sliding_window_pattern=3,
+        global_head_dim=HEAD_DIM, num_kv_shared_layers=2, hidden_size_per_layer_input=32,
+        vocab_size_per_layer_input=VOCAB, final_logit_softcapping=30.0)),
+    "phi": ("PhiForCausalLM", dict(partial_rotary_factor=0.5, layer_norm_eps=1e-5,
+                                   num_key_value_heads=HEADS)),
+    "phi3": ("Phi3ForCausalLM", dict(tie_word_embeddings=False)),
+    "starcoder2": ("Starcoder2ForCausalLM", dict(norm_epsilon=1e-5, tie_word_embeddings=True)),
+    "stablelm": ("StableLmForCausalLM", dict(use_qkv_bias=True, partial_rotary_factor=0.25,
+                                             layer_norm_eps=1e-5, qk_layernorm=True)),
+    "olmo2": ("Olmo2ForCausalLM", dict(tie_word_embeddings=False)),
+    "olmo3": ("Olmo3ForCausalLM", dict(num_hidden_layers=4, sliding_window=WINDOW,
+                                       tie_word_embeddings=False)),
+    "granite": ("GraniteForCausalLM", dict(
+        logits_scaling=4.0, attention_multiplier=0.05, embedding_multiplier=3.0,
+        residual_multiplier=0.5, attention_bias=False, mlp_bias=False, tie_word_embeddings=True)),
+    "cohere": ("CohereForCausalLM", dict(layer_norm_eps=1e-5, logit_scale=0.25, use_qk_norm=True)),
+    "cohere2": ("Cohere2ForCausalLM", dict(num_hidden_layers=4, layer_norm_eps=1e-5,
+                                           logit_scale=0.25, sliding_window=WINDOW,
+                                           sliding_window_pattern=2)),
+    "exaone4": ("Exaone4ForCausalLM", dict(num_hidden_layers=4, tie_word_embeddings=False,
+                                           rope_scaling=None, sliding_window=WINDOW,
+                                           sliding_window_pattern="LG")),
+    "internlm2": ("InternLM2ForCausalLM", dict(bias=False, tie_word_embeddings=False)),
+    "internlm3": ("InternLM3ForCausalLM", dict(qkv_bias=True, tie_word_embeddings=False)),
+    "helium": ("HeliumForCausalLM", dict(attention_bias=False, mlp_bias=False,
+                                         tie_word_embeddings=False)),
+    "smollm3": ("SmolLM3ForCausalLM", dict(num_hidden_layers=4, no_rope_layer_interval=2,
+                                           tie_word_embeddings=True)),
+    "seed_oss": ("SeedOssForCausalLM", dict(attention_bias=True, tie_word_embeddings=False)),
+    "glm4": ("Glm4ForCausalLM", dict(attention_bias=True, partial_rotary_factor=0.5)),
+    "ernie4_5": ("Ernie4_5ForCausalLM", dict(use_bias=False, tie_word_embeddings=True)),
+    "hunyuan_v1_dense": ("HunYuanDenseV1ForCausalLM", dict(use_qk_norm=True,
+                                                           tie_word_embeddings=True)),
+    "apertus": ("ApertusForCausalLM", dict(mlp_bias=False, attention_bias=False, post_norm=False,
+                                           qk_norm=True, tie_word_embeddings=False)),
+    "nemotron": ("NemotronForCausalLM", dict(hidden_act="relu2", norm_eps=1e-5,
+                                             partial_rotary_factor=0.5)),
+    "minicpm": ("MiniCPMForCausalLM", dict(dim_model_base=64, scale_depth=1.4, scale_emb=4.0,
+                                           tie_word_embeddings=False)),
+    "mimo": ("MiMoForCausalLM", dict(num_nextn_predict_layers=0, tie_word_embeddings=False)),
+    "gpt_neox": ("GPTNeoXForCausalLM", dict(layer_norm_eps=1e-5, rotary_emb_base=10000,
+                                            rotary_pct=0.25, use_parallel_residual=True)),
+    "gpt2": ("GPT2LMHeadModel", dict(n_ctx=MAX_POS, n_embd=HIDDEN, n_head=HEADS, n_layer=2,
+                                     n_positions=MAX_POS, layer_norm_epsilon=1e-5)),
+    "gpt_bigcode": ("GPTBigCodeForCausalLM", dict(n_embd=HIDDEN, n_layer=2, n_inner=INTER,
+                                                  n_head=HEADS, n_positions=MAX_POS,
+                                                  layer_norm_epsilon=1e-5, multi_query=True)),
+}
+
+# Model types transformers 5 has no configuration class for (their hub
+# checkpoints ship one as remote code).
+REMOTE_CODE = {"internlm2", "internlm3", "minicpm", "mimo"}
+
+_GAIN = {"o_proj": 3.0, "down_proj": 3.0, "dense": 3.0, "c_proj": 3.0, "wo": 3.0, "w2": 3.0,
+         "out_proj": 3.0, "dense_4h_to_h": 3.0, "fc2": 3.0}
+_DEFAULT_GAIN = 1.5
+_SPECIAL_ROW_SCALE = 0.05
+
+
+def make_family_model(path: str | Path, family: str, *, seed: int = 0,
+                      **overrides: Any) -> Path:
+    """Write a checkpoint of mlx-lm ``model_type`` ``family`` at ``path``; returns it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import save_model
+
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+    path = Path(path)
+    if path.exists() and any(path.iterdir()):
+        raise ValueError(f"path {str(path)!r} exists and is not empty")
+    tokenizer = _train_tokenizer(VOCAB)
+    config = _config(family, tokenizer, overrides)
+    model = _instantiate(config)
+    rng = np.random.default_rng(seed)
+    damped = _damped_ids(tokenizer)
+    params = {name: mx.array(_init(name, np.array(p), rng, damped))
+              for name, p in tree_flatten(model.parameters())}
+    model.update(tree_unflatten(list(params.items())))
+    path.mkdir(parents=True, exist_ok=True)
+    save_model(path, model)
+    _write_json(path / "config.json", config)
+    if family in REMOTE_CODE:
+        _write_remote_config(path, family)
+    _write_tokenizer(path, tokenizer, config)
+    return path
+
+
+def cached_family_model(family: str, **overrides: Any) -> Path:
+    """Build once per process (keyed by arguments) into a temp dir removed at exit."""
+    return _cached(family, json.dumps(overrides, sort_keys=True))
+
+
+@functools.cache
+def _cached(family: str, overrides_json: str) -> Path:
+    root = Path(tempfile.mkdtemp(prefix=f"family-{family}-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return make_family_model(root / "model", family, **json.loads(overrides_json))
+
+
+def _config(family: str, tokenizer, overrides: dict) -> dict:
+    arch, extra = FAMILIES[family]
+    config = {"architectures": [arch], "model_type": family, **_DIMS, **extra, **overrides,
+              "torch_dtype": "float32", "bos_token_id": tokenizer.token_to_id(BOS),
+              "eos_token_id": tokenizer.token_to_id(EOS),
+              "pad_token_id": tokenizer.token_to_id(PAD)}
+    if family == "gemma3_text":
+        config["layer_types"] = [
+            "full_attention" if (i + 1) % config["sliding_window_pattern"] == 0
+            else "sliding_attention" for i in range(config["num_hidden_layers"])]
+    if family == "olmo3":
+        config["layer_types"] = [
+            "full_attention" if (i + 1) % 2 == 0 else "sliding_attention"
+            for i in range(config["num_hidden_layers"])]
+    return config
+
+
+def _instantiate(config: dict):
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config)
+    return model_class(args_class.from_dict(config))
+
+
+def _init(name: str, p: np.ndarray, rng: np.random.Generator, damped: list[int]) -> np.ndarray:
+    if not np.issubdtype(p.dtype, np.floating):
+        return p
+    leaf = name.rsplit(".", 1)[-1]
+    owner = name.rsplit(".", 2)[-2] if name.count(".") else ""
+    if leaf == "bias":
+        return rng.normal(0.0, 0.1, p.shape).astype(np.float32)
+    if p.ndim == 1:   # norms and other per-channel scales: near their init
+        return (p + rng.normal(0.0, 0.1, p.shape)).astype(np.float32)
+    if p.ndim != 2:
+        return p.astype(np.float32)
+    if p.shape[0] == VOCAB:   # embedding rows or an output head [vocab, hidden]
+        rows = rng.normal(0.0, 1.0, p.shape).astype(np.float32)
+        rows[damped] *= _SPECIAL_ROW_SCALE
+        return rows
+    gain = _GAIN.get(owner, _DEFAULT_GAIN)
+    return rng.normal(0.0, gain / np.sqrt(p.shape[1]), p.shape).astype(np.float32)
+
+
+def _write_remote_config(path: Path, family: str) -> None:
+    (path / "configuration_tiny.py").write_text(
+        "from transformers import PretrainedConfig\n\n\n"
+        "class TinyConfig(PretrainedConfig):\n"
+        f"    model_type = {family!r}\n")
+    config = json.loads((path / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_tiny.TinyConfig"}
+    _write_json(path / "config.json", config)
+
+
+def _write_tokenizer(path: Path, tokenizer, config: dict) -> None:
+    from tests.tiny_models import CHAT_TEMPLATE
+
+    tokenizer.save(str(path / "tokenizer.json"))
+    _write_json(path / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
+        "pad_token": PAD, "model_max_length": MAX_POS, "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE})
+    _write_json(path / "generation_config.json", {
+        k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")})
+
+

@@ -1,0 +1,369 @@
+"""ModelAdapter: an mlx-lm causal LM as the paged runner drives it.
+
+Nothing here knows a family by name. At load the adapter asks the model what
+it does, in the model's own terms:
+- ``make_prompt_cache`` says how many KV entries the model keeps and of which
+  kind (plain, or a rotating window);
+- one probe forward through the backbone, with LayerCaches that record instead
+  of computing, says per entry the K/V heads and head size the layer writes and
+  the query heads, scale, window and sinks it attends with (the graph is built,
+  never evaluated: shapes only);
+- one probe of the head says what the family does after the backbone (final
+  softcap, logit scaling, a head inside the backbone) by calling the family's
+  own ``__call__`` around a stand-in backbone.
+What the probe cannot page (another cache kind, a mask array of the family's
+own, attention computed outside ``scaled_dot_product_attention``) is refused
+by name: UnsupportedModelError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from vllm_metal.attention import paged_attention
+from vllm_metal.attention.context import (AttentionMetadata, ForwardContext, forward_context,
+                                          get_forward_context)
+from vllm_metal.attention.layer_cache import LayerCache, install_paged_sdpa
+
+# Where mlx-lm blocks keep their attention module.
+_ATTENTION_NAMES = ("self_attn", "attention", "attn")
+# Attributes of a causal LM that hold its backbone.
+_BACKBONE_NAMES = ("model", "transformer")
+# Rows of the probe forward (two, so per-row offsets are exercised).
+_PROBE_ROWS = 2
+
+
+class UnsupportedModelError(ValueError):
+    """The model's family cannot be served correctly; the message names what is missing."""
+
+
+@dataclass(frozen=True)
+class KVEntry:
+    """What one KV entry holds and how its layer(s) attend over it."""
+
+    num_kv_heads: int
+    head_dim: int
+    num_heads: int
+    scale: float
+    window: int | None     # sliding window in tokens; None: full attention
+    softcap: float | None
+    has_sinks: bool
+
+
+class ModelAdapter:
+    """Drives ``model``'s own code over the paged cache (see the module docstring)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self.family = _family(model)
+        self.text_model = _text_model(model)
+        self.backbone_name = _backbone_name(self.text_model, self.family)
+        self.backbone: nn.Module = getattr(self.text_model, self.backbone_name)
+        install_paged_sdpa()
+        windows = _cache_windows(self.text_model, self.family)
+        _wrap_self_computing(self.text_model)
+        self.caches = [LayerCache(i) for i in range(len(windows))]
+        _place_absolute_positions(self.backbone, self.caches)
+        self.entries, self.hidden_size = self._probe_backbone(windows)
+        self.vocab_size, self.head_in_backbone, self.plain_head = self._probe_head()
+
+    # -- the two halves of a forward ------------------------------------
+
+    def hidden(self, input_ids: mx.array) -> mx.array:
+        """int32 [T] -> [T, hidden]: the backbone over T rows of one token each,
+        inside a forward_context."""
+        out = self.backbone(input_ids[:, None], cache=self.caches)
+        return out.reshape(out.shape[0], out.shape[-1])
+
+    def logits(self, rows: mx.array) -> mx.array:
+        """[R, hidden] -> [R, vocab] through the family's own head."""
+        if self.head_in_backbone:
+            return rows
+        out = type(self.text_model).__call__(
+            _Shell(self.text_model, self.backbone_name, rows[:, None, :]),
+            mx.zeros((rows.shape[0], 1), dtype=mx.int32))
+        return out.reshape(rows.shape[0], out.shape[-1])
+
+    # -- facts ----------------------------------------------------------
+
+    def _probe_backbone(self, windows: list[int | None]) -> tuple[list[KVEntry], int]:
+        probe = _Probe(len(windows))
+        ids = mx.zeros((_PROBE_ROWS, 1), dtype=mx.int32)
+        try:
+            with forward_context(probe):
+                out = self.backbone(ids, cache=self.caches)
+        except UnsupportedModelError:
+            raise
+        except Exception as e:
+            raise UnsupportedModelError(
+                f"{self.family}: its mlx-lm backbone {_qualname(self.backbone)} does not run "
+                f"on vllm-metal's paged cache ({type(e).__name__}: {e})") from e
+        entries = []
+        for i, rotating in enumerate(windows):
+            kv, attn = probe.kv.get(i), probe.attn.get(i)
+            if kv is None:
+                raise UnsupportedModelError(
+                    f"{self.family}: KV entry {i} was never written through "
+                    f"cache.update_and_fetch ({self._where(i)})")
+            if attn is None:
+                raise UnsupportedModelError(
+                    f"{self.family}: {self._where(i)} computes attention itself instead of "
+                    "through mlx-lm's scaled_dot_product_attention; vllm-metal cannot page it")
+            num_kv_heads, head_dim, value_dim = kv
+            num_heads, scale, window, softcap, sinks = attn
+            if value_dim != head_dim:
+                raise UnsupportedModelError(
+                    f"{self.family}: {self._where(i)} has keys of size {head_dim} and values "
+                    f"of size {value_dim}; the paged cache holds equal sizes")
+            if num_heads % num_kv_heads:
+                raise UnsupportedModelError(
+                    f"{self.family}: {self._where(i)} has {num_heads} query heads, not a "
+                    f"multiple of its {num_kv_heads} KV heads")
+            if window is None:
+                window = rotating
+            elif rotating is not None and rotating != window:
+                raise UnsupportedModelError(
+                    f"{self.family}: KV entry {i} keeps {rotating} tokens but its layer "
+                    f"masks a window of {window}")
+            entries.append(KVEntry(num_kv_heads, head_dim, num_heads, scale, window,
+                                   softcap, sinks))
+        return entries, int(out.shape[-1])
+
+    def _probe_head(self) -> tuple[int, bool, tuple[nn.Module, bool] | None]:
+        """(vocab size, head inside the backbone, the plain linear head if the family
+        applies nothing after it: (module, tied))."""
+        dtype = _float_dtype(self.model)
+        rows = mx.random.normal((_PROBE_ROWS, self.hidden_size), key=mx.random.key(0)).astype(dtype)
+        given = rows[:, None, :]
+        out = type(self.text_model).__call__(_Shell(self.text_model, self.backbone_name, given),
+                                             mx.zeros((_PROBE_ROWS, 1), dtype=mx.int32))
+        if out is given:   # the backbone ends in the head (gpt_neox)
+            return self.hidden_size, True, None
+        logits = out.reshape(_PROBE_ROWS, out.shape[-1])
+        for head, tied in _head_candidates(self.text_model, self.backbone):
+            try:
+                mine = head.as_linear(rows) if tied else head(rows)
+            except Exception:  # not a linear of these shapes
+                continue
+            if mine.shape == logits.shape and bool(mx.array_equal(mine, logits)):
+                return int(logits.shape[-1]), False, (head, tied)
+        return int(logits.shape[-1]), False, None
+
+    def _where(self, entry: int) -> str:
+        layers = _layers(self.text_model)
+        if layers is not None and len(layers) == len(self.caches):
+            attn = _attention_of(layers[entry])
+            if attn is not None:
+                return f"layer {entry}'s attention {_qualname(attn)}"
+            return f"layer {entry} ({_qualname(layers[entry])})"
+        return f"KV entry {entry}"
+
+
+class _Probe(ForwardContext):
+    """A forward context that records what each KV entry's layer writes and asks
+    for, and answers attention with zeros of the right shape."""
+
+    def __init__(self, num_entries: int) -> None:
+        rows = _PROBE_ROWS
+        meta = AttentionMetadata(
+            positions=mx.arange(rows, dtype=mx.int32), cu_seqlens_q=mx.array([0, rows]),
+            seq_lens=mx.array([rows]), block_tables=mx.zeros((1, 1), dtype=mx.int32),
+            slot_mapping=mx.arange(rows, dtype=mx.int32))
+        super().__init__(meta, [None] * num_entries, [None] * num_entries)
+        self.kv: dict[int, tuple[int, int, int]] = {}
+        self.attn: dict[int, tuple[int, float, int | None, float | None, bool]] = {}
+
+    def write(self, entry: int, keys: mx.array, values: mx.array) -> None:
+        _check_rows(keys, values)
+        self.kv[entry] = (int(keys.shape[1]), int(keys.shape[3]), int(values.shape[3]))
+        self._written[id(keys)] = (entry, keys)
+
+    def attend(self, entry: int, queries: mx.array, scale: float, window: int | None,
+               softcap: float | None = None, sinks: mx.array | None = None) -> mx.array:
+        _check_rows(queries)
+        if entry not in self.kv:
+            raise UnsupportedModelError(f"KV entry {entry} is attended before it is written")
+        self.attn[entry] = (int(queries.shape[1]), float(scale), window,
+                            None if softcap is None else float(softcap), sinks is not None)
+        shape = (queries.shape[0], queries.shape[1], 1, self.kv[entry][2])
+        return mx.zeros(shape, dtype=queries.dtype)
+
+
+def _check_rows(*arrays: mx.array) -> None:
+    for a in arrays:
+        if a.ndim != 4 or a.shape[0] != _PROBE_ROWS or a.shape[2] != 1:
+            raise UnsupportedModelError(
+                f"attention saw shape {tuple(a.shape)}, not one token per row "
+                f"[{_PROBE_ROWS}, heads, 1, head_dim]")
+
+
+class _Shell:
+    """The text model with its backbone replaced by ``rows``: the family's own
+    ``__call__`` then applies exactly its head and what follows it."""
+
+    def __init__(self, text_model: nn.Module, backbone_name: str, rows: mx.array) -> None:
+        self._shell_model = text_model
+        self._shell_backbone = _Rows(getattr(text_model, backbone_name), rows)
+        self._shell_name = backbone_name
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._shell_name:
+            return self._shell_backbone
+        return getattr(self._shell_model, name)
+
+
+class _Rows:
+    """A backbone that returns given hidden rows; its other attributes (the
+    embedding a tied head reads) are the real backbone's."""
+
+    def __init__(self, backbone: nn.Module, rows: mx.array) -> None:
+        self._rows_backbone = backbone
+        self._rows = rows
+
+    def __call__(self, *args: Any, **kwargs: Any) -> mx.array:
+        return self._rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rows_backbone, name)
+
+
+def _family(model: nn.Module) -> str:
+    for owner in (model, getattr(model, "args", None), getattr(model, "config", None)):
+        name = getattr(owner, "model_type", None)
+        if isinstance(name, str) and name:
+            return name
+    return type(model).__module__.rsplit(".", 1)[-1]
+
+
+def _text_model(model: nn.Module) -> nn.Module:
+    """The causal LM inside a multimodal wrapper (served text-only), else the model."""
+    inner = getattr(model, "language_model", None)
+    return _text_model(inner) if isinstance(inner, nn.Module) else model
+
+
+def _backbone_name(text_model: nn.Module, family: str) -> str:
+    for name in _BACKBONE_NAMES:
+        if isinstance(getattr(text_model, name, None), nn.Module):
+            return name
+    raise UnsupportedModelError(
+        f"{family}: {_qualname(text_model)} has no backbone under "
+        f"{' or '.join('.' + n for n in _BACKBONE_NAMES)}")
+
+
+def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
+    """One entry per KV cache mlx-lm makes for the model: None for a plain cache,
+    the size of a rotating (sliding-window) one."""
+    from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+    try:
+        made = make_prompt_cache(text_model)
+    except Exception as e:
+        raise UnsupportedModelError(
+            f"{family}: mlx-lm cannot make its cache ({type(e).__name__}: {e})") from e
+    windows: list[int | None] = []
+    for i, cache in enumerate(made):
+        if type(cache) is KVCache:
+            windows.append(None)
+        elif type(cache) is RotatingKVCache and not cache.keep:
+            windows.append(int(cache.max_size))
+        else:
+            raise UnsupportedModelError(
+                f"{family}: KV entry {i} is mlx-lm's {type(cache).__name__}"
+                f"{' keeping ' + str(cache.keep) + ' tokens' if getattr(cache, 'keep', 0) else ''}"
+                "; vllm-metal pages plain and sliding-window attention caches only")
+    if not windows:
+        raise UnsupportedModelError(f"{family}: the model keeps no KV cache")
+    return windows
+
+
+def _layers(text_model: nn.Module) -> list | None:
+    try:
+        layers = text_model.layers
+    except Exception:
+        return None
+    return list(layers) if isinstance(layers, (list, tuple)) else None
+
+
+def _attention_of(layer: nn.Module) -> nn.Module | None:
+    for name in _ATTENTION_NAMES:
+        module = getattr(layer, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    return None
+
+
+def _wrap_self_computing(text_model: nn.Module) -> None:
+    """Swap the attention modules PagedAttention reproduces (idempotent)."""
+    for layer in _layers(text_model) or ():
+        for name in _ATTENTION_NAMES:
+            module = getattr(layer, name, None)
+            if isinstance(module, nn.Module) and paged_attention.wraps(module):
+                setattr(layer, name, paged_attention.PagedAttention(module))
+
+
+class RowPositions(nn.Module):
+    """A learned position table looked up at each row's own position."""
+
+    def __init__(self, table: nn.Module) -> None:
+        super().__init__()
+        self.table = table
+
+    def __call__(self, position_ids: mx.array) -> mx.array:
+        """position_ids (ignored: the backbone's own, from a scalar offset) ->
+        [total_q, 1, hidden]."""
+        positions = get_forward_context().metadata.positions
+        return self.table(positions)[:, None, :]
+
+
+class _ScalarOffsetCache(LayerCache):
+    """Entry 0 of a backbone that builds position ids with numpy from a scalar
+    ``cache[0].offset``; RowPositions supplies the real positions."""
+
+    @property
+    def offset(self) -> int:
+        return 0
+
+
+# Backbones whose position ids come from numpy over a scalar offset (mlx-lm's
+# gpt_bigcode; mlx-lm's own batched generation cannot run it either): the
+# table is looked up at each row's position instead. Its layers read no offset.
+_NUMPY_POSITIONS = {("mlx_lm.models.gpt_bigcode", "GPTBigCodeModel"): "wpe"}
+
+
+def _place_absolute_positions(backbone: nn.Module, caches: list[LayerCache]) -> None:
+    kind = type(backbone)
+    table = _NUMPY_POSITIONS.get((kind.__module__, kind.__name__))
+    if table is None:
+        return
+    if not isinstance(getattr(backbone, table), RowPositions):
+        setattr(backbone, table, RowPositions(getattr(backbone, table)))
+    caches[0] = _ScalarOffsetCache(0)
+
+
+def _head_candidates(text_model: nn.Module, backbone: nn.Module):
+    for name in ("lm_head", "output", "embed_out"):
+        head = getattr(text_model, name, None)
+        if isinstance(head, nn.Module):
+            yield head, False
+    for name in ("embed_tokens", "tok_embeddings", "wte", "embed_in"):
+        embed = getattr(backbone, name, None)
+        if isinstance(embed, nn.Module) and hasattr(embed, "as_linear"):
+            yield embed, True
+
+
+def _float_dtype(model: nn.Module) -> mx.Dtype:
+    from mlx.utils import tree_flatten
+
+    for _, p in tree_flatten(model.parameters()):
+        if mx.issubdtype(p.dtype, mx.floating):
+            return p.dtype
+    return mx.float32
+
+
+def _qualname(obj: object) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__name__}"
