@@ -57,7 +57,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen2": ("Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3ForCausalLM", dict(tie_word_embeddings=False)),
     "gemma": ("GemmaForCausalLM", dict()),
-    "gemma2": ("Gemma2ForCausalLM", dict(query_pre_attn_scalar=48.0, attn_logit_softcapping=5.0,
+    "gemma2": ("Gemma2ForCausalLM", dict(query_pre_attn_scalar=48, attn_logit_softcapping=5.0,
                                          final_logit_softcapping=8.0)),
     "gemma3_text": ("Gemma3ForCausalLM", dict(
         num_hidden_layers=4, sliding_window=WINDOW, sliding_window_pattern=2,
@@ -180,6 +180,11 @@ def _config(family: str, tokenizer, overrides: dict) -> dict:
         config["layer_types"] = [
             "full_attention" if (i + 1) % config["sliding_window_pattern"] == 0
             else "sliding_attention" for i in range(config["num_hidden_layers"])]
+    if family == "exaone4":   # as EXAONE 4 checkpoints ship it: pattern and the list
+        pattern = config["sliding_window_pattern"]
+        config["layer_types"] = [
+            "full_attention" if pattern[i % len(pattern)] == "G" else "sliding_attention"
+            for i in range(config["num_hidden_layers"])]
     if family == "olmo3":
         config["layer_types"] = [
             "full_attention" if (i + 1) % 2 == 0 else "sliding_attention"

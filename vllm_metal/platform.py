@@ -126,7 +126,9 @@ class MetalPlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        return False
+        # The runner reads one block table per KV cache group: sliding-window
+        # layers give back the blocks that left their window.
+        return True
 
     @classmethod
     def support_static_graph_mode(cls) -> bool:

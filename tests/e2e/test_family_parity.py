@@ -45,18 +45,30 @@ def _check(model_dir, prompt_ids, out):
                                    atol=LOGPROB_TOL)
 
 
+# Gemma 4's three sliding groups each keep window + chunk tokens of blocks.
+_POOL_BLOCKS = {"gemma4_text": 28}
+
+
+def _preemptions(llm) -> float:
+    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_matches_mlx_lm(family):
     model_dir = cached_family_model(family)
     ids = [mlx_reference.tokenize(model_dir, p) for p in PROMPTS]
-    # 16 usable blocks of 16 tokens (one more is vLLM's null block) cannot hold
-    # eight prompts and their outputs at once.
-    llm = make_llm(model_dir, max_model_len=256, max_num_batched_tokens=32,
-                   enable_chunked_prefill=True, num_gpu_blocks_override=17, block_size=16,
-                   trust_remote_code=family in REMOTE_CODE)
+    # 16 usable blocks of 16 tokens (one more is vLLM's null block), shared by
+    # the KV cache groups, hold one 128-token request but not eight prompts
+    # and their outputs at once (some families need a few more).
+    llm = make_llm(model_dir, max_model_len=128, max_num_batched_tokens=32,
+                   enable_chunked_prefill=True, block_size=16,
+                   num_gpu_blocks_override=_POOL_BLOCKS.get(family, 17),
+                   trust_remote_code=family in REMOTE_CODE, disable_log_stats=False)
     try:
+        before = _preemptions(llm)
         for prompt_ids, out in zip(ids, _run(llm, ids)):
             _check(model_dir, prompt_ids, out)
+        assert _preemptions(llm) > before, "the pool was meant to force preemption"
         # The longest prompt again: its full blocks come from the prefix cache.
         longest = max(ids, key=len)
         _check(model_dir, longest, _run(llm, [longest])[0])

@@ -29,7 +29,7 @@ def _meta(seqs: list[tuple[int, int, int]]) -> AttentionMetadata:
         lens.append(cached + new)
         tables.append([block])
     i32 = lambda v: mx.array(v, dtype=mx.int32)  # noqa: E731
-    return AttentionMetadata(i32(positions), i32(cu), i32(lens), i32(tables), i32(slots))
+    return AttentionMetadata(i32(positions), i32(cu), i32(lens), [i32(tables)], [i32(slots)])
 
 
 def _run(loaded, steps, seed: int, cache_dtype=mx.float32):
@@ -110,7 +110,7 @@ def test_slot_outside_the_cache_raises_at_evaluation():
     loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
     d = loaded.dims
     meta = _meta([(0, 0, 3)])
-    meta.slot_mapping = mx.array([0, 1, 4 * BLOCK], dtype=mx.int32)   # 4 blocks: 64 slots
+    meta.slot_mapping = [mx.array([0, 1, 4 * BLOCK], dtype=mx.int32)]   # 4 blocks: 64 slots
     kc = [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers)]
     vc = [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers)]
     ctx = ForwardContext(meta, kc, vc)

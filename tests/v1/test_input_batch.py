@@ -12,10 +12,12 @@ from vllm_metal.v1.request_updates import apply_scheduler_output
 BLOCK = 8
 
 
-def _new(req_id, prompt, blocks, computed=0):
+def _new(req_id, prompt, blocks, computed=0, *more_groups):
+    """blocks: the first KV cache group's; more_groups: the others'."""
     return NewRequestData(req_id=req_id, prompt_token_ids=prompt, mm_features=[],
                           sampling_params=SamplingParams(), pooling_params=None,
-                          block_ids=(blocks,), num_computed_tokens=computed, lora_request=None)
+                          block_ids=(blocks, *more_groups), num_computed_tokens=computed,
+                          lora_request=None)
 
 
 def _out(new=(), cached=None, sched=None, finished=(), preempted=None):
@@ -36,7 +38,8 @@ def _cached(req_ids, computed, new_blocks, outputs, resumed=(), all_tokens=None)
 
 def _reference(batch, out):
     """Per-token loops: what the vectorized builder must reproduce."""
-    ids, pos, slots, cu, lens, sample = [], [], [], [0], [], []
+    ids, pos, cu, lens, sample = [], [], [0], [], []
+    slots = [[] for _ in range(batch.num_groups)]
     for req_id, n in out.num_scheduled_tokens.items():
         st = batch.requests[req_id]
         tokens = st.prompt_token_ids + st.output_token_ids
@@ -44,7 +47,8 @@ def _reference(batch, out):
             p = st.num_computed_tokens + j
             ids.append(tokens[p])
             pos.append(p)
-            slots.append(st.block_ids[p // BLOCK] * BLOCK + p % BLOCK)
+            for g, blocks in enumerate(st.block_ids):
+                slots[g].append(blocks[p // BLOCK] * BLOCK + p % BLOCK)
         cu.append(cu[-1] + n)
         lens.append(st.num_computed_tokens + n)
         sample.append(st.num_computed_tokens + n == len(tokens))
@@ -61,11 +65,12 @@ def _check(batch, out):
     np.testing.assert_array_equal(step.seq_lens, lens)
     np.testing.assert_array_equal(step.sample_mask, sample)
     np.testing.assert_array_equal(step.logits_indices, np.asarray(cu[1:])[np.asarray(sample)] - 1)
+    assert step.block_tables.shape[0] == batch.num_groups
     for i, req_id in enumerate(out.num_scheduled_tokens):
-        blocks = batch.requests[req_id].block_ids
-        width = step.block_tables.shape[1]
-        np.testing.assert_array_equal(step.block_tables[i, :min(width, len(blocks))],
-                                      blocks[:width])
+        for g, blocks in enumerate(batch.requests[req_id].block_ids):
+            width = step.block_tables.shape[2]
+            np.testing.assert_array_equal(step.block_tables[g, i, :min(width, len(blocks))],
+                                          blocks[:width])
     return step
 
 
@@ -93,6 +98,25 @@ def test_mixed_prefill_chunk_and_decode(batch):
     assert list(step.sample_mask) == [True, True]
 
 
+def test_two_kv_cache_groups_get_their_own_tables_and_slots():
+    # vLLM's hybrid cache: full-attention and sliding-window layers get blocks
+    # separately; the sliding group's first block came back as the null block 0.
+    batch = InputBatch(max_num_reqs=4, max_model_len=64, block_size=BLOCK, num_groups=2)
+    a, b = list(range(10, 30)), list(range(50, 55))
+    out = _out(new=[_new("a", a, [3, 7, 8], 0, [0, 4, 9]), _new("b", b, [5], 0, [6])],
+               sched={"a": 20, "b": 5})
+    _apply(batch, out)
+    _check(batch, out)   # the packed (prefill) path
+    batch.append_token("a", 98)
+    batch.append_token("b", 99)
+    new_blocks = [None, ([11], [12])]
+    out = _out(cached=_cached(["a", "b"], [20, 5], new_blocks, [1, 1]), sched={"a": 1, "b": 1})
+    _apply(batch, out)
+    step = _check(batch, out)   # the one-token-per-request (decode) path
+    assert step.slot_mapping.shape == (2, 2)
+    assert list(step.slot_mapping[:, 0]) == [8 * BLOCK + 4, 9 * BLOCK + 4]
+
+
 def test_prefix_cache_hit_starts_mid_prompt(batch):
     prompt = list(range(1, 21))
     out = _out(new=[_new("a", prompt, [4, 6, 2], computed=16)], sched={"a": 4})
@@ -112,7 +136,7 @@ def test_preemption_resume_rebuilds_row(batch):
     _apply(batch, out)
     step = _check(batch, out)
     assert list(step.input_ids[-2:]) == [77, 78]
-    assert step.slot_mapping[0] == 5 * BLOCK
+    assert step.slot_mapping[0, 0] == 5 * BLOCK
 
 
 def test_finished_requests_free_rows(batch):

@@ -22,15 +22,18 @@ class AttentionMetadata:
     positions:     int32 [total_q]            position of each query token in its request
     cu_seqlens_q:  int32 [num_seqs + 1]       query-token offsets of each request
     seq_lens:      int32 [num_seqs]           context length including this step's tokens
-    block_tables:  int32 [num_seqs, max_blocks]
-    slot_mapping:  int32 [total_q]            cache slot of each new token
+    block_tables:  per KV cache group, int32 [num_seqs, max_blocks]
+    slot_mapping:  per KV cache group, int32 [total_q]  cache slot of each new token
+
+    vLLM's hybrid cache gives full and sliding-window layers their blocks in
+    separate groups; a model with one kind of layer has one group.
     """
 
     positions: mx.array
     cu_seqlens_q: mx.array
     seq_lens: mx.array
-    block_tables: mx.array
-    slot_mapping: mx.array
+    block_tables: list[mx.array]
+    slot_mapping: list[mx.array]
 
 
 @dataclass
@@ -46,6 +49,8 @@ class ForwardContext:
     # replaces entries with the arrays reshape_and_cache returns.
     key_caches: list[mx.array]
     value_caches: list[mx.array]
+    # Per KV entry, its KV cache group (index into the metadata's tables); None: all 0.
+    groups: list[int] | None = None
     # id(keys handed back by write) -> (entry, keys): layers that reuse another
     # layer's K/V (Gemma 4's shared-KV layers) attend with no cache of their own.
     _written: dict[int, tuple[int, mx.array]] = field(default_factory=dict)
@@ -55,8 +60,11 @@ class ForwardContext:
         k, v = _rows(keys, "keys", entry), _rows(values, "values", entry)
         self.key_caches[entry], self.value_caches[entry] = ops.reshape_and_cache(
             k, v, self.key_caches[entry], self.value_caches[entry],
-            self.metadata.slot_mapping)
+            self.metadata.slot_mapping[self.group_of(entry)])
         self._written[id(keys)] = (entry, keys)
+
+    def group_of(self, entry: int) -> int:
+        return 0 if self.groups is None else self.groups[entry]
 
     def entry_of(self, keys: mx.array) -> int | None:
         """The KV entry whose write() returned ``keys``, if any."""
@@ -69,8 +77,8 @@ class ForwardContext:
         q = _rows(queries, "queries", entry)
         meta = self.metadata
         out = ops.paged_attention(
-            q, self.key_caches[entry], self.value_caches[entry], meta.block_tables,
-            meta.seq_lens, meta.cu_seqlens_q, scale, sliding_window=window, softcap=softcap,
+            q, self.key_caches[entry], self.value_caches[entry],
+            meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale, sliding_window=window, softcap=softcap,
             sinks=sinks)
         return out[:, :, None, :]
 

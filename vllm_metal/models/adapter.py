@@ -171,8 +171,8 @@ class _Probe(ForwardContext):
         rows = _PROBE_ROWS
         meta = AttentionMetadata(
             positions=mx.arange(rows, dtype=mx.int32), cu_seqlens_q=mx.array([0, rows]),
-            seq_lens=mx.array([rows]), block_tables=mx.zeros((1, 1), dtype=mx.int32),
-            slot_mapping=mx.arange(rows, dtype=mx.int32))
+            seq_lens=mx.array([rows]), block_tables=[mx.zeros((1, 1), dtype=mx.int32)],
+            slot_mapping=[mx.arange(rows, dtype=mx.int32)])
         super().__init__(meta, [None] * num_entries, [None] * num_entries)
         self.kv: dict[int, tuple[int, int, int]] = {}
         self.attn: dict[int, tuple[int, float, int | None, float | None, bool]] = {}

@@ -57,10 +57,12 @@ class DecoderStackPlan:
         meta = ctx.metadata
         return get_ops().decoder_stack(
             self.weights, x, ctx.key_caches, ctx.value_caches, meta.positions,
-            meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q)
+            meta.slot_mapping[0], meta.block_tables[0], meta.seq_lens, meta.cu_seqlens_q)
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
-        return x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
+        # One block table for every layer: a single KV cache group.
+        return (x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
+                and len(ctx.metadata.block_tables) == 1)
 
 
 def plan_decoder_stack(adapter: ModelAdapter,

@@ -21,7 +21,7 @@ class RequestState:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: list[list[int]]   # per KV cache group
     num_computed_tokens: int
     sampling: RequestSamplingState = field(init=False, repr=False)
 
@@ -51,8 +51,8 @@ class StepInputs:
     positions:      int32 [total_q]
     cu_seqlens_q:   int32 [num_reqs + 1]
     seq_lens:       int32 [num_reqs]      context length after this step
-    block_tables:   int32 [num_reqs, max_blocks]
-    slot_mapping:   int32 [total_q]
+    block_tables:   int32 [num_groups, num_reqs, max_blocks]  one table per KV cache group
+    slot_mapping:   int32 [num_groups, total_q]
     sample_mask:    bool  [num_reqs]      request reaches the end of its known tokens
     logits_indices: int32 [num_sampling]  packed row of each sampling request's last token
     """
@@ -83,19 +83,27 @@ class InputBatch:
     requests that were not scheduled are reclaimed only when rows run out.
     """
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int) -> None:
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int,
+                 num_groups: int = 1) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.max_blocks_per_req = -(-max_model_len // block_size)
         # np.zeros maps untouched pages lazily, so a long max_model_len is cheap.
         self.token_ids = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
-        self.block_table = np.zeros((max_num_reqs, self.max_blocks_per_req), dtype=np.int32)
+        self.set_num_groups(num_groups)
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int32)
         self.num_computed = np.zeros(max_num_reqs, dtype=np.int32)
         self.requests: dict[str, RequestState] = {}
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
+
+    def set_num_groups(self, num_groups: int) -> None:
+        """One block table per KV cache group (vLLM's hybrid cache: full and
+        sliding-window layers get their blocks separately). Before any request."""
+        self.num_groups = num_groups
+        self.block_table = np.zeros((num_groups, self.max_num_reqs, self.max_blocks_per_req),
+                                    dtype=np.int32)
 
     # -- request lifecycle -------------------------------------------------
 
@@ -116,20 +124,23 @@ class InputBatch:
                 row = self._take_row(scheduled)
                 self.row_of[req_id] = row
                 self._write_tokens(row, state, 0)
-                self._write_blocks(row, state.block_ids, 0)
+                for group, blocks in enumerate(state.block_ids):
+                    self._write_group_blocks(row, group, blocks, 0)
             self.num_computed[row] = state.num_computed_tokens
 
     def reset_row(self, req_id: str) -> None:
         """Forget a request's row content (preemption replaced its blocks/tokens)."""
         self._release_row(req_id)
 
-    def append_blocks(self, req_id: str, new_block_ids: list[int]) -> None:
+    def append_blocks(self, req_id: str, new_block_ids: tuple[list[int], ...]) -> None:
+        """new_block_ids: the blocks each KV cache group added."""
         state = self.requests[req_id]
-        start = len(state.block_ids)
-        state.block_ids.extend(new_block_ids)
         row = self.row_of.get(req_id)
-        if row is not None:
-            self._write_blocks(row, new_block_ids, start)
+        for group, new in enumerate(new_block_ids):
+            start = len(state.block_ids[group])
+            state.block_ids[group].extend(new)
+            if row is not None:
+                self._write_group_blocks(row, group, new, start)
 
     def append_token(self, req_id: str, token_id: int) -> None:
         state = self.requests[req_id]
@@ -170,8 +181,8 @@ class InputBatch:
 
         seq_lens = (computed + q_lens).astype(np.int32)
         max_blocks = -(-int(seq_lens.max()) // self.block_size)
-        block_tables = self.block_table[rows, :max_blocks]
-        pages = block_tables[req_of_token, positions // self.block_size]
+        block_tables = self.block_table[:, rows, :max_blocks]
+        pages = block_tables[:, req_of_token, positions // self.block_size]
         slot_mapping = (pages * self.block_size + positions % self.block_size).astype(np.int32)
 
         sample_mask = seq_lens >= self.num_tokens[rows]
@@ -187,6 +198,7 @@ class InputBatch:
         alone and 100-200 us right after a decode step; this one makes eight calls
         (6 us alone for one request, level with the general path at ~24)."""
         bs = self.block_size
+        table = self.block_table
         rows, positions, tokens, slots, sample = [], [], [], [], []
         for req_id in req_ids:
             row = self.row_of[req_id]
@@ -194,7 +206,8 @@ class InputBatch:
             rows.append(row)
             positions.append(pos)
             tokens.append(self.token_ids[row, pos])
-            slots.append(int(self.block_table[row, pos // bs]) * bs + pos % bs)
+            slots.append([int(table[g, row, pos // bs]) * bs + pos % bs
+                          for g in range(self.num_groups)])
             sample.append(pos + 1 >= self.num_tokens[row])
         n = len(req_ids)
         seq_lens = [p + 1 for p in positions]
@@ -204,8 +217,8 @@ class InputBatch:
             np.array(positions, dtype=np.int32),
             np.arange(n + 1, dtype=np.int32),
             np.array(seq_lens, dtype=np.int32),
-            self.block_table[rows, :-(-max(seq_lens) // bs)],
-            np.array(slots, dtype=np.int32),
+            table[:, rows, :-(-max(seq_lens) // bs)],
+            np.array(slots, dtype=np.int32).T.copy(),
             np.array(sample, dtype=bool),
             np.array([i for i in range(n) if sample[i]], dtype=np.int32),
         )
@@ -233,10 +246,11 @@ class InputBatch:
         self.token_ids[row, start:len(tokens)] = tokens[start:]
         self.num_tokens[row] = len(tokens)
 
-    def _write_blocks(self, row: int, block_ids: list[int], start: int) -> None:
+    def _write_group_blocks(self, row: int, group: int, block_ids: list[int],
+                            start: int) -> None:
         end = start + len(block_ids)
         if end > self.max_blocks_per_req:
             raise RuntimeError(
                 f"request needs {end} KV blocks, more than max_model_len allows "
                 f"({self.max_blocks_per_req})")
-        self.block_table[row, start:end] = block_ids
+        self.block_table[group, row, start:end] = block_ids

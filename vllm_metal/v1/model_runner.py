@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheSpec
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheSpec,
+                                        SlidingWindowSpec)
 from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, LogprobsLists,
                              ModelRunnerOutput)
 
@@ -91,11 +92,17 @@ class MetalModelRunner:
         return chosen if chosen is not None else self.loaded.dtype
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        """One spec per KV entry: sliding-window layers as vLLM's sliding-window
+        kind, so its hybrid manager frees the blocks that left their window."""
         dims = self.loaded.dims
-        spec = FullAttentionSpec(block_size=self.block_size, num_kv_heads=dims.num_kv_heads,
-                                 head_size=dims.head_dim,
-                                 dtype=torch_dtype_from_mlx(self.kv_dtype))
-        return {f"model.layers.{i}.self_attn": spec for i in range(dims.num_layers)}
+        common = dict(block_size=self.block_size, num_kv_heads=dims.num_kv_heads,
+                      head_size=dims.head_dim, dtype=torch_dtype_from_mlx(self.kv_dtype))
+        specs: dict[str, KVCacheSpec] = {}
+        for i, entry in enumerate(self.loaded.adapter.entries):
+            specs[_entry_name(i)] = (
+                FullAttentionSpec(**common) if entry.window is None
+                else SlidingWindowSpec(**common, sliding_window=entry.window))
+        return specs
 
     def kv_bytes_per_block(self) -> int:
         dims = self.loaded.dims
@@ -104,20 +111,23 @@ class MetalModelRunner:
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         dims = self.loaded.dims
+        groups, tensor_of = _layout(kv_cache_config, dims.num_layers)
         self.kv_cache = PagedKVCache(dims.num_layers, kv_cache_config.num_blocks, self.block_size,
-                                     dims.num_kv_heads, dims.head_dim, self.kv_dtype)
+                                     dims.num_kv_heads, dims.head_dim, self.kv_dtype,
+                                     tensor_of=tensor_of, groups=groups)
+        self.input_batch.set_num_groups(len(kv_cache_config.kv_cache_groups))
         huge = 0
         if self.loaded.cpu_fast and envs.VLLM_METAL_CPU_HUGE_PAGES:
             try:
-                huge = zeros_on_huge_pages(array_ranges(
-                    [*self.kv_cache.key_caches, *self.kv_cache.value_caches]))
+                huge = zeros_on_huge_pages(array_ranges(self.kv_cache.buffers()))
             except MemoryError as e:
                 raise InsufficientMemoryError(
                     f"The {self.kv_cache.nbytes / 2**30:.2f} GiB KV cache does not fit in "
                     f"this host's free memory ({e}). Lower VLLM_METAL_CPU_KV_CACHE_GIB, "
                     "--kv-cache-memory or --gpu-memory-utilization.") from e
-        logger.info("KV cache: %d blocks of %d tokens, %.1f MiB, committed%s",
+        logger.info("KV cache: %d blocks of %d tokens, %.1f MiB, %d group(s), committed%s",
                     kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20,
+                    len(kv_cache_config.kv_cache_groups),
                     f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")
 
     def profile_run(self) -> ActivationEstimate:
@@ -237,10 +247,10 @@ class MetalModelRunner:
             positions=mx.array(step.positions),
             cu_seqlens_q=mx.array(step.cu_seqlens_q),
             seq_lens=mx.array(step.seq_lens),
-            block_tables=mx.array(step.block_tables),
-            slot_mapping=mx.array(step.slot_mapping),
+            block_tables=[mx.array(t) for t in step.block_tables],
+            slot_mapping=[mx.array(s) for s in step.slot_mapping],
         )
-        ctx = ForwardContext(meta, cache.key_caches, cache.value_caches)
+        ctx = ForwardContext(meta, cache.key_caches, cache.value_caches, cache.groups)
         with forward_context(ctx):
             if input_ids is None:
                 input_ids = mx.array(step.input_ids)
@@ -302,8 +312,36 @@ def _synthetic_prefill(q_lens: np.ndarray, blocks_per_seq: int, block_size: int)
     slots = (block_tables[seq_of, positions // block_size] * block_size
              + positions % block_size).astype(np.int32)
     return StepInputs([f"profile-{i}" for i in range(num_seqs)], np.zeros(total, np.int32),
-                      positions, cu, q_lens.astype(np.int32), block_tables, slots,
+                      positions, cu, q_lens.astype(np.int32), block_tables[None], slots[None],
                       np.ones(num_seqs, bool), (cu[1:] - 1).astype(np.int32))
+
+
+def _entry_name(entry: int) -> str:
+    return f"model.layers.{entry}.self_attn"
+
+
+def _layout(config: KVCacheConfig, num_entries: int) -> tuple[list[int], list[int]]:
+    """(KV cache group of each entry, buffer of each entry) as vLLM planned them.
+
+    vLLM places layer ``l`` of a KVCacheTensor at byte ``offset + l * layer_stride``
+    of one backing allocation, and groups overlay each other from byte 0: layers
+    of different groups that start at the same byte share a buffer.
+    """
+    index = {_entry_name(i): i for i in range(num_entries)}
+    groups: list[int | None] = [None] * num_entries
+    starts: list[int | None] = [None] * num_entries
+    for g, group in enumerate(config.kv_cache_groups):
+        for name in group.layer_names:
+            groups[index[name]] = g
+    for tensor in config.kv_cache_tensors:
+        for l, name in enumerate(tensor.layers):
+            starts[index[name]] = tensor.offset + l * tensor.layer_stride
+    if None in groups or None in starts:
+        missing = [_entry_name(i) for i in range(num_entries)
+                   if groups[i] is None or starts[i] is None]
+        raise ValueError(f"vLLM's KV cache plan leaves out {', '.join(missing)}")
+    buffer_of = {start: b for b, start in enumerate(sorted(set(starts)))}
+    return groups, [buffer_of[start] for start in starts]
 
 
 def _align_bitmask(grammar_output: GrammarOutput | None, sampling_ids: list[str]):

@@ -29,7 +29,7 @@ def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
             req_id=new.req_id,
             prompt_token_ids=list(new.prompt_token_ids),
             sampling_params=new.sampling_params,
-            block_ids=list(new.block_ids[0]),
+            block_ids=[list(group) for group in new.block_ids],
             num_computed_tokens=new.num_computed_tokens,
         )
         batch.reset_row(new.req_id)
@@ -45,7 +45,8 @@ def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
             # Preempted and back: new blocks replace the old, tokens are recomputed.
             _restore_outputs(state, cached.num_output_tokens[i],
                              cached.all_token_ids.get(req_id))
-            state.block_ids = list(new_blocks[0]) if new_blocks else []
+            state.block_ids = ([list(group) for group in new_blocks] if new_blocks
+                               else [[] for _ in state.block_ids])
             batch.reset_row(req_id)
             continue
         num_outputs = cached.num_output_tokens[i]
@@ -54,7 +55,7 @@ def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
             del state.output_token_ids[num_outputs:]
             batch.reset_row(req_id)
         if new_blocks:
-            batch.append_blocks(req_id, new_blocks[0])
+            batch.append_blocks(req_id, new_blocks)
 
     batch.apply_schedule(out)
 

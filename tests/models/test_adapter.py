@@ -1,0 +1,140 @@
+"""What the adapter reads off a model, and what it refuses by name."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from tests.family_models import WINDOW, cached_family_model
+from tests.tiny_models import cached_tiny_model
+from vllm_metal.models.adapter import ModelAdapter, UnsupportedModelError
+from vllm_metal.v1.model_lifecycle import load_model
+
+
+def _adapter(family: str) -> ModelAdapter:
+    return load_model(str(cached_family_model(family)), mx.float32).adapter
+
+
+def test_sliding_window_layers_are_found_from_the_mask_the_family_asks_for():
+    # gemma3_text decides per layer from its own pattern; cohere2 from
+    # use_sliding_window; the adapter reads neither attribute.
+    for family in ("gemma3_text", "cohere2", "olmo3", "ministral3"):
+        windows = [e.window for e in _adapter(family).entries]
+        assert windows == [WINDOW, None, WINDOW, None], family
+
+
+def test_kv_shared_layers_have_no_entry_of_their_own():
+    # Gemma 4: six layers, the last two reuse earlier layers' K/V.
+    adapter = _adapter("gemma4_text")
+    assert len(adapter.backbone.layers) == 6
+    assert len(adapter.entries) == 4
+
+
+def test_scale_and_softcap_are_the_ones_the_layer_attends_with():
+    gemma2 = _adapter("gemma2")
+    assert gemma2.entries[0].scale == pytest.approx(48 ** -0.5)
+    assert gemma2.entries[0].softcap == pytest.approx(5.0)
+    granite = _adapter("granite")
+    assert granite.entries[0].scale == pytest.approx(0.05)   # attention_multiplier
+
+
+def test_head_transforms_are_the_family_own():
+    # A head with nothing after it may take the fused argmax; a scaled or
+    # soft-capped one may not.
+    assert _adapter("llama").plain_head is not None
+    for family in ("granite", "gemma2", "cohere", "minicpm"):
+        assert _adapter(family).plain_head is None, family
+    neox = _adapter("gpt_neox")
+    assert neox.head_in_backbone and neox.vocab_size == 1024
+
+
+@pytest.mark.parametrize("family", ["granite", "gemma2", "cohere", "minicpm", "gemma4_text",
+                                    "gpt_neox", "internlm2", "gpt_bigcode"])
+def test_family_logits_match_the_model_own_call(family):
+    # The model's own dense forward against its own backbone + the adapter's head.
+    from mlx_lm.utils import load_model as mlx_load
+
+    model, _ = mlx_load(cached_family_model(family))
+    ids = mx.array([[5, 17, 300, 42]], dtype=mx.int32)
+    want = model(ids)[0]
+    backbone = model.transformer if family == "gpt_bigcode" else model.model
+    hidden = backbone(ids)[0]   # no cache: mlx-lm's dense path, before the adapter's swaps
+    mx.eval(want, hidden)
+    got = ModelAdapter(model).logits(hidden)
+    assert got.shape == want.shape
+    assert mx.allclose(got, want, rtol=1e-5, atol=1e-5).item()
+
+
+class _SelfComputing(nn.Module):
+    """Attention that stores through the cache but computes its scores itself."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, x, mask=None, cache=None):
+        a = self.inner
+        rows, length, _ = x.shape
+        k = a.k_proj(x).reshape(rows, length, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = a.v_proj(x).reshape(rows, length, a.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        keys, values = cache.update_and_fetch(k, v)
+        return a.o_proj(mx.zeros((rows, length, a.n_heads * k.shape[-1])))
+
+
+def _llama():
+    from mlx_lm.utils import load_model as mlx_load
+
+    model, _ = mlx_load(cached_tiny_model("llama"))
+    return model
+
+
+def test_attention_computed_outside_sdpa_is_refused_naming_the_layer():
+    model = _llama()
+    model.model.layers[1].self_attn = _SelfComputing(model.model.layers[1].self_attn)
+    with pytest.raises(UnsupportedModelError, match=r"layer 1's attention .*_SelfComputing.* "
+                                                    "computes attention itself"):
+        ModelAdapter(model)
+
+
+def test_a_mask_of_the_family_own_making_is_refused():
+    model = _llama()
+    backbone = type(model.model)
+    original = backbone.__call__
+
+    def with_own_mask(self, inputs, cache=None, input_embeddings=None):
+        h = self.embed_tokens(inputs)
+        mask = mx.ones((h.shape[1], h.shape[1]), dtype=mx.bool_)
+        for layer, c in zip(self.layers, cache):
+            h = layer(h, mask, c)
+        return self.norm(h)
+
+    backbone.__call__ = with_own_mask
+    try:
+        with pytest.raises(UnsupportedModelError, match="mask of its own"):
+            ModelAdapter(model)
+    finally:
+        backbone.__call__ = original
+
+
+def test_a_cache_kind_other_than_kv_is_refused_naming_it():
+    from mlx_lm.models.cache import ArraysCache
+
+    model = _llama()
+    model.make_cache = lambda: [ArraysCache(2) for _ in model.model.layers]
+    with pytest.raises(UnsupportedModelError, match="ArraysCache"):
+        ModelAdapter(model)
+
+
+def test_a_rotating_cache_that_keeps_sink_tokens_is_refused():
+    from mlx_lm.models.cache import RotatingKVCache
+
+    model = _llama()
+    model.make_cache = lambda: [RotatingKVCache(64, keep=4) for _ in model.model.layers]
+    with pytest.raises(UnsupportedModelError, match="keeping 4 tokens"):
+        ModelAdapter(model)
+
+
+def test_layers_with_different_kv_shapes_are_refused_at_load():
+    # Gemma 4's global layers may have their own head size; one paged shape is kept.
+    path = cached_family_model("gemma4_text", global_head_dim=128)
+    with pytest.raises(UnsupportedModelError, match=r"gemma4_text: its layers differ"):
+        load_model(str(path), mx.float32)
