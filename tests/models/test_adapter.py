@@ -138,3 +138,11 @@ def test_layers_with_different_kv_shapes_are_refused_at_load():
     path = cached_family_model("gemma4_text", global_head_dim=128)
     with pytest.raises(UnsupportedModelError, match=r"gemma4_text: its layers differ"):
         load_model(str(path), mx.float32)
+
+
+def test_a_head_size_without_metal_kernels_is_refused_on_metal():
+    from vllm_metal.v1.model_lifecycle import _check_metal_head_size
+
+    _check_metal_head_size("llama", 128)
+    with pytest.raises(UnsupportedModelError, match="llama: head size 40 has no Metal"):
+        _check_metal_head_size("llama", 40)

@@ -96,8 +96,8 @@ class ModelAdapter:
         try:
             with forward_context(probe):
                 out = self.backbone(ids, cache=self.caches)
-        except UnsupportedModelError:
-            raise
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"{self.family}: {e}") from e
         except Exception as e:
             raise UnsupportedModelError(
                 f"{self.family}: its mlx-lm backbone {_qualname(self.backbone)} does not run "

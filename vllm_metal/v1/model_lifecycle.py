@@ -88,6 +88,8 @@ def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
     adapter = ModelAdapter(model)
     dims = derive_dims(adapter)
     cpu = mx.default_device().type == mx.cpu
+    if not cpu:
+        _check_metal_head_size(adapter.family, dims.head_dim)
     if cpu and envs.VLLM_METAL_CPU_HUGE_PAGES:
         _weights_on_huge_pages(model)
     stack = None
@@ -144,6 +146,17 @@ def derive_dims(adapter: ModelAdapter) -> ModelDims:
     num_heads = max(e.num_heads for e in adapter.entries)
     return ModelDims(len(adapter.entries), num_heads, num_kv_heads, head_dim,
                      adapter.vocab_size)
+
+
+def _check_metal_head_size(family: str, head_dim: int) -> None:
+    """The Metal kernels are instantiated for a fixed set of head sizes."""
+    from vllm_metal.metal import get_ops
+
+    sizes = get_ops()._kernel_shapes()["head_sizes"]
+    if head_dim not in sizes:
+        raise UnsupportedModelError(
+            f"{family}: head size {head_dim} has no Metal paged-attention kernel "
+            f"(instantiated for {', '.join(map(str, sizes))})")
 
 
 def parameter_bytes(model: nn.Module) -> int:
