@@ -130,11 +130,19 @@ _SPECIAL_ROW_SCALE = 0.05
 
 
 def make_family_model(path: str | Path, family: str, *, seed: int = 0,
+                      quantize_bits: int | None = None, group_size: int = 64,
                       **overrides: Any) -> Path:
-    """Write a checkpoint of mlx-lm ``model_type`` ``family`` at ``path``; returns it."""
+    """Write a checkpoint of mlx-lm ``model_type`` ``family`` at ``path``; returns it.
+
+    ``quantize_bits`` 4 or 8: MLX affine quantization (mlx-lm's own), as
+    mlx-community's 4bit/8bit checkpoints are made.
+    """
+    import contextlib
+    import io
+
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
-    from mlx_lm.utils import save_model
+    from mlx_lm.utils import quantize_model, save_model
 
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
@@ -149,6 +157,9 @@ def make_family_model(path: str | Path, family: str, *, seed: int = 0,
     params = {name: mx.array(_init(name, np.array(p), rng, damped))
               for name, p in tree_flatten(model.parameters())}
     model.update(tree_unflatten(list(params.items())))
+    if quantize_bits is not None:
+        with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints bits per weight
+            model, config = quantize_model(model, config, group_size, quantize_bits)
     path.mkdir(parents=True, exist_ok=True)
     save_model(path, model)
     _write_json(path / "config.json", config)

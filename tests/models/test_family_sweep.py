@@ -121,23 +121,28 @@ def _build(family: str):
     return model, want
 
 
-def _paged_logits(adapter: ModelAdapter) -> mx.array:
+def paged_logits(adapter: ModelAdapter, tokens: list[int], backbone=None) -> mx.array:
+    """Logits [len(tokens), vocab] of one sequence fed in two steps (a 30-token
+    chunk, then the rest) through the paged cache. ``backbone``: a LoadedModel's
+    (ids [1, T] -> [1, T, hidden]); default the adapter's module path."""
     dims = derive_dims(adapter)
-    blocks = 1 + -(-len(_TOKENS) // _BLOCK)
+    blocks = 1 + -(-len(tokens) // _BLOCK)
     shape = (blocks + 1, _BLOCK, dims.num_kv_heads, dims.head_dim)
     keys = [mx.zeros(shape) for _ in range(dims.num_layers)]
     values = [mx.zeros(shape) for _ in range(dims.num_layers)]
     table = [mx.arange(1, blocks + 1, dtype=mx.int32)[None]]
     out = []
-    for lo, hi in ((0, 30), (30, len(_TOKENS))):
+    for lo, hi in ((0, 30), (30, len(tokens))):
         meta = AttentionMetadata(
             positions=mx.arange(lo, hi, dtype=mx.int32),
             cu_seqlens_q=mx.array([0, hi - lo], dtype=mx.int32),
             seq_lens=mx.array([hi], dtype=mx.int32), block_tables=table,
             slot_mapping=[mx.arange(_BLOCK + lo, _BLOCK + hi, dtype=mx.int32)])
         ctx = ForwardContext(meta, keys, values)
+        ids = mx.array(tokens[lo:hi], dtype=mx.int32)
         with forward_context(ctx):
-            logits = adapter.logits(adapter.hidden(mx.array(_TOKENS[lo:hi], dtype=mx.int32)))
+            hidden = adapter.hidden(ids) if backbone is None else backbone(ids[None])[0]
+            logits = adapter.logits(hidden)
             mx.eval(logits)
         out.append(logits)
         keys, values = ctx.key_caches, ctx.value_caches
@@ -153,6 +158,6 @@ def test_family_is_served_exactly_or_refused_by_name(family):
     except UnsupportedModelError as e:
         assert str(e).startswith(f"{family}: "), str(e)
         return
-    got = _paged_logits(adapter)
+    got = paged_logits(adapter, _TOKENS)
     scale = max(float(mx.abs(want).max()), 1.0)
     assert float(mx.abs(got - want).max()) <= 1e-3 * scale
