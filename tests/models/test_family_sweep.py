@@ -56,8 +56,9 @@ _OVERRIDES = {
                  block_auto_adjust_ff_dim=False, full_attn_idxs=[1],
                  layer_types=["conv", "full_attention"]),
     "phi": dict(partial_rotary_factor=0.5),
+    "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
 }
-_MAX_PARAMS = 20_000_000
+_MAX_PARAMS = 40_000_000
 _TOKENS = list(range(20, 60))
 _BLOCK = 16
 

@@ -99,9 +99,12 @@ class ModelAdapter:
         except UnsupportedModelError as e:
             raise UnsupportedModelError(f"{self.family}: {e}") from e
         except Exception as e:
+            why = (" (its attention computes with the mask as an array, e.g. latent "
+                   "attention, where the paged kernels take only causal and window masks)"
+                   if "PagedMask" in str(e) else "")
             raise UnsupportedModelError(
                 f"{self.family}: its mlx-lm backbone {_qualname(self.backbone)} does not run "
-                f"on vllm-metal's paged cache ({type(e).__name__}: {e})") from e
+                f"on vllm-metal's paged cache{why} ({type(e).__name__}: {e})") from e
         entries = []
         for i, rotating in enumerate(windows):
             kv, attn = probe.kv.get(i), probe.attn.get(i)
