@@ -188,7 +188,8 @@ def decode_step_ms(fast: bool, context: int, steps: int) -> tuple[float, float]:
         pos = np.arange(start, start + len(ids), dtype=np.int32)
         slots = (table[0][pos // block] * block + pos % block).astype(np.int32)
         meta = AttentionMetadata(mx.array(pos), mx.array([0, len(ids)]),
-                                 mx.array([start + len(ids)]), mx.array(table), mx.array(slots))
+                                 mx.array([start + len(ids)]), [mx.array(table)],
+                                 [mx.array(slots)])
         with forward_context(ForwardContext(meta, cache.key_caches, cache.value_caches)):
             hidden = loaded.backbone(mx.array(ids)[None])[0]
         return mx.argmax(loaded.logits(hidden[-1:]), axis=-1)
