@@ -56,15 +56,25 @@ def size_135m(family: str) -> dict:
         if family == "ministral3":
             extra["layer_types"] = ["sliding_attention", "full_attention"] * (LAYERS // 2)
         if family == "gemma4_text":
-            extra.update(sliding_window_pattern=5, num_kv_shared_layers=10)
+            extra.update(sliding_window_pattern=5, num_kv_shared_layers=10,
+                         vocab_size_per_layer_input=VOCAB)
         if family == "cohere2":
             extra["sliding_window_pattern"] = 4
         return {**dims, **extra}
     return dims
 
 
-def decode_tok_s(path: Path, steps: int) -> tuple[float, str]:
-    """(median decode tok/s, compute path) of the model at ``path``."""
+def graph_nodes(output: mx.array) -> int:
+    """Nodes of the lazy graph behind ``output`` (what MLX's CPU scheduler enqueues)."""
+    import io
+
+    dot = io.StringIO()
+    mx.export_to_dot(dot, output)
+    return sum(1 for line in dot.getvalue().splitlines() if "shape=rectangle" in line)
+
+
+def decode_tok_s(path: Path, steps: int) -> tuple[float, str, int]:
+    """(median decode tok/s, compute path, graph nodes of one step) of the model at ``path``."""
     from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
     from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
     from vllm_metal.v1.model_lifecycle import load_model
@@ -88,6 +98,9 @@ def decode_tok_s(path: Path, steps: int) -> tuple[float, str]:
 
     token = step([(i * 37) % 1000 + 10 for i in range(PROMPT)], 0)
     mx.eval(token)
+    probe = step([token.item()], PROMPT)   # the first timed step redoes this position
+    nodes = graph_nodes(probe)
+    mx.eval(probe)
     times = []
     for i in range(steps):
         start = time.perf_counter()
@@ -95,7 +108,7 @@ def decode_tok_s(path: Path, steps: int) -> tuple[float, str]:
         mx.eval(token)
         times.append(time.perf_counter() - start)
     path_name = "decoder stack" if loaded.stack is not None else "module path"
-    return 1.0 / float(np.median(times)), path_name
+    return 1.0 / float(np.median(times)), path_name, nodes
 
 
 def main() -> None:
@@ -113,14 +126,16 @@ def main() -> None:
             path = make_family_model(Path(tmp) / family, family, quantize_bits=4,
                                      **size_135m(family))
             params = sum(f.stat().st_size for f in path.glob("*.safetensors"))
-            tok_s, route = decode_tok_s(path, args.steps)
-            rows.append((family, tok_s, route, params))
-            print(f"{family}: {tok_s:.1f} tok/s ({route})", file=sys.stderr, flush=True)
+            tok_s, route, nodes = decode_tok_s(path, args.steps)
+            rows.append((family, tok_s, route, nodes, params))
+            print(f"{family}: {tok_s:.1f} tok/s ({route}, {nodes} nodes)", file=sys.stderr,
+                  flush=True)
     llama = rows[0][1]
-    print("| family | decode tok/s | vs llama | path | checkpoint MiB |")
-    print("|---|---|---|---|---|")
-    for family, tok_s, route, size in rows:
-        print(f"| {family} | {tok_s:.1f} | {tok_s / llama:.0%} | {route} | {size / 2**20:.0f} |")
+    print("| family | decode tok/s | vs llama | path | graph nodes per step | checkpoint MiB |")
+    print("|---|---|---|---|---|---|")
+    for family, tok_s, route, nodes, size in rows:
+        print(f"| {family} | {tok_s:.1f} | {tok_s / llama:.0%} | {route} | {nodes} "
+              f"| {size / 2**20:.0f} |")
 
 
 if __name__ == "__main__":

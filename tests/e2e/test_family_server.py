@@ -47,3 +47,29 @@ def test_family_serves_mlx_lm_greedy_text_and_logprobs(family):
     for step, top in enumerate(choice.logprobs.top_logprobs):
         np.testing.assert_allclose(sorted(top.values(), reverse=True),
                                    np.sort(rows[step])[::-1][:3], atol=LOGPROB_TOL)
+
+
+def test_multimodal_checkpoint_answers_text_and_refuses_images():
+    # Gemma 3's multimodal checkpoint is served by its language model alone:
+    # an image part is refused (HTTP 400), not read as placeholder tokens.
+    import base64
+
+    import requests
+
+    model_dir = cached_family_model("gemma3")
+    server = VllmServer(str(model_dir), "--max-model-len", "256", "--served-model-name", "g3")
+    try:
+        pixel = base64.b64encode(bytes.fromhex(
+            "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+            "1f15c4890000000d49444154789c6360000002000154a24f5d0000000049454e44ae426082")).decode()
+        image = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{pixel}"}}
+        body = {"model": "g3", "max_tokens": 4, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]}
+        refused = requests.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+        text = {"model": "g3", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "What is this?"}]}
+        answered = requests.post(server.base_url + "/v1/chat/completions", json=text, timeout=60)
+    finally:
+        server.stop()
+    assert refused.status_code == 400, refused.text
+    assert answered.status_code == 200, answered.text
