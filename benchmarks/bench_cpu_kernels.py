@@ -168,9 +168,9 @@ def fmt_row(r: dict) -> str:
 # -- decode step ----------------------------------------------------------------
 
 def decode_step_ms(fast: bool, context: int, steps: int) -> tuple[float, float]:
-    """(median, min) ms of one SmolLM2 decode step through the paged attention wrappers."""
-    from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
-    from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
+    """(median, min) ms of one SmolLM2 decode step through the paged runner path."""
+    from decode_loop import decode_steps
+
     from vllm_metal.cli.bundled import DEFAULT_MODEL
     from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
     from vllm_metal.v1.model_lifecycle import load_model
@@ -178,30 +178,7 @@ def decode_step_ms(fast: bool, context: int, steps: int) -> tuple[float, float]:
     loaded = load_model(str(DEFAULT_MODEL.path()), mx.float32)
     if fast:
         use_fast_cpu_linears(loaded.model)
-    dims, block = loaded.dims, 16
-    blocks = (context + steps) // block + 2
-    cache = PagedKVCache(dims.num_layers, blocks + 1, block, dims.num_kv_heads, dims.head_dim,
-                         mx.float32)
-    table = np.arange(1, blocks + 1, dtype=np.int32)[None]
-
-    def step(ids: list[int], start: int) -> mx.array:
-        pos = np.arange(start, start + len(ids), dtype=np.int32)
-        slots = (table[0][pos // block] * block + pos % block).astype(np.int32)
-        meta = AttentionMetadata(mx.array(pos), mx.array([0, len(ids)]),
-                                 mx.array([start + len(ids)]), [mx.array(table)],
-                                 [mx.array(slots)])
-        with forward_context(ForwardContext(meta, cache.key_caches, cache.value_caches)):
-            hidden = loaded.backbone(mx.array(ids)[None])[0]
-        return mx.argmax(loaded.logits(hidden[-1:]), axis=-1)
-
-    token = step([(i * 37) % 1000 + 10 for i in range(context)], 0)
-    mx.eval(token)
-    times = []
-    for i in range(steps):
-        start = time.perf_counter()
-        token = step([token.item()], context + i)
-        mx.eval(token)
-        times.append(time.perf_counter() - start)
+    times, _ = decode_steps(loaded, context, steps)
     return float(np.median(times)) * 1e3, min(times) * 1e3
 
 

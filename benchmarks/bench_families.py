@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -23,12 +22,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from tests.family_models import FAMILIES, make_family_model  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB = 576, 30, 9, 3, 64, 1536, 49152
 PROMPT = 128
-BLOCK = 16
 
 
 def size_135m(family: str) -> dict:
@@ -64,51 +63,16 @@ def size_135m(family: str) -> dict:
     return dims
 
 
-def graph_nodes(output: mx.array) -> int:
-    """Nodes of the lazy graph behind ``output`` (what MLX's CPU scheduler enqueues)."""
-    import io
-
-    dot = io.StringIO()
-    mx.export_to_dot(dot, output)
-    return sum(1 for line in dot.getvalue().splitlines() if "shape=rectangle" in line)
-
-
 def decode_tok_s(path: Path, steps: int) -> tuple[float, str, int]:
     """(median decode tok/s, compute path, graph nodes of one step) of the model at ``path``."""
-    from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
-    from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
+    from decode_loop import decode_steps
+
     from vllm_metal.v1.model_lifecycle import load_model
 
     loaded = load_model(str(path), mx.float32)
-    dims = loaded.dims
-    blocks = (PROMPT + steps) // BLOCK + 2
-    cache = PagedKVCache(dims.num_layers, blocks + 1, BLOCK, dims.num_kv_heads, dims.head_dim,
-                         mx.float32)
-    table = np.arange(1, blocks + 1, dtype=np.int32)[None]
-
-    def step(ids: list[int], start: int) -> mx.array:
-        pos = np.arange(start, start + len(ids), dtype=np.int32)
-        slots = (table[0][pos // BLOCK] * BLOCK + pos % BLOCK).astype(np.int32)
-        meta = AttentionMetadata(mx.array(pos), mx.array([0, len(ids)]),
-                                 mx.array([start + len(ids)]), [mx.array(table)],
-                                 [mx.array(slots)])
-        with forward_context(ForwardContext(meta, cache.key_caches, cache.value_caches)):
-            hidden = loaded.backbone(mx.array(ids)[None])[0]
-        return mx.argmax(loaded.logits(hidden[-1:]), axis=-1)
-
-    token = step([(i * 37) % 1000 + 10 for i in range(PROMPT)], 0)
-    mx.eval(token)
-    probe = step([token.item()], PROMPT)   # the first timed step redoes this position
-    nodes = graph_nodes(probe)
-    mx.eval(probe)
-    times = []
-    for i in range(steps):
-        start = time.perf_counter()
-        token = step([token.item()], PROMPT + i)
-        mx.eval(token)
-        times.append(time.perf_counter() - start)
-    path_name = "decoder stack" if loaded.stack is not None else "module path"
-    return 1.0 / float(np.median(times)), path_name, nodes
+    times, nodes = decode_steps(loaded, PROMPT, steps)
+    route = "decoder stack" if loaded.stack is not None else "module path"
+    return 1.0 / float(np.median(times)), route, nodes
 
 
 def main() -> None:

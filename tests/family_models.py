@@ -15,17 +15,14 @@ byte tokens are damped in the output rows so runs are not cut short by EOS.
 
 from __future__ import annotations
 
-import atexit
-import functools
 import json
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tests.tiny_models import BOS, EOS, PAD, _damped_ids, _train_tokenizer, _write_json
+from tests.tiny_models import (BOS, EOS, PAD, _damped_ids, _train_tokenizer, _write_json,
+                               cached_build)
 
 VOCAB = 1024
 HIDDEN = 256
@@ -171,14 +168,7 @@ def make_family_model(path: str | Path, family: str, *, seed: int = 0,
 
 def cached_family_model(family: str, **overrides: Any) -> Path:
     """Build once per process (keyed by arguments) into a temp dir removed at exit."""
-    return _cached(family, json.dumps(overrides, sort_keys=True))
-
-
-@functools.cache
-def _cached(family: str, overrides_json: str) -> Path:
-    root = Path(tempfile.mkdtemp(prefix=f"family-{family}-"))
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    return make_family_model(root / "model", family, **json.loads(overrides_json))
+    return cached_build(make_family_model, family, overrides)
 
 
 def _config(family: str, tokenizer, overrides: dict) -> dict:

@@ -16,6 +16,7 @@ import functools
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -138,15 +139,21 @@ def make_tiny_model(
 
 def cached_tiny_model(family: str = "llama", **kwargs: Any) -> Path:
     """Build once per process (keyed by arguments) into a temp dir removed at exit."""
+    return cached_build(make_tiny_model, family, kwargs)
+
+
+def cached_build(build: Callable[..., Path], family: str, kwargs: dict[str, Any]) -> Path:
+    """``build(dir, family, **kwargs)`` once per process per arguments, in a temp
+    dir removed at exit."""
     # JSON keys make dict arguments (a custom rope_scaling) cacheable too.
-    return _cached(family, json.dumps(kwargs, sort_keys=True))
+    return _cached(build, family, json.dumps(kwargs, sort_keys=True))
 
 
 @functools.cache
-def _cached(family: str, kwargs_json: str) -> Path:
-    root = Path(tempfile.mkdtemp(prefix=f"tiny-{family}-"))
+def _cached(build: Callable[..., Path], family: str, kwargs_json: str) -> Path:
+    root = Path(tempfile.mkdtemp(prefix=f"{family}-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    return make_tiny_model(root / "model", family, **json.loads(kwargs_json))
+    return build(root / "model", family, **json.loads(kwargs_json))
 
 
 def _rope_scaling(kind: str | dict | None, max_pos: int) -> dict | None:

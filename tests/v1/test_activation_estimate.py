@@ -56,16 +56,17 @@ def test_decoder_stack_scratch_is_counted_and_given_back(loaded):
     d = loaded.dims
     cfg = loaded.model.args
     tokens = 200
-    _step_peak(runner, tokens)                 # thread-local buffers reach their size
-    live_after_first, _ = get_ops().scratch_bytes()
-    _, scratch, _ = _step_peak(runner, tokens)
+    _, scratch, peak = _step_peak(runner, tokens)
     # The stack's own activations: residual, normed input and output (hidden each), q and
     # attention output, k and v, gate and up, in float32.
     widths = (3 * cfg.hidden_size + 2 * d.num_heads * d.head_dim
               + 2 * d.num_kv_heads * d.head_dim + 2 * cfg.intermediate_size)
     assert scratch >= tokens * widths * 4
-    # Released after the step: only the kept thread-local buffers stay, and no more of them.
-    assert get_ops().scratch_bytes()[0] == live_after_first
+    # Released after each step: only the threads' kept buffers stay (one per thread that
+    # ran a job, each at most one step's scratch), however many steps run.
+    for _ in range(12):
+        _step_peak(runner, tokens)
+    assert get_ops().scratch_bytes()[0] <= (get_ops().cpu_threads() + 2) * peak
 
 
 def test_profile_estimate_covers_a_full_size_step(loaded):
