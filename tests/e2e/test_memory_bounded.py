@@ -113,7 +113,8 @@ def test_memory_returns_to_its_level_after_the_first_round(mode, monkeypatch):
         assert generated >= ROUNDS * 1000
         growth = [(x - rss[0]) / MiB for x in rss[1:]]
         assert max(growth) < RSS_SLACK / MiB, f"RSS after each round vs the first (MiB): {growth}"
-        assert max(abs(m - mlx_bytes[0]) for m in mlx_bytes[1:]) <= MiB, mlx_bytes
+        # Growth is what must not happen; MLX's allocator cache may give memory back.
+        assert max(m - mlx_bytes[0] for m in mlx_bytes[1:]) <= MiB, mlx_bytes
         if "kv_cache_memory_bytes" in llm_args:
             assert _preemptions(llm) > 0, "the small pool was meant to preempt requests"
     finally:
