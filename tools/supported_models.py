@@ -127,7 +127,8 @@ def render(results: dict[str, dict[str, str]], refused: dict[str, str]) -> str:
     skipped = sorted(f for f, s in sweep.items() if s.startswith("skipped") and f not in FAMILIES)
     lines += [
         "",
-        f"Not covered by the sweep (a generic config does not build them): {', '.join(skipped)}.",
+        f"Not covered by the sweep (skipped, each with its reason in the test's output; most "
+        f"because a generic config does not build them): {', '.join(skipped)}.",
         "",
         "## GGUF",
         "",
