@@ -83,10 +83,15 @@ class ModelAdapter:
         """[R, hidden] -> [R, vocab] through the family's own head."""
         if self.head_in_backbone:
             return rows
-        out = type(self.text_model).__call__(
-            _Shell(self.text_model, self.backbone_name, rows[:, None, :]),
-            mx.zeros((rows.shape[0], 1), dtype=mx.int32))
+        out = self._family_head(rows[:, None, :])
         return out.reshape(rows.shape[0], out.shape[-1])
+
+    def _family_head(self, given: mx.array) -> mx.array:
+        """The text model's own ``__call__`` with ``given`` [R, 1, hidden] as its
+        backbone's output."""
+        return type(self.text_model).__call__(
+            _Shell(self.text_model, self.backbone_name, given),
+            mx.zeros((given.shape[0], 1), dtype=mx.int32))
 
     # -- facts ----------------------------------------------------------
 
@@ -142,8 +147,7 @@ class ModelAdapter:
         dtype = _float_dtype(self.model)
         rows = mx.random.normal((_PROBE_ROWS, self.hidden_size), key=mx.random.key(0)).astype(dtype)
         given = rows[:, None, :]
-        out = type(self.text_model).__call__(_Shell(self.text_model, self.backbone_name, given),
-                                             mx.zeros((_PROBE_ROWS, 1), dtype=mx.int32))
+        out = self._family_head(given)
         if out is given:   # the backbone ends in the head (gpt_neox)
             return self.hidden_size, True, None
         logits = out.reshape(_PROBE_ROWS, out.shape[-1])
