@@ -7,7 +7,7 @@
 #include <nanobind/stl/variant.h>
 
 #include "constants.h"
-#include "cpu/scratch.h"
+#include "cpu/runtime/scratch.h"
 #include "debug.h"
 #include "dispatch/dispatch_bindings.h"
 #include "ops/paged_attention.h"
@@ -18,7 +18,7 @@
 #include "ops/rms_norm.h"
 #include "ops/sample_tokens.h"
 #include "ops/top_logprobs.h"
-#include "cpu/sample_cpu.h"
+#include "cpu/sampling/sample_cpu.h"
 #include "ops/rope.h"
 #include "ops/decoder_stack.h"
 #include <nanobind/stl/shared_ptr.h>

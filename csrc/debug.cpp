@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "cpu/isa.h"
-#include "cpu/thread_pool.h"
+#include "cpu/runtime/isa.h"
+#include "cpu/runtime/thread_pool.h"
 
 namespace vllm_metal {
 

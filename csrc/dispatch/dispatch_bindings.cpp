@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "constants.h"
-#include "cpu/paged_attention_cpu.h"
+#include "cpu/attention/paged_attention_cpu.h"
 #include "dispatch/diagnostics.h"
 #include "dispatch/dispatch_env.h"
 #include "dispatch/metal_launch_plan.h"

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/linear_cpu.h"
-#include "cpu/strided_copy.h"
+#include "cpu/linear/linear_cpu.h"
+#include "cpu/runtime/strided_copy.h"
 #include "mlx/allocator.h"
 #include "mlx/array.h"
 #include "mlx/backend/cpu/encoder.h"

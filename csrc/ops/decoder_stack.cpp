@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/decoder_stack_cpu.h"
+#include "cpu/decoder_stack/decoder_stack_cpu.h"
 #include "dispatch/diagnostics.h"
 #include "mlx/allocator.h"
 #include "mlx/transforms.h"

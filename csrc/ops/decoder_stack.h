@@ -1,11 +1,11 @@
 // decoder_stack: a llama-family decoder stack (every layer, then the final
-// norm) as one CPU primitive. See cpu/decoder_stack_cpu.h for why.
+// norm) as one CPU primitive. See cpu/decoder_stack/decoder_stack_cpu.h for why.
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "cpu/decoder_stack_cpu.h"
+#include "cpu/decoder_stack/decoder_stack_cpu.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "ops/cpu_only_primitive.h"

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/linear_cpu.h"
+#include "cpu/linear/linear_cpu.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {

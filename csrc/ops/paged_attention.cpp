@@ -5,8 +5,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/paged_attention_cpu.h"
-#include "cpu/strided_copy.h"
+#include "cpu/attention/paged_attention_cpu.h"
+#include "cpu/runtime/strided_copy.h"
 #include "dispatch/diagnostics.h"
 #include "dispatch/dispatch_env.h"
 #include "dispatch/metal_launch_plan.h"

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "cpu/linear_cpu.h"
-#include "cpu/row_argmax.h"
-#include "cpu/scratch.h"
+#include "cpu/linear/linear_cpu.h"
+#include "cpu/linear/row_argmax.h"
+#include "cpu/runtime/scratch.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {

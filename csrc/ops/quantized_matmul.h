@@ -25,11 +25,11 @@ namespace vllm_metal {
  *            the scales' (and the bias') dtypes: x's dtype when they agree
  *
  * bits is 4 or 8, group_size 32, 64 or 128. int8_activations rounds x to
- * int8 per 32 columns and multiplies in integers (cpu/linear_q8.h).
+ * int8 per 32 columns and multiplies in integers (cpu/linear/linear_q8.h).
  *
  * argmax_columns > 0 (at most N; the result type must be float32): returns
  * int32 [...] instead, each row's mx.argmax over its first argmax_columns
- * products (cpu/row_argmax.h) — greedy decoding without a logits node.
+ * products (cpu/linear/row_argmax.h) — greedy decoding without a logits node.
  */
 mlx::core::array quantized_matmul(
     const mlx::core::array& x,

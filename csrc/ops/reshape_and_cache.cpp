@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/strided_copy.h"
+#include "cpu/runtime/strided_copy.h"
 #include "ops/cpu_inputs.h"
 #include "metal/kernel_library.h"
 #include "metal/metal_ops.h"

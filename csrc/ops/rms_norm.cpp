@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/norm_rope_cpu.h"
+#include "cpu/norm_rope/norm_rope_cpu.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {

@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/sample_cpu.h"
+#include "cpu/sampling/sample_cpu.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {

@@ -17,7 +17,7 @@ namespace vllm_metal {
  *   temperature  float32 [R]: > 0 draws from softmax(logits / T); <= 0 takes the
  *                argmax (first index of the row's max)
  *   keys         uint32 [R, 2]: the row's random key; the draw is the inverse
- *                CDF at u = key_uniform(key) (csrc/cpu/sample_cpu.h)
+ *                CDF at u = key_uniform(key) (csrc/cpu/sampling/sample_cpu.h)
  *   min_p        optional float32 [R]: drop tokens below min_p x the top probability
  *   top_k        optional int32 [R]: keep the k largest (ties kept; <= 0 or >= V: off)
  *   top_p        optional float32 [R]: keep the fewest largest holding top_p of

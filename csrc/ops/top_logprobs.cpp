@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu/logprobs_cpu.h"
+#include "cpu/sampling/logprobs_cpu.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal {

@@ -10,7 +10,7 @@
 namespace vllm_metal {
 
 /**
- * The logprobs columns vLLM returns, on the CPU backend (csrc/cpu/logprobs_cpu.h).
+ * The logprobs columns vLLM returns, on the CPU backend (csrc/cpu/sampling/logprobs_cpu.h).
  *
  *   x          float [R, V] (computed in float32): logits
  *   token      integer [R]: the sampled (or target) token of each row

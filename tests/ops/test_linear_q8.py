@@ -1,5 +1,5 @@
 """quantized_matmul with int8_activations against a numpy float64 oracle of the
-int8 scheme (csrc/cpu/linear_q8.h), and against fp32 within the rounding bound.
+int8 scheme (csrc/cpu/linear/linear_q8.h), and against fp32 within the rounding bound.
 
 The oracle quantizes x itself (float32 arithmetic, as the kernels: step
 max|x| / 127, q = round-half-even(x * (127 / max|x|)) per 32 columns), then

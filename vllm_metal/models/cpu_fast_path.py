@@ -91,7 +91,7 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
     type promotion, so the activations then stay fp32 through the network.
 
     ``int8_activations`` makes the quantized layers (and a quantized tied head)
-    round their input to int8 per 32 columns (csrc/cpu/linear_q8.h).
+    round their input to int8 per 32 columns (csrc/cpu/linear/linear_q8.h).
     """
     if mx.default_device().type != mx.cpu:
         return 0

@@ -43,7 +43,7 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     Returns [..., N], accumulated in float32, in MLX's promotion of the x, scales
     and bias dtypes (as nn.QuantizedLinear returns: x's dtype when they agree).
     int8_activations: round x to int8 per 32 columns (step max|x| / 127) and
-    multiply in integers (csrc/cpu/linear_q8.h); faster, ~1e-3 relative error.
+    multiply in integers (csrc/cpu/linear/linear_q8.h); faster, ~1e-3 relative error.
     biases=None, only with int8_activations: symmetric weights (GGUF's Q8_0 and
     Q4_0, W = scales * (q - zero_point)); the kernels form each bias as
     -zero_point * scale instead of reading it.

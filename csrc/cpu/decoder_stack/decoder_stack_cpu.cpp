@@ -1,0 +1,257 @@
+#include "cpu/decoder_stack/decoder_stack_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "cpu/norm_rope/norm_rope_cpu.h"
+#include "cpu/runtime/isa.h"
+#include "cpu/runtime/scratch.h"
+#include "cpu/runtime/thread_pool.h"
+#include "cpu/runtime/tile_math.h"
+
+namespace vllm_metal::cpu {
+
+namespace {
+
+// out[t, n] = x[t, :] @ W.T (+ bias), fp32 in and out.
+void linear(const StackLinear& l, const float* x, int64_t t, float* out) {
+  LinearIO io{x, Elem::F32, t, l.bias, l.bias_type, out, Elem::F32, l.int8_activations};
+  if (l.quant.bits) {
+    quantized_matmul_cpu(l.quant, io);
+  } else {
+    dense_matmul_cpu(l.dense, io);
+  }
+}
+
+// outs[i] = x @ ls[i].W.T for linears sharing x: quantized ones in one pool job.
+template <int N>
+void linears(const StackLinear* const (&ls)[N], const float* x, int64_t t, float* const (&outs)[N]) {
+  bool quant = true;
+  for (const auto* l : ls) quant = quant && l->quant.bits;
+  if (!quant) {
+    for (int i = 0; i < N; ++i) linear(*ls[i], x, t, outs[i]);
+    return;
+  }
+  QuantMatrix ws[N];
+  LinearIO ios[N];
+  for (int i = 0; i < N; ++i) {
+    ws[i] = ls[i]->quant;
+    ios[i] = LinearIO{x, Elem::F32, t, ls[i]->bias, ls[i]->bias_type, outs[i], Elem::F32,
+                      ls[i]->int8_activations};
+  }
+  quantized_matmuls_cpu(ws, ios, N);
+}
+
+void norm(const StackNorm& n, const float* x, int64_t rows, int64_t d, float* out) {
+  rms_norm_cpu({x, Elem::F32, n.w, n.type, out, Elem::F32, rows, d, n.eps});
+}
+
+// RoPE of a layer at the step's positions (t rows of one token each).
+RopeArgs rope_args(const StackLayer& l, const int32_t* positions, int64_t t, int head_dim) {
+  RopeArgs r{};
+  r.type = Elem::F32;
+  r.b = t;
+  r.l = 1;
+  r.d = head_dim;
+  r.dims = l.rope_dims;
+  r.traditional = l.rope_traditional;
+  r.offsets = positions;
+  r.num_offsets = t;
+  r.freqs = l.rope_freqs;
+  r.base = l.rope_base;
+  r.scale = l.rope_scale;
+  return r;
+}
+
+// Same angles: the table of one layer serves another.
+bool same_angles(const StackLayer& a, const StackLayer& b) {
+  return a.rope_dims == b.rope_dims && a.rope_freqs == b.rope_freqs &&
+      a.rope_base == b.rope_base && a.rope_scale == b.rope_scale;
+}
+
+// x [t, heads, head_dim] in place, with the angles in `table` ([t, dims / 2] cos, then sin).
+void rotate(RopeArgs r, const ScratchVector<float>& table, float* x, int heads) {
+  r.x = x;
+  r.out = x;
+  r.m = heads;
+  r.cos_table = table.data();
+  r.sin_table = table.data() + table.size() / 2;
+  rope_cpu(r);
+}
+
+void check_slots(const StackArgs& a) {
+  const int64_t slots = static_cast<int64_t>(a.num_blocks) * a.block_size;
+  for (int64_t i = 0; i < a.t; ++i) {
+    if (a.slot_mapping[i] >= slots) {
+      throw std::out_of_range("decoder_stack: slot_mapping[" + std::to_string(i) + "] = " +
+                              std::to_string(a.slot_mapping[i]) + " is outside the cache's " +
+                              std::to_string(slots) + " slots");
+    }
+  }
+}
+
+template <typename T>
+void write_cache_as(const StackArgs& a, int layer, const float* k, const float* v) {
+  using ST = typename T::storage;
+  const int64_t row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  auto* kc = static_cast<ST*>(a.key_caches[layer]);
+  auto* vc = static_cast<ST*>(a.value_caches[layer]);
+  for (int64_t i = 0; i < a.t; ++i) {
+    const int64_t slot = a.slot_mapping[i];
+    if (slot < 0) continue;
+    if constexpr (std::is_same_v<T, F32>) {
+      std::memcpy(kc + slot * row, k + i * row, row * sizeof(float));
+      std::memcpy(vc + slot * row, v + i * row, row * sizeof(float));
+    } else {
+      for (int64_t j = 0; j < row; ++j) {
+        kc[slot * row + j] = T::from_float(k[i * row + j]);
+        vc[slot * row + j] = T::from_float(v[i * row + j]);
+      }
+    }
+  }
+}
+
+void write_cache(const StackArgs& a, int layer, const float* k, const float* v) {
+  switch (a.kv_type) {
+    case Elem::F32:
+      return write_cache_as<F32>(a, layer, k, v);
+    case Elem::BF16:
+      return write_cache_as<BF16>(a, layer, k, v);
+    default:
+      return write_cache_as<F16>(a, layer, k, v);
+  }
+}
+
+// g = silu(g) * u. sigmoid from e = exp(-|g|) <= 1 (never overflows):
+// 1 / (1 + e) for g >= 0, e / (1 + e) below; no libm call, so it vectorizes.
+VLLM_METAL_INLINE void silu_mul_span(float* __restrict g, const float* __restrict u,
+                                     int64_t n) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    const float e = exp2_nonpositive(-std::fabs(x) * kLog2e);
+    const float sig = (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+    g[i] = x * sig * u[i];
+  }
+}
+
+// One body, compiled per instruction set (this file is built for the
+// baseline ISA; see cpu/runtime/isa.h).
+#if VLLM_METAL_X86_DISPATCH
+VLLM_METAL_TARGET_AVX512 void silu_mul_avx512(float* g, const float* u, int64_t n) {
+  silu_mul_span(g, u, n);
+}
+VLLM_METAL_TARGET_AVX2 void silu_mul_avx2(float* g, const float* u, int64_t n) {
+  silu_mul_span(g, u, n);
+}
+#endif
+
+void silu_mul_range(float* g, const float* u, int64_t n) {
+#if VLLM_METAL_X86_DISPATCH
+  switch (active_isa()) {
+    case Isa::Avx512: return silu_mul_avx512(g, u, n);
+    case Isa::Avx2: return silu_mul_avx2(g, u, n);
+    default: break;
+  }
+#endif
+  silu_mul_span(g, u, n);
+}
+
+void silu_mul(float* g, const float* u, int64_t n) {
+  constexpr int64_t kParallel = 1 << 16;  // a prefill chunk's MLP, not a decode step's
+  parallel_ranges(n, n >= kParallel ? 2 * ThreadPool::instance().size() : 1,
+                  [&](int64_t a, int64_t b) { silu_mul_range(g + a, u + a, b - a); });
+}
+
+} // namespace
+
+dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
+  check_slots(a);
+  const int64_t t = a.t, hidden = a.hidden;
+  const int64_t q_width = static_cast<int64_t>(a.num_heads) * a.head_dim;
+  const int64_t kv_width = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
+  int64_t inter = 0;
+  const std::vector<StackLayer>& layers = *a.layers;
+  for (const auto& l : layers) inter = std::max(inter, l.gate.out_features());
+
+  // h: the residual stream; scratch sized for the widest layer.
+  ScratchVector<float> h(a.x, a.x + t * hidden);
+  ScratchVector<float> xn(t * hidden), q(t * q_width), k(t * kv_width), v(t * kv_width),
+      attn(t * q_width), gate(t * inter), up(t * inter), tmp(t * hidden);
+
+  PagedAttentionArgs pa{};
+  pa.query = q.data();
+  pa.query_dtype = mlx::core::float32;
+  pa.kv_dtype = a.kv_type == Elem::F32 ? mlx::core::float32
+      : a.kv_type == Elem::BF16        ? mlx::core::bfloat16
+                                       : mlx::core::float16;
+  pa.block_tables = a.block_tables;
+  pa.seq_lens = a.seq_lens;
+  pa.cu_seqlens_q = a.cu_seqlens_q;
+  pa.sinks = nullptr;
+  pa.out = attn.data();
+  pa.total_q = static_cast<int>(t);
+  pa.num_heads = a.num_heads;
+  pa.num_kv_heads = a.num_kv_heads;
+  pa.head_size = a.head_dim;
+  pa.num_blocks = a.num_blocks;
+  pa.block_size = a.block_size;
+  pa.num_seqs = a.num_seqs;
+  pa.max_blocks_per_seq = a.max_blocks_per_seq;
+  // Every layer reads the same metadata: check and decide once (again only
+  // when a layer's sliding window differs from the last one planned).
+  dispatch::PagedDispatch route{};
+  int planned_window = -1;
+  ScratchVector<float> angles;
+  const StackLayer* angles_of = nullptr;
+  for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
+    const StackLayer& l = layers[li];
+    if (l.sliding_window != planned_window) {  // before this layer writes its cache
+      pa.sliding_window = l.sliding_window;
+      route = plan_paged_attention_cpu(pa);
+      planned_window = l.sliding_window;
+    }
+    norm(l.input_norm, h.data(), t, hidden, xn.data());
+    linears<3>({&l.q, &l.k, &l.v}, xn.data(), t, {q.data(), k.data(), v.data()});
+    if (l.qk_norm) {
+      norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
+      norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
+    }
+    // Every layer rotates q and k at the same positions: the angles (in
+    // double, then cos/sin) are formed once per step, not 2 x layers times.
+    const RopeArgs rope = rope_args(l, a.positions, t, a.head_dim);
+    if (angles_of == nullptr || !same_angles(*angles_of, l)) {
+      angles.resize(2 * t * (l.rope_dims / 2));
+      rope_table_cpu(rope, angles.data(), angles.data() + angles.size() / 2);
+      angles_of = &l;
+    }
+    rotate(rope, angles, q.data(), a.num_heads);
+    rotate(rope, angles, k.data(), a.num_kv_heads);
+    write_cache(a, li, k.data(), v.data());
+
+    pa.key_cache = a.key_caches[li];
+    pa.value_cache = a.value_caches[li];
+    pa.scale = l.attn_scale;
+    pa.softcap = l.softcap;
+    run_paged_attention_cpu(pa, route);
+
+    linear(l.o, attn.data(), t, tmp.data());
+    for (int64_t i = 0; i < t * hidden; ++i) h[i] += tmp[i];
+
+    norm(l.post_norm, h.data(), t, hidden, xn.data());
+    const int64_t width = l.gate.out_features();
+    linears<2>({&l.gate, &l.up}, xn.data(), t, {gate.data(), up.data()});
+    silu_mul(gate.data(), up.data(), t * width);
+    linear(l.down, gate.data(), t, tmp.data());
+    for (int64_t i = 0; i < t * hidden; ++i) h[i] += tmp[i];
+  }
+  norm(a.final_norm, h.data(), t, hidden, a.out);
+  return route;
+}
+
+} // namespace vllm_metal::cpu

@@ -1,0 +1,207 @@
+#include "cpu/linear/linear_q8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/runtime/isa.h"
+#include "cpu/linear/linear_driver.h"
+#include "cpu/runtime/thread_pool.h"
+#include "cpu/runtime/tile_math.h"
+
+namespace vllm_metal::cpu {
+
+using namespace driver;
+
+namespace {
+
+// Rows of x up to which each weight row is read straight from W's own layout
+// (GEMV, all rows in one pass); above it W is repacked per tile of 16 rows
+// and reused by every row. Measured on Zen 4: the GEMM is ahead from 5 rows
+// (8 rows of SmolLM2's shapes: 1.3-2x), they tie at 4.
+constexpr int64_t kQ8GemvMaxRows = 4;
+// Rows of x quantized per pool item.
+constexpr int64_t kQuantizeRows = 16;
+
+
+// --- portable kernels: the same arithmetic, one element at a time --------
+
+void quantize_row_generic(const float* x, int64_t k, int64_t kp, int bits, int group_size,
+                          int8_t* q, float* d, float* xsum) {
+  std::fill(q, q + kp, int8_t{0});
+  for (int64_t b = 0; b < kp / kQ8Block; ++b) {
+    float amax = 0.0f;
+    const int64_t c0 = b * kQ8Block, c1 = std::min(k, c0 + kQ8Block);
+    for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(x[c]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    d[b] = amax / 127.0f;
+    for (int64_t c = c0; c < c1; ++c) {
+      // Nearest even, as the SIMD kernel; a non-finite x leaves the code 0
+      // (its block's step is then inf or nan, and so is the output).
+      const float v = x[c] * inv;
+      q[q8_position(c, bits)] =
+          std::isfinite(v) ? static_cast<int8_t>(std::nearbyint(std::clamp(v, -127.0f, 127.0f)))
+                           : int8_t{0};
+    }
+  }
+  for (int64_t g = 0; g < k / group_size; ++g) {
+    float s = 0.0f;
+    for (int64_t c = 0; c < group_size; ++c) s += x[g * group_size + c];
+    xsum[g] = s;
+  }
+}
+
+// Integer dot product of code row n with quantized row i over block b.
+int32_t block_dot(const QuantMatrix& w, const Q8Acts& a, int64_t i, int64_t n, int64_t b) {
+  const auto* row = reinterpret_cast<const uint8_t*>(w.w) + n * (w.k * w.bits / 8);
+  const int8_t* qa = a.q.get() + i * a.kp;
+  int32_t s = 0;
+  for (int64_t c = b * kQ8Block; c < (b + 1) * kQ8Block; ++c) {
+    const int code = w.bits == 4 ? (row[c / 2] >> (4 * (c & 1))) & 15 : row[c];
+    s += code * qa[q8_position(c, w.bits)];
+  }
+  return s;
+}
+
+template <typename S>
+float output_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i, int64_t n) {
+  const int64_t groups = w.k / w.group_size;
+  const int64_t per = w.group_size / kQ8Block;
+  const auto* scales = static_cast<const typename S::storage*>(w.scales) + n * groups;
+  const auto* biases =
+      w.biases ? static_cast<const typename S::storage*>(w.biases) + n * groups : nullptr;
+  const float* d = a.d.get() + i * (a.kp / kQ8Block);
+  const float* xsum = a.xsum.get() + i * groups;
+  float y = 0.0f;
+  for (int64_t g = 0; g < groups; ++g) {
+    float t = 0.0f;
+    for (int64_t b = g * per; b < (g + 1) * per; ++b) {
+      t += static_cast<float>(block_dot(w, a, i, n, b)) * d[b];
+    }
+    const float scale = S::to_float(scales[g]);
+    const float bias = biases ? S::to_float(biases[g]) : -w.zero_point * scale;
+    y += scale * t + bias * xsum[g];
+  }
+  return y;
+}
+
+void gemv_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int mr, int64_t n0,
+                  int64_t n1, float* y, int64_t ldy) {
+  for_types(w.scale_type, [&](auto type) {
+    for (int i = 0; i < mr; ++i)
+      for (int64_t n = n0; n < n1; ++n)
+        y[i * ldy + (n - n0)] = output_generic<decltype(type)>(w, a, i0 + i, n);
+  });
+}
+
+void gemm_generic(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y,
+                  int64_t ldy, void*) {
+  gemv_generic(w, a, 0, static_cast<int>(a.m), n0, n1, y, ldy);
+}
+
+const Q8Kernels kGeneric = {quantize_row_generic, gemv_generic, gemm_generic};
+
+// --- drivers -------------------------------------------------------------
+
+// Output columns [c0, c1) for every row of x.
+void q8_columns(const Q8Kernels& kern, const QuantMatrix& w, const LinearIO& io,
+                const Q8Acts& a, int64_t c0, int64_t c1) {
+  ColumnBlock b = column_block(io, w.n, c0, c1);
+  if (a.m > kQ8GemvMaxRows) {
+    thread_local std::vector<uint8_t> scratch;
+    const auto bytes = static_cast<size_t>(q8_tile_scratch(w));
+    if (scratch.size() < bytes) scratch.resize(bytes);
+    kern.gemm(w, a, c0, c1, b.y, b.ldy, scratch.data());
+  } else {
+    kern.gemv(w, a, 0, static_cast<int>(a.m), c0, c1, b.y, b.ldy);
+  }
+  finish(io, w.n, b, c0, c1);
+}
+
+} // namespace
+
+int64_t q8_tile_scratch(const QuantMatrix& w) {
+  const int64_t words = w.k * w.bits / 32;
+  const int64_t groups = w.k / w.group_size;
+  return (words + 2 * groups) * kQ8TileCols * 4;
+}
+
+const Q8Kernels& q8_kernels_generic() {
+  return kGeneric;
+}
+
+const Q8Kernels& q8_kernels() {
+#if VLLM_METAL_X86_DISPATCH
+  if (active_isa() == Isa::Avx512) {
+    if (const Q8Kernels* k = q8_kernels_vnni()) return *k;
+  }
+#endif
+  return kGeneric;
+}
+
+Q8Acts quantize_acts(const LinearIO& io, int64_t k, int bits, int group_size) {
+  Q8Acts a;
+  a.m = io.m;
+  a.k = k;
+  a.bits = bits;
+  a.group_size = group_size;
+  a.kp = round_up(k, bits == 4 ? kChunk4 : kChunk8);
+  a.q = scratch_array<int8_t>(a.m * a.kp);
+  a.d = scratch_array<float>(a.m * (a.kp / kQ8Block));
+  a.xsum = scratch_array<float>(a.m * (k / group_size));
+  const Q8Kernels& kern = q8_kernels();
+  auto rows = [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(io.x_type == Elem::F32 ? 0 : k);
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* x = static_cast<const float*>(io.x) + i * k;
+      if (io.x_type != Elem::F32) {
+        load_row(io.x, io.x_type, i * k, k, row.data());
+        x = row.data();
+      }
+      kern.quantize_row(x, k, a.kp, bits, group_size, a.q.get() + i * a.kp,
+                        a.d.get() + i * (a.kp / kQ8Block),
+                        a.xsum.get() + i * (k / group_size));
+    }
+  };
+  const int64_t items = ceil_div(a.m, kQuantizeRows);
+  if (items <= 1) {
+    rows(0, a.m);
+  } else {
+    ThreadPool::instance().parallel_for(static_cast<int>(items), [&](int it) {
+      rows(it * kQuantizeRows, std::min(a.m, (it + 1) * kQuantizeRows));
+    });
+  }
+  return a;
+}
+
+void quantized_matmul_q8_cpu(const QuantMatrix& w, const LinearIO& io) {
+  const int64_t n = w.n, k = w.k, m = io.m;
+  if (m == 0 || n == 0) return;
+  if (k == 0) return zero_k(io, n);
+  const Q8Kernels& kern = q8_kernels();
+  const Q8Acts a = quantize_acts(io, k, w.bits, w.group_size);
+  const int64_t weight_bytes = n * k * w.bits / 8;
+  const bool gemm = m > kQ8GemvMaxRows;
+  const bool parallel = weight_bytes * (gemm ? m : 1) >= kSerialBytes;
+  // Whole GEMM tiles per item (the kernels repack W by 16 rows).
+  const int64_t align = gemm ? kQ8TileCols : 8;
+  for_columns(n, item_columns(n, align, parallel), parallel, [&](int64_t c0, int64_t c1) {
+    q8_columns(kern, w, io, a, c0, c1);
+  });
+}
+
+void quantized_matmuls_q8_cpu(const QuantMatrix* ws, const LinearIO* ios, int count) {
+  if (!share_x(ws, ios, count)) {
+    for (int i = 0; i < count; ++i) quantized_matmul_cpu(ws[i], ios[i]);
+    return;
+  }
+  // x is quantized once for every matrix.
+  const Q8Kernels& kern = q8_kernels();
+  const Q8Acts a = quantize_acts(ios[0], ws[0].k, ws[0].bits, ws[0].group_size);
+  const int64_t align = a.m > kQ8GemvMaxRows ? kQ8TileCols : 8;
+  for_matrix_columns(ws, count, align, [&](int i, int64_t c0, int64_t c1) {
+    q8_columns(kern, ws[i], ios[i], a, c0, c1);
+  });
+}
+
+} // namespace vllm_metal::cpu
