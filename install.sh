@@ -94,7 +94,7 @@ source_fingerprint() {
 import hashlib, pathlib, sys
 root = pathlib.Path(sys.argv[1])
 h = hashlib.sha256()
-for top in ("pyproject.toml", "csrc", "kernels_v2", "vllm_metal/metal/constants.py"):
+for top in ("pyproject.toml", "csrc", "kernels_v2", "vllm_metal/native/constants.py"):
     base = root / top
     files = [base] if base.is_file() else sorted(base.rglob("*")) if base.is_dir() else []
     for f in files:

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import mlx.core as mx
 import numpy as np
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 # (K, N): q/o, k/v, gate/up, down projections and the tied lm_head of SmolLM2-135M.
 SHAPES = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152)]

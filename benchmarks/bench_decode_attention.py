@@ -22,7 +22,7 @@ import argparse
 
 import numpy as np
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, BLOCK_SIZE = 9, 3, 64, 16
 # K/V bytes all layers of a case touch together: several times a 32 MiB L3.

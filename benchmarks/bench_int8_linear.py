@@ -16,7 +16,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from benchmarks.bench_cpu_kernels import COLD_BYTES, best_time, start_table
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 # (K, N, bits): q/o, k/v, gate/up, down projections and SmolLM2's 8-bit tied head.
 SHAPES = [(576, 576, 4), (576, 192, 4), (576, 1536, 4), (1536, 576, 4), (576, 49152, 8)]

@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from vllm_metal import ops
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.ops.reference import paged_attention_ref
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}

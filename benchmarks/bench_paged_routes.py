@@ -22,7 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from vllm_metal import ops
-from vllm_metal.metal import constants, get_ops
+from vllm_metal.native import constants, get_ops
 
 DTYPES = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32}
 PARTITION = constants.PARTITION_SIZE

@@ -1,5 +1,5 @@
 // Python bindings of the vllm-metal extension (imported only via
-// vllm_metal.metal.get_ops()).
+// vllm_metal.native.get_ops()).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>

@@ -3,9 +3,9 @@
 
 #include "mlx/version.h"
 
-// Both macros come from vllm_metal/metal/constants.py via CMakeLists.txt.
+// Both macros come from vllm_metal/native/constants.py via CMakeLists.txt.
 #if !defined(VLLM_METAL_PARTITION_SIZE) || !defined(VLLM_METAL_KERNEL_BLOCK_SIZES)
-#error "Kernel constants must be passed by CMake from vllm_metal/metal/constants.py"
+#error "Kernel constants must be passed by CMake from vllm_metal/native/constants.py"
 #endif
 #ifndef VLLM_METAL_KERNELS_HASH
 #error "VLLM_METAL_KERNELS_HASH must be passed by CMake (cmake/kernels_v2.cmake)"

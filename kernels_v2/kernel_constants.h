@@ -1,12 +1,12 @@
 // Compile-time facts shared by the Metal kernels and the host (C++ and the
-// CPU harness): kernel constants from vllm_metal/metal/constants.py, the
+// CPU harness): kernel constants from vllm_metal/native/constants.py, the
 // instantiated shapes, and the function-constant indices.
 #pragma once
 
 // Passed by every build (CMake for the extension and the metallib, the
-// harness for Linux tests), always from vllm_metal/metal/constants.py.
+// harness for Linux tests), always from vllm_metal/native/constants.py.
 #if !defined(VLLM_METAL_PARTITION_SIZE) || !defined(VLLM_METAL_KERNEL_BLOCK_SIZES)
-#error "VLLM_METAL_PARTITION_SIZE and VLLM_METAL_KERNEL_BLOCK_SIZES must come from vllm_metal/metal/constants.py"
+#error "VLLM_METAL_PARTITION_SIZE and VLLM_METAL_KERNEL_BLOCK_SIZES must come from vllm_metal/native/constants.py"
 #endif
 
 // Split-KV falls back to half-size partitions when 512-token ones are too few.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vllm_metal.envs import KV_CACHE_DTYPES
-from vllm_metal.metal.constants import KERNEL_BLOCK_SIZES
+from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -76,7 +76,7 @@ class MetalPlatform(Platform):
     @classmethod
     def import_kernels(cls) -> None:
         # vLLM's own `_C` kernels do not exist on this platform; ours load lazily
-        # through vllm_metal.metal.get_ops().
+        # through vllm_metal.native.get_ops().
         return None
 
     @classmethod

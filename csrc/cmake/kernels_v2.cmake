@@ -1,6 +1,6 @@
 # kernels_v2/: the Metal sources. Every platform: the include path (the host
 # shares kernel_constants.h and paged_attention_params.h with the shaders), the
-# sources' hash stamp (vllm_metal.metal refuses stale builds) and the sources
+# sources' hash stamp (vllm_metal.native refuses stale builds) and the sources
 # in the package (JIT mode). macOS: the .metallib, built here with the same
 # kernel constants, so the first request compiles nothing.
 set(VLLM_METAL_KERNELS_DIR "${CMAKE_CURRENT_SOURCE_DIR}/../kernels_v2")
@@ -9,7 +9,7 @@ file(GLOB _vllm_metal_kernel_files RELATIVE "${VLLM_METAL_KERNELS_DIR}" CONFIGUR
 list(SORT _vllm_metal_kernel_files)
 
 # Stamp: sha256 over "name\nsha256(content)\n" of the sorted files; the same
-# recipe as vllm_metal.metal.kernels_hash().
+# recipe as vllm_metal.native.kernels_hash().
 set(_stamp_text "")
 set(_vllm_metal_kernel_paths "")
 foreach(_file IN LISTS _vllm_metal_kernel_files)

@@ -1,6 +1,6 @@
 // Where eval_gpu gets the kernels_v2 Metal library: a prebuilt .metallib
 // (release wheels, built by the same CMake build) or source text JIT-compiled
-// by MLX (VLLM_METAL_BUILD_FROM_SOURCE=1). Set once by vllm_metal.metal.get_ops().
+// by MLX (VLLM_METAL_BUILD_FROM_SOURCE=1). Set once by vllm_metal.native.get_ops().
 #pragma once
 
 #include <string>

@@ -21,7 +21,7 @@ MTL::Library* kernels_library(mx::metal::Device& device) {
   if (!path.empty()) return device.get_library(kLibraryName, path);
   const std::string source = library_source();
   if (source.empty()) {
-    throw std::runtime_error("vllm-metal: the Metal kernels were not loaded (vllm_metal.metal.get_ops())");
+    throw std::runtime_error("vllm-metal: the Metal kernels were not loaded (vllm_metal.native.get_ops())");
   }
   return device.get_library(kLibraryName, [source] { return source; });
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tools.msl_harness import compile_kernels
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 
 @pytest.fixture(scope="session")

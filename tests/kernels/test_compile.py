@@ -1,6 +1,6 @@
 """Every kernels_v2 .metal file and every instantiation compiles on the harness,
 the host builds exactly the instantiated kernel names, and the kernel constants
-reach every build from vllm_metal/metal/constants.py alone."""
+reach every build from vllm_metal/native/constants.py alone."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tools.msl_harness import KERNELS_DIR, MslCompileError, MslLibrary, kernel_defines
-from vllm_metal.metal import constants
+from vllm_metal.native import constants
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = ["float16", "bfloat16", "float32"]
@@ -66,7 +66,7 @@ def test_extension_was_built_with_constants_py(ext):
 
 
 def test_kernels_refuse_to_build_without_the_constants(tmp_path):
-    with pytest.raises(MslCompileError, match="must come from vllm_metal/metal/constants.py"):
+    with pytest.raises(MslCompileError, match="must come from vllm_metal/native/constants.py"):
         MslLibrary(KERNELS_DIR / "paged_attention_gqa_decode.metal", defines={}, cache_dir=tmp_path)
 
 
@@ -83,7 +83,7 @@ def test_no_source_defines_its_own_copy_of_the_constants():
                          r"^\s*(PARTITION_SIZE|KERNEL_BLOCK_SIZES)\s*=", re.MULTILINE)
     sources = [*KERNELS_DIR.glob("*"), *(REPO / "csrc").rglob("*.[ch]*")]
     sources += [p for d in ("vllm_metal", "tools", "benchmarks") for p in (REPO / d).rglob("*.py")]
-    own = REPO / "vllm_metal" / "metal" / "constants.py"
+    own = REPO / "vllm_metal" / "native" / "constants.py"
     offenders = [str(p.relative_to(REPO)) for p in sources
                  if p.is_file() and p != own and pattern.search(p.read_text())]
     assert offenders == []

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 
 @contextmanager

@@ -88,7 +88,7 @@ def test_embedding_gather_rejects(args, kwargs, error, message):
 def test_extension_checks_shapes_too():
     # The native op validates on its own (callers such as the fast modules skip
     # the Python checks): a bad K is a ValueError, not a crash.
-    from vllm_metal.metal import get_ops
+    from vllm_metal.native import get_ops
 
     with pytest.raises(ValueError, match="quantized_matmul: shapes of x"):
         get_ops().quantized_matmul(mx.zeros((1, 96)), Q.w, Q.scales, Q.biases, 4, 32)

@@ -20,7 +20,7 @@ from tests.ops.attention_np import paged_attention_np
 from tests.ops.isa import cpu_isa
 from tests.ops.paged_inputs import as_numpy, assert_close, make_batch
 from vllm_metal import ops
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.ops.reference import paged_attention_ref
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.ops.paged_inputs import assert_close, make_batch
 from vllm_metal import ops
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.ops.reference import paged_attention_ref
 
 

@@ -9,7 +9,7 @@ import pytest
 from tests.ops.attention_np import reshape_and_cache_np
 from tests.ops.paged_inputs import as_numpy, assert_close, make_batch
 from vllm_metal import ops
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.ops.reference import paged_attention_ref, reshape_and_cache_ref
 
 NUM_BLOCKS, BLOCK_SIZE, KV_HEADS, HEAD_SIZE = 6, 8, 2, 32

@@ -13,11 +13,11 @@ import sys
 
 import pytest
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 CHILD = r"""
 import random
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 ext = get_ops()
 ext._pool_run([0, 0])   # the pool's threads start
@@ -56,7 +56,7 @@ def test_blocked_joins_run_every_item_once_and_wake():
 
 FORK_CHILD = r"""
 import os, time
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 ext = get_ops()
 ext._pool_run([0, 0])   # the parent's pool and its threads exist before the fork

@@ -12,7 +12,7 @@ import pytest
 
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.v1.model_lifecycle import load_model
 from vllm_metal.v1.model_runner import MetalModelRunner, _synthetic_prefill
 

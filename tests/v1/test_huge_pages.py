@@ -171,7 +171,7 @@ def test_zeros_on_huge_pages_commits_huge_zero_pages_now_and_writes_stick():
     page_lo, page_hi = (-(-lo // HUGE_PAGE) * HUGE_PAGE - lo) // 2, (hi // HUGE_PAGE * HUGE_PAGE - lo) // 2
     assert not values[page_lo:page_hi].any()   # the moved pages read as zeros
     # A write through an MLX kernel in place (as the KV writes are) lands and is read back.
-    from vllm_metal.metal import get_ops
+    from vllm_metal.native import get_ops
 
     rows = mx.full((3, 1, 4), 2.5, dtype=mx.float16)
     view = cache.reshape(-1, 1, 1, 4)

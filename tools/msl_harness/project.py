@@ -14,9 +14,9 @@ DEFAULT_CACHE = REPO / "build" / "msl_harness"
 
 
 def kernel_defines() -> dict[str, str]:
-    """The compile-time macros every kernel build gets, from vllm_metal/metal/constants.py
+    """The compile-time macros every kernel build gets, from vllm_metal/native/constants.py
     (the same function builds them for the macOS JIT source)."""
-    from vllm_metal.metal import kernel_sources
+    from vllm_metal.native import kernel_sources
 
     return kernel_sources.constant_defines()
 

@@ -59,7 +59,7 @@ def _platform() -> str:
 
 
 def _extension() -> str:
-    from vllm_metal.metal import get_ops
+    from vllm_metal.native import get_ops
 
     ops = get_ops()
     return (f"built against mlx {ops.mlx_build_version}, CPU ISA {ops.cpu_isa()}, "

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Iterator
 import mlx.core as mx
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.ops.norm_rope import offset_array
 
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)

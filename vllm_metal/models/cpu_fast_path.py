@@ -14,7 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.ops.linear import BITS, GROUP_SIZES
 
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)

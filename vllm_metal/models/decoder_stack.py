@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.attention.context import ForwardContext
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.models.adapter import ModelAdapter
 from vllm_metal.models.cpu_fast_path import FastLinear, FastQuantizedLinear
 

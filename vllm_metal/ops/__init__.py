@@ -8,7 +8,7 @@ raises when the result is evaluated. vllm_metal.ops.reference holds pure-MLX
 versions with the same signatures.
 
 On macOS the ops run on the GPU through the kernels_v2 Metal kernels once
-vllm_metal.metal.get_ops() has loaded them, else on the CPU stream.
+vllm_metal.native.get_ops() has loaded them, else on the CPU stream.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from numbers import Integral, Real
 import mlx.core as mx
 
 from vllm_metal import envs
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 __all__ = ["paged_attention", "reshape_and_cache"]
 

@@ -19,7 +19,7 @@ from numbers import Integral
 
 import mlx.core as mx
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 __all__ = ["dense_matmul", "embedding_gather", "quantized_matmul"]
 

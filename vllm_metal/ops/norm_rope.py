@@ -13,7 +13,7 @@ from numbers import Integral, Real
 
 import mlx.core as mx
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.ops.linear import _array, _float_array, _stream
 
 __all__ = ["rms_norm", "rope"]

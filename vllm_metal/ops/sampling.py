@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.ops.linear import _FLOAT_DTYPES, _array, _stream
 
 __all__ = ["key_uniform", "sample_tokens", "top_logprobs"]

@@ -173,7 +173,7 @@ def zeros_on_huge_pages(ranges: list[tuple[int, int]]) -> int:
 
 def array_ranges(arrays: Iterable) -> list[tuple[int, int]]:
     """[start, end) of each evaluated mx.array's bytes (empty arrays skipped)."""
-    from vllm_metal.metal import get_ops
+    from vllm_metal.native import get_ops
 
     address = get_ops()._data_ptr
     return [(address(a), address(a) + a.nbytes) for a in arrays if a.nbytes]

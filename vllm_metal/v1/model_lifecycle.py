@@ -150,7 +150,7 @@ def derive_dims(adapter: ModelAdapter) -> ModelDims:
 
 def _check_metal_head_size(family: str, head_dim: int) -> None:
     """The Metal kernels are instantiated for a fixed set of head sizes."""
-    from vllm_metal.metal import get_ops
+    from vllm_metal.native import get_ops
 
     sizes = get_ops()._kernel_shapes()["head_sizes"]
     if head_dim not in sizes:

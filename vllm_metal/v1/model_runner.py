@@ -16,7 +16,7 @@ from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.huge_pages import array_ranges, zeros_on_huge_pages
 from vllm_metal.v1.input_batch import InputBatch, StepInputs

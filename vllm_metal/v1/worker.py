@@ -58,7 +58,7 @@ class MetalWorker(WorkerBase):
         self._activation_bytes = 0
 
     def init_device(self) -> None:
-        from vllm_metal.metal import get_ops
+        from vllm_metal.native import get_ops
 
         get_ops()  # fail early, with its message, if the extension is unusable
         device = mx.gpu if mx.metal.is_available() else mx.cpu

@@ -1,15 +1,16 @@
-"""Loader of the native extension: the only module that imports ``vllm_metal._ext``.
+"""The native code: loader of the compiled extension ``vllm_metal._ext`` (the only
+module that imports it, on every platform) and, on macOS, of its Metal kernels.
 
 Checks at load (each failure is an ImportError that says what to do):
 - MLX is exactly the version the extension was compiled against (private ABI);
-- the compiled kernel constants equal vllm_metal/metal/constants.py;
+- the compiled kernel constants equal vllm_metal/native/constants.py;
 - the kernels_v2/ sources hash to the stamp the build recorded (no stale kernels).
 Then, on macOS with Metal, it points the extension at the prebuilt .metallib (or,
 with VLLM_METAL_BUILD_FROM_SOURCE=1, at kernels_v2/ to JIT-compile).
 
 VLLM_METAL_BUILD_FROM_SOURCE=1 (source checkouts) first rebuilds a stale
 extension (stamp, constants or MLX version differ) and, on Linux, recompiles
-kernels_v2/ on the MSL CPU harness; see vllm_metal/metal/build.py.
+kernels_v2/ on the MSL CPU harness; see vllm_metal/native/build.py.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 
 from vllm_metal import envs
-from vllm_metal.metal import constants, kernel_sources
+from vllm_metal.native import constants, kernel_sources
 
 logger = logging.getLogger("vllm_metal")
 
@@ -47,7 +48,7 @@ def check_constants(ext: ModuleType) -> None:
     if built != source:
         raise ImportError(
             f"vllm_metal._ext was compiled with (PARTITION_SIZE, KERNEL_BLOCK_SIZES) = "
-            f"{built} but vllm_metal/metal/constants.py says {source}; {_REBUILD_HINT}")
+            f"{built} but vllm_metal/native/constants.py says {source}; {_REBUILD_HINT}")
 
 
 def check_kernels_stamp(built_hash: str, kernels_dir: Path | None) -> None:
@@ -75,7 +76,7 @@ def _load_from_source() -> ModuleType:
     and on Linux recompile kernels_v2/ on the MSL harness."""
     import mlx.core as mx
 
-    from vllm_metal.metal import build
+    from vllm_metal.native import build
 
     root = kernel_sources.source_tree()
     if root is None:

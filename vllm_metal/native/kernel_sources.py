@@ -10,7 +10,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from vllm_metal.metal import constants
+from vllm_metal.native import constants
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from vllm_metal.metal import get_ops
+from vllm_metal.native import get_ops
 
 LLAMA = {"num_heads": 32, "num_kv_heads": 8, "head_size": 128}  # a GQA decode geometry
 SMOLLM = {"num_heads": 9, "num_kv_heads": 3, "head_size": 64}   # no GQA decode kernel

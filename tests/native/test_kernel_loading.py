@@ -1,4 +1,4 @@
-"""Loading and build modes of vllm_metal.metal.get_ops: the kernels_v2 hash stamp,
+"""Loading and build modes of vllm_metal.native.get_ops: the kernels_v2 hash stamp,
 the macOS library configuration (prebuilt .metallib or one-source JIT), and
 VLLM_METAL_BUILD_FROM_SOURCE on Linux."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import vllm_metal.metal as loader
+import vllm_metal.native as loader
 from tools.msl_harness import MslLibrary
-from vllm_metal.metal import constants, get_ops, kernel_sources
+from vllm_metal.native import constants, get_ops, kernel_sources
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def test_jit_source_holds_every_kernel_and_compiles(tmp_path):
 
 
 def test_probe_reads_the_installed_extension_in_a_child_process():
-    from vllm_metal.metal import build
+    from vllm_metal.native import build
 
     assert build.probe_extension() == build.extension_facts(get_ops())
 
@@ -85,7 +85,7 @@ def test_probe_reads_the_installed_extension_in_a_child_process():
 def test_stale_reason_names_what_changed(edit, reason):
     import mlx.core as mx
 
-    from vllm_metal.metal import build
+    from vllm_metal.native import build
 
     facts = dict(build.extension_facts(get_ops()), **edit)
     found = build.stale_reason(facts, REPO, mx.__version__)
@@ -97,7 +97,7 @@ class FakeBuild:
     """Records the build steps _load_from_source takes; the probe reports `facts`."""
 
     def __init__(self, monkeypatch, facts):
-        from vllm_metal.metal import build
+        from vllm_metal.native import build
 
         self.rebuilt, self.compiled = [], []
         monkeypatch.setattr(build, "probe_extension", lambda: facts)
@@ -107,7 +107,7 @@ class FakeBuild:
 
 @pytest.mark.parametrize("platform", ["linux", "darwin"])
 def test_stale_extension_is_rebuilt_before_its_first_import(monkeypatch, platform):
-    from vllm_metal.metal import build
+    from vllm_metal.native import build
 
     stale = dict(build.extension_facts(get_ops()), kernels_hash="0" * 64)
     fake = FakeBuild(monkeypatch, stale)
@@ -120,7 +120,7 @@ def test_stale_extension_is_rebuilt_before_its_first_import(monkeypatch, platfor
 
 
 def test_current_extension_is_not_rebuilt(monkeypatch):
-    from vllm_metal.metal import build
+    from vllm_metal.native import build
 
     fake = FakeBuild(monkeypatch, build.extension_facts(get_ops()))
     monkeypatch.delitem(sys.modules, "vllm_metal._ext")
@@ -146,7 +146,7 @@ def test_stale_extension_already_imported_is_refused(monkeypatch, tmp_path):
 
 def test_build_from_source_on_linux_recompiles_the_kernels_on_the_harness():
     code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
-            "from vllm_metal.metal import get_ops\n"
+            "from vllm_metal.native import get_ops\n"
             "print('hash', get_ops().kernels_hash)\n")
     env = dict(os.environ, VLLM_METAL_BUILD_FROM_SOURCE="1",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))

@@ -1,4 +1,4 @@
-"""vllm_metal.metal.get_ops: the checked, cached loader of the extension."""
+"""vllm_metal.native.get_ops: the checked, cached loader of the extension."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import types
 import mlx.core as mx
 import pytest
 
-from vllm_metal.metal import check_constants, check_mlx_version, constants, get_ops
+from vllm_metal.native import check_constants, check_mlx_version, constants, get_ops
 
 
 def test_compiled_constants_match_constants_py():
@@ -39,7 +39,7 @@ def test_logs_once_when_loaded(caplog):
 
 def test_logs_the_metal_line_when_metal_is_available(caplog, monkeypatch):
     # What a Mac logs; the library configuration itself is tested in test_kernel_loading.py.
-    import vllm_metal.metal as loader
+    import vllm_metal.native as loader
 
     monkeypatch.setattr(sys, "platform", "darwin")
     monkeypatch.setattr(mx.metal, "is_available", lambda: True)
@@ -81,7 +81,7 @@ def test_cpu_isa_is_reported_and_only_narrowed():
 def run_with_threads(value: str) -> subprocess.CompletedProcess:
     code = (
         "import mlx.core as mx\n"
-        "from vllm_metal.metal import get_ops\n"
+        "from vllm_metal.native import get_ops\n"
         "from vllm_metal.ops import paged_attention\n"
         "from tests.ops.paged_inputs import make_batch\n"
         "b = make_batch([700, 30], [1, 30], num_heads=4, num_kv_heads=1)\n"

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from vllm_metal.metal import constants, kernel_sources
+from vllm_metal.native import constants, kernel_sources
 
 logger = logging.getLogger("vllm_metal")
 
@@ -27,7 +27,7 @@ logger = logging.getLogger("vllm_metal")
 _PROBE = (
     "import json\n"
     "from vllm_metal import _ext\n"
-    "from vllm_metal.metal.build import extension_facts\n"
+    "from vllm_metal.native.build import extension_facts\n"
     "print(json.dumps(extension_facts(_ext)))\n"
 )
 
@@ -62,7 +62,7 @@ def stale_reason(facts: dict | None, root: Path, mlx_version: str) -> str | None
         return f"it was built against MLX {facts['mlx_version']}, MLX {mlx_version} is installed"
     if (facts["partition_size"], facts["block_sizes"]) != (constants.PARTITION_SIZE,
                                                           list(constants.KERNEL_BLOCK_SIZES)):
-        return "vllm_metal/metal/constants.py changed"
+        return "vllm_metal/native/constants.py changed"
     if facts["kernels_hash"] != kernel_sources.kernels_hash(root / "kernels_v2"):
         return "kernels_v2/ changed"
     return None
