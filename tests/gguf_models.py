@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tests import gguf_kquants
 from tests.tiny_models import CHAT_TEMPLATE, cached_tiny_model
 
 TINY_DIMS = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
@@ -188,12 +189,141 @@ def _add_tensor(writer, name: str, array: np.ndarray, kind: str) -> None:
         writer.add_tensor(name, array.astype(np.float16))
     else:
         qtype = gguf.GGMLQuantizationType[kind]
-        try:
-            data = gguf.quants.quantize(array, qtype)
-        except NotImplementedError:
-            # gguf-py cannot quantize K-quants; random blocks of the right size are
-            # enough where only the tensor's type is under test.
-            block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-            shape = (*array.shape[:-1], array.shape[-1] // block * nbytes)
-            data = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+        if kind in ("Q4_K", "Q5_K", "Q6_K"):
+            data = gguf_kquants.quantize(array, kind)
+        else:
+            try:
+                data = gguf.quants.quantize(array, qtype)
+            except NotImplementedError:
+                # gguf-py cannot quantize these; random blocks of the right size are
+                # enough where only the tensor's type is under test.
+                block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+                shape = (*array.shape[:-1], array.shape[-1] // block * nbytes)
+                data = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
         writer.add_tensor(name, data, raw_dtype=qtype)
+
+
+# mlx-lm family -> (general.architecture, gguf.MODEL_ARCH name, converter permutes Q/K,
+# converter adds 1 to norm weights). Facts of llama.cpp's convert_hf_to_gguf.
+FAMILY_ARCHS = {
+    "llama": ("llama", "LLAMA", True, False),
+    "qwen2": ("qwen2", "QWEN2", False, False),
+    "qwen3": ("qwen3", "QWEN3", False, False),
+    "gemma": ("gemma", "GEMMA", False, True),
+    "gemma2": ("gemma2", "GEMMA2", False, True),
+    "gemma3_text": ("gemma3", "GEMMA3", False, True),
+    "phi3": ("phi3", "PHI3", False, False),
+    "olmo2": ("olmo2", "OLMO2", False, False),
+    "granite": ("granite", "GRANITE", True, False),
+    "starcoder2": ("starcoder2", "STARCODER2", False, False),
+}
+# Config values llama.cpp cannot store and instead fixes (Gemma's query scale is
+# 1/sqrt(head_dim) below 27B; Gemma 3 windows all but every 6th layer).
+FAMILY_GGUF_OVERRIDES = {
+    "gemma2": dict(query_pre_attn_scalar=64),
+    "gemma3_text": dict(query_pre_attn_scalar=64, num_hidden_layers=6,
+                        sliding_window_pattern=6),
+}
+
+
+def family_source(family: str, **overrides: Any) -> Path:
+    """The float32 mlx-lm checkpoint a family GGUF is converted from."""
+    from tests.family_models import cached_family_model
+
+    return cached_family_model(family, **{**FAMILY_GGUF_OVERRIDES.get(family, {}), **overrides})
+
+
+def make_family_gguf(path: str | Path, family: str, qtype: str = "F32", *,
+                     tensor_types: dict[str, str] | None = None, **overrides: Any) -> Path:
+    """Convert `family_source(family, **overrides)` to a GGUF at `path` the way llama.cpp's
+    converter does (names from gguf's tensor map, Q/K permutation, norm offset,
+    metadata keys); 2-D weights as `qtype` unless `tensor_types` names the tensor."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    src = family_source(family, **overrides)
+    config = json.loads((src / "config.json").read_text())
+    weights = {}
+    for file in sorted(src.glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    arch, member, permute, norm_offset = FAMILY_ARCHS[family]
+    writer = gguf.GGUFWriter(str(path), arch)
+    _write_family_hparams(writer, family, config)
+    _write_tokenizer(writer, src, config, "gpt2")
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, member),
+                                     config["num_hidden_layers"])
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    for hf_name, array in sorted(weights.items()):
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        kind = name.rsplit(".", 2)[-2]
+        if permute and kind in heads:
+            array = llama_cpp_permute(array, heads[kind])
+        if norm_offset and hf_name.endswith("norm.weight"):
+            array = array + 1.0
+        chosen = (tensor_types or {}).get(name, qtype if array.ndim == 2 else "F32")
+        _add_tensor(writer, name, array, chosen)
+    scaling = config.get("rope_scaling") or {}
+    if family == "phi3" and scaling.get("type") == "longrope":
+        _add_tensor(writer, "rope_factors_long.weight", np.array(scaling["long_factor"]), "F32")
+        _add_tensor(writer, "rope_factors_short.weight", np.array(scaling["short_factor"]),
+                    "F32")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def recipe_types(family: str, recipe: dict[str, str], **overrides: Any) -> dict[str, str]:
+    """`tensor_types` for `make_family_gguf`: GGUF 2-D tensor name -> type for the
+    tensors whose kind (`attn_v`, `ffn_down`, `output`, ...) `recipe` names."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    src = family_source(family, **overrides)
+    config = json.loads((src / "config.json").read_text())
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, FAMILY_ARCHS[family][1]),
+                                     config["num_hidden_layers"])
+    types = {}
+    for file in src.glob("*.safetensors"):
+        for hf_name, array in load_file(str(file)).items():
+            name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+            if array.ndim == 2 and name.rsplit(".", 2)[-2] in recipe:
+                types[name] = recipe[name.rsplit(".", 2)[-2]]
+    return types
+
+
+def _write_family_hparams(writer, family: str, config: dict[str, Any]) -> None:
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_vocab_size(config["vocab_size"])
+    if family == "starcoder2":
+        writer.add_layer_norm_eps(config["norm_epsilon"])
+    else:
+        writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if family not in ("phi3",):
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+    if family == "gemma2":
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
+        writer.add_sliding_window(config.get("sliding_window") or 4096)
+    if family == "gemma3_text" and config["sliding_window_pattern"] != 1:
+        writer.add_sliding_window(config["sliding_window"])
+    if family == "phi3":
+        writer.add_rope_dimension_count(
+            int(config.get("partial_rotary_factor", 1.0) * hidden) // heads)
+        writer.add_rope_scaling_orig_ctx_len(
+            config.get("original_max_position_embeddings", config["max_position_embeddings"]))
+        writer.add_sliding_window(config.get("sliding_window") or 0)
+    if family == "granite":
+        writer.add_attention_scale(config["attention_multiplier"])
+        writer.add_embedding_scale(config["embedding_multiplier"])
+        writer.add_residual_scale(config["residual_multiplier"])
+        writer.add_logit_scale(config["logits_scaling"])

@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 _MATRIX = ("tests/e2e/test_family_parity.py", "tests/models/test_family_quantized.py",
-           "tests/models/test_family_sweep.py")
+           "tests/models/test_family_sweep.py", "tests/gguf/test_families.py")
 
 
 def run_matrix() -> dict[str, dict[str, str]]:
-    """{test file stem: {test id: passed | failed | skipped: reason}}."""
+    """{test file stem: {"test_name[params]": passed | failed | skipped: reason}}."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "matrix.xml"
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -36,9 +36,7 @@ def run_matrix() -> dict[str, dict[str, str]]:
         results: dict[str, dict[str, str]] = defaultdict(dict)
         for case in ET.parse(report).getroot().iter("testcase"):
             stem = case.get("classname", "").rsplit(".", 1)[-1]
-            name = case.get("name", "")
-            params = re.search(r"\[(.*)\]$", name)
-            key = params.group(1) if params else name
+            key = case.get("name", "")
             if case.find("failure") is not None or case.find("error") is not None:
                 results[stem][key] = "failed"
             elif (skip := case.find("skipped")) is not None:
@@ -69,14 +67,15 @@ def refusals() -> dict[str, str]:
     return found
 
 
-def _mark(status: str | None) -> str:
+def _mark(results: dict[str, str], test: str, params: str) -> str:
+    status = results.get(f"{test}[{params}]")
     return {"passed": "yes", None: "-"}.get(status, "no" if status == "failed" else "-")
 
 
 def render(results: dict[str, dict[str, str]], refused: dict[str, str]) -> str:
     from tests.family_models import FAMILIES
-    from vllm_metal.gguf.metadata import SUPPORTED_ARCHITECTURES
-    from vllm_metal.gguf.weights import SUPPORTED_TYPES
+    from tests.gguf_models import FAMILY_ARCHS
+    from vllm_metal.gguf.quants import NEAREST_TYPES, SUPPORTED_TYPES
 
     parity = results.get("test_family_parity", {})
     quantized = results.get("test_family_quantized", {})
@@ -100,9 +99,11 @@ def render(results: dict[str, dict[str, str]], refused: dict[str, str]) -> str:
     ]
     for family in sorted(FAMILIES):
         arch = FAMILIES[family][0]
-        lines.append(f"| {family} | {arch} | {_mark(parity.get(family))} | "
-                     f"{_mark(quantized.get(f'{family}-4'))} | "
-                     f"{_mark(quantized.get(f'{family}-8'))} |")
+        lines.append(f"| {family} | {arch} | "
+                     f"{_mark(parity, 'test_family_matches_mlx_lm', family)} | "
+                     f"{_mark(quantized, 'test_quantized_family_matches_mlx_lm', f'{family}-4')} | "
+                     f"{_mark(quantized, 'test_quantized_family_matches_mlx_lm', f'{family}-8')} |")
+    sweep = {re.sub(r"^.*\[(.*)\]$", r"\1", k): v for k, v in sweep.items()}
     others = sorted(f for f, s in sweep.items() if s == "passed"
                     and f not in FAMILIES and f not in refused)
     lines += [
@@ -132,8 +133,35 @@ def render(results: dict[str, dict[str, str]], refused: dict[str, str]) -> str:
         "",
         "## GGUF",
         "",
-        f"Architectures: {', '.join(sorted(SUPPORTED_ARCHITECTURES))}. "
-        f"Tensor types: {', '.join(SUPPORTED_TYPES)}; other types are refused by name.",
+        "A GGUF file of each architecture is made from a tiny checkpoint of the family the",
+        "way llama.cpp's converter makes it (`tests/gguf_models.py`: its tensor names, Q/K",
+        "row order, Gemma's norm offset, metadata keys) and loaded by `vllm_metal/gguf/`.",
+        "Float files must reproduce the source checkpoint's logits; quantized files the",
+        "`gguf` package's dequantized values (`tests/gguf/test_families.py`); a",
+        "Q4_K_M-style file (Q4_K, with Q6_K for attn_v, ffn_down and the head) must give",
+        "the loaded model's greedy tokens and logprobs through `vllm.LLM`",
+        "(`tests/e2e/test_family_parity.py`).",
+        "",
+        "| GGUF architecture | mlx-lm family | float (F32) | Q8_0 | Q4_K | Q5_K | "
+        "Q4_K_M | Q4_K_M via vLLM |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    gguf_tests = results.get("test_families", {})
+    for family, (arch, *_) in sorted(FAMILY_ARCHS.items(), key=lambda kv: kv[1][0]):
+        marks = [_mark(gguf_tests, "test_float_file_reproduces_the_source_checkpoint", family)]
+        marks += [_mark(gguf_tests, "test_quantized_file_matches_its_dequantized_values",
+                        f"{family}-{qtype}") for qtype in ("Q8_0", "Q4_K", "Q5_K", "Q4_K_M")]
+        marks.append(_mark(parity, "test_gguf_family_matches_mlx_lm", family))
+        lines.append(f"| {arch} | {family} | " + " | ".join(marks) + " |")
+    lines += [
+        "",
+        f"Tensor types: {', '.join(SUPPORTED_TYPES)}. Q4_0, Q4_1 and Q4_K stay 4-bit and",
+        "Q8_0, Q5_0, Q5_1 and Q5_K 8-bit MLX affine (group 32), exactly: their blocks",
+        "are groups of 32 weights with one scale and one offset. "
+        f"{', '.join(NEAREST_TYPES)} has a scale per 16 weights, which no MLX group size",
+        "holds: it is re-quantized to 8 bits per 32 weights, each weight moving at most",
+        "half an 8-bit step (see the measured error below). Every other type (Q2_K, Q3_K,",
+        "the IQ and TQ types, MXFP4) is refused by name.",
         "",
     ]
     return "\n".join(lines)

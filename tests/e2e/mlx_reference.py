@@ -11,9 +11,20 @@ import numpy as np
 
 @functools.lru_cache(maxsize=8)
 def load(model_dir: Path):
+    """(model, tokenizer). A .gguf file: the model our loader builds (its own tests hold
+    it to the file's dequantized values) and the tokenizer written from its metadata."""
     from mlx_lm import load as mlx_lm_load
 
-    return mlx_lm_load(str(model_dir))
+    if Path(model_dir).suffix != ".gguf":
+        return mlx_lm_load(str(model_dir))
+    from mlx_lm.utils import load_tokenizer
+
+    from vllm_metal import envs
+    from vllm_metal.gguf.loader import load_gguf_model, materialize_hf_dir
+
+    model, config = load_gguf_model(model_dir)
+    hf_dir = materialize_hf_dir(model_dir, cache_root=envs.VLLM_METAL_GGUF_CACHE)
+    return model, load_tokenizer(hf_dir, eos_token_ids=config.get("eos_token_id"))
 
 
 def greedy_tokens(model_dir: Path, prompt_ids: list[int], max_tokens: int) -> list[int]:

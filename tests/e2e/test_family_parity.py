@@ -17,6 +17,7 @@ from vllm.inputs import TokensPrompt
 from tests.e2e import mlx_reference
 from tests.e2e.conftest import PROMPTS, make_llm
 from tests.family_models import FAMILIES, REMOTE_CODE, cached_family_model
+from tests.gguf_models import FAMILY_ARCHS, make_family_gguf, recipe_types
 
 MAX_TOKENS = 16
 TOP_LOGPROBS = 3
@@ -55,7 +56,20 @@ def _preemptions(llm) -> float:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_matches_mlx_lm(family):
-    model_dir = cached_family_model(family)
+    _check_engine(cached_family_model(family), family)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_ARCHS))
+def test_gguf_family_matches_mlx_lm(family, tmp_path_factory):
+    """A llama.cpp-style Q4_K_M file of each GGUF architecture (Q4_K weights, Q6_K for
+    attn_v, ffn_down and the head)."""
+    recipe = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K"}
+    path = tmp_path_factory.mktemp(f"gguf-{family}") / "model-Q4_K_M.gguf"
+    make_family_gguf(path, family, "Q4_K", tensor_types=recipe_types(family, recipe))
+    _check_engine(path, family)
+
+
+def _check_engine(model_dir, family):
     ids = [mlx_reference.tokenize(model_dir, p) for p in PROMPTS]
     # 16 usable blocks of 16 tokens (one more is vLLM's null block), shared by
     # the KV cache groups, hold one 128-token request but not eight prompts

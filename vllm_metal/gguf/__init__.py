@@ -1,9 +1,11 @@
-"""GGUF checkpoints (llama, qwen2, qwen3) as mlx-lm models, with HF config and tokenizer files.
+"""GGUF checkpoints as mlx-lm models, with HF config and tokenizer files.
 
 `materialize_hf_dir` writes what vLLM reads (config, tokenizer); `load_gguf_model`
 builds the MLX model the worker runs.
 """
 
+from vllm_metal.gguf.architectures import ARCHITECTURES
+from vllm_metal.gguf.config import hf_config_from_gguf
 from vllm_metal.gguf.header import GGUFHeader, TensorInfo, read_header
 from vllm_metal.gguf.loader import (
     DEFAULT_CACHE_ROOT,
@@ -12,18 +14,11 @@ from vllm_metal.gguf.loader import (
     load_gguf_model,
     materialize_hf_dir,
 )
-from vllm_metal.gguf.metadata import (
-    SUPPORTED_ARCHITECTURES,
-    GGUFFile,
-    hf_config_from_gguf,
-    read_gguf,
-)
+from vllm_metal.gguf.quants import SUPPORTED_TYPES
 from vllm_metal.gguf.tokenizer import build_tokenizer, tokenizer_files
-from vllm_metal.gguf.weights import SUPPORTED_TYPES
 
 __all__ = [
-    "DEFAULT_CACHE_ROOT", "GGUFFile", "GGUFHeader", "SUPPORTED_ARCHITECTURES",
-    "SUPPORTED_TYPES", "TensorInfo", "build_tokenizer", "find_gguf_file", "gguf_source",
-    "hf_config_from_gguf", "load_gguf_model", "materialize_hf_dir", "read_gguf",
-    "read_header", "tokenizer_files",
+    "ARCHITECTURES", "DEFAULT_CACHE_ROOT", "GGUFHeader", "SUPPORTED_TYPES", "TensorInfo",
+    "build_tokenizer", "find_gguf_file", "gguf_source", "hf_config_from_gguf",
+    "load_gguf_model", "materialize_hf_dir", "read_header", "tokenizer_files",
 ]

@@ -3,7 +3,8 @@
 Parsed here rather than taken from `mx.load` because (1) `mx.load` reports no GGUF tensor
 types and silently dequantizes some (K-quants, BF16) to float16, so the loader must see
 the types before MLX touches the data; (2) config and tokenizer need only the header, not
-gigabytes of weights.
+gigabytes of weights; (3) tensors are read one at a time from a memory map, so loading
+never holds a second copy of the file.
 """
 
 from __future__ import annotations
@@ -60,6 +61,14 @@ class GGUFHeader:
     version: int
     metadata: dict[str, Any]  # scalars as Python values, arrays as lists
     tensors: dict[str, TensorInfo]
+
+    def read_raw(self, name: str, nbytes: int) -> np.ndarray:
+        """The first `nbytes` bytes of tensor `name`'s data: uint8 [nbytes], memory-mapped."""
+        info = self.tensors[name]
+        if info.offset + nbytes > os.path.getsize(self.path):
+            raise ValueError(f"{self.path!r}: tensor {name!r} runs past the end of the file")
+        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=info.offset,
+                         shape=(nbytes,))
 
     def read_dense(self, name: str) -> np.ndarray:
         """A F32/F16/BF16 tensor as (exact) float32, shape `tensors[name].shape`."""

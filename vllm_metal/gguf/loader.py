@@ -13,10 +13,11 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from vllm_metal.gguf.header import read_header
-from vllm_metal.gguf.metadata import check_architecture, hf_config_from_gguf, read_gguf
+from vllm_metal.gguf.architectures import architecture_of
+from vllm_metal.gguf.config import check_architecture, hf_config_from_gguf
+from vllm_metal.gguf.header import GGUFHeader, read_header
 from vllm_metal.gguf.tokenizer import tokenizer_files
-from vllm_metal.gguf.weights import check_tensor_types, convert_weights
+from vllm_metal.gguf.weights import check_tensor_types, gguf_weights
 
 DEFAULT_CACHE_ROOT = Path("~/.cache/vllm-metal/gguf")
 # Bump when the files written for a GGUF change, so stale cache entries are not reused.
@@ -49,25 +50,39 @@ def load_gguf_model(path: str | os.PathLike, dtype: mx.Dtype = mx.float32,
                     ) -> tuple[nn.Module, dict[str, Any]]:
     """(mlx-lm model, HF config dict) for a GGUF file or a directory holding one.
 
-    Q4_0/Q4_1/Q8_0 modules stay MLX-quantized (group 32); floating parameters,
-    quantization scales and biases included, are cast to `dtype`.
+    Quantized tensors stay MLX-quantized (group 32; see gguf/quants.py for the mapping
+    of each GGML type); floating parameters, quantization scales and biases included,
+    are cast to `dtype`.
     """
     if not isinstance(dtype, mx.Dtype) or not mx.issubdtype(dtype, mx.floating):
         raise TypeError(f"dtype must be an MLX floating dtype, got {dtype!r}")
     from mlx_lm.utils import _get_classes
 
-    gguf = read_gguf(find_gguf_file(path))
-    config = hf_config_from_gguf(gguf.header)
-    weights, quantization = convert_weights(gguf.header, gguf.tensors, config)
+    header = read_checked_header(find_gguf_file(path))
+    config = hf_config_from_gguf(header)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
-    weights = model.sanitize(weights)
+    weights, quantization = gguf_weights(
+        header, model, architecture_of(header.metadata)[1], config)
     if quantization:
         nn.quantize(model, class_predicate=lambda p, _m: quantization.get(p, False))
     model.load_weights(list(weights.items()), strict=True)
     model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model, config
+
+
+def read_checked_header(path: str | os.PathLike) -> GGUFHeader:
+    """The file's header, refused now (before any weight is read) if the architecture,
+    a tensor type or the file's layout cannot be served."""
+    header = read_header(path)
+    check_architecture(header.metadata)
+    check_tensor_types(header)
+    if int(header.metadata.get("split.count", 1)) > 1:
+        raise ValueError(
+            f"{header.path!r} is one shard of a split GGUF; merge the shards first "
+            "(`llama-gguf-split --merge first-shard.gguf merged.gguf`)")
+    return header
 
 
 def materialize_hf_dir(gguf_path: str | os.PathLike,
@@ -87,9 +102,7 @@ def materialize_hf_dir(gguf_path: str | os.PathLike,
     if _complete(target):
         return target
 
-    header = read_header(source)
-    check_architecture(header.metadata)
-    check_tensor_types(header)  # refuse now, not later in a worker
+    header = read_checked_header(source)  # refuse now, not later in a worker
     files: dict[str, Any] = {
         "config.json": hf_config_from_gguf(header),
         **tokenizer_files(header.metadata),

@@ -1,73 +1,48 @@
-"""GGUF tensors -> mlx-lm parameters: names, Q/K row order, and per-module quantization.
+"""GGUF tensors -> an mlx-lm model's parameters, by the model's own parameter names.
 
-`mx.load` hands Q4_0/Q4_1/Q8_0 tensors back as MLX affine triples (`.weight` uint32
-[out, in * bits / 32], `.scales` and `.biases` [out, in / 32]); they stay quantized.
+Each parameter of the instantiated mlx-lm model is looked up in llama.cpp's tensor name
+table (the `gguf` package's `TensorNameMap`, the converter's own), so a family loads
+with no name table of ours. The converter's transforms are undone on the way in (Q/K
+row order, Gemma's norm offset). A tensor the model has no place for, or a parameter
+the file lacks, refuses the file by name.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
 
-from vllm_metal.gguf.header import GGML_TYPE_NAMES, GGUFHeader
+from vllm_metal.gguf.architectures import Architecture
+from vllm_metal.gguf.header import GGUFHeader
+from vllm_metal.gguf.quants import (
+    DENSE_TYPES, GROUP_SIZE, QUANTIZED_TYPES, SUPPORTED_TYPES, byte_size, to_mlx,
+)
 
-GROUP_SIZE = 32  # every GGUF block type MLX converts has 32 weights per block
-QUANTIZED_BITS = {2: 4, 3: 4, 8: 8}  # GGML type id (Q4_0, Q4_1, Q8_0) -> bits
-DENSE_TYPES = (0, 1, 30)  # F32, F16, BF16
-SUPPORTED_TYPES = tuple(GGML_TYPE_NAMES[t] for t in (*DENSE_TYPES, *QUANTIZED_BITS))
-
-# Tensors that configure the model rather than being parameters of it.
-CONFIG_TENSORS = ("rope_freqs.weight",)
-
-_TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_PER_LAYER = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_NAME = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scales|biases)$")
+# Tensors that configure the model (read into config.json) rather than parameterize it.
+CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def check_tensor_types(header: GGUFHeader) -> None:
-    """Refuse the file if any tensor has a GGML type we cannot load exactly."""
+    """Refuse the file if any tensor has a GGML type we cannot load."""
     bad = [t for t in header.tensors.values()
-           if t.ggml_type not in DENSE_TYPES and t.ggml_type not in QUANTIZED_BITS]
+           if t.ggml_type not in DENSE_TYPES and t.ggml_type not in QUANTIZED_TYPES]
     if bad:
         more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
         raise ValueError(
             f"GGUF tensor {bad[0].name!r} has type {bad[0].type_name}{more}; vllm-metal loads "
-            f"only {', '.join(SUPPORTED_TYPES)}. Re-quantize the model to one of these "
-            "(e.g. `llama-quantize --allow-requantize in.gguf out.gguf Q8_0`).")
-
-
-def mlx_name(gguf_name: str) -> str:
-    """mlx-lm parameter name for a GGUF tensor name (`blk.3.attn_q.scales` ->
-    `model.layers.3.self_attn.q_proj.scales`)."""
-    match = _NAME.match(gguf_name)
-    table = _PER_LAYER if match and match.group(1) is not None else _TOP_LEVEL
-    if match is None or match.group(2) not in table:
-        raise ValueError(f"GGUF tensor {gguf_name!r} has no counterpart in the supported models")
-    layer, base, suffix = match.groups()
-    prefix = f"model.layers.{layer}." if layer is not None else ""
-    return f"{prefix}{table[base]}.{suffix}"
+            f"only {', '.join(SUPPORTED_TYPES)}. Use a file of one of these types (Q4_K_M, "
+            "Q5_K_M, Q6_K and Q8_0 files are), or re-quantize: `llama-quantize "
+            "--allow-requantize in.gguf out.gguf Q4_K_M`.")
 
 
 def unpermute_rows(array: mx.array, n_heads: int) -> mx.array:
     """Undo llama.cpp's Q/K row order. [rows, ...] -> [rows, ...], rows = n_heads * head_dim.
 
     The converter interleaves each head's two rotary halves (row h*d + 2*i + j holds
-    HF row h*d + j*d/2 + i) for its interleaved RoPE; MLX uses HF's half-split RoPE.
+    HF row h*d + j*d/2 + i) for its pairwise RoPE; MLX uses HF's half-split RoPE.
     Rows are whole output rows, so packed weights, scales and biases permute alike.
     """
     rows = array.shape[0]
@@ -77,46 +52,52 @@ def unpermute_rows(array: mx.array, n_heads: int) -> mx.array:
     return split.swapaxes(1, 2).reshape(array.shape)
 
 
-def convert_weights(
-    header: GGUFHeader, tensors: Mapping[str, mx.array], config: dict[str, Any],
+def gguf_weights(
+    header: GGUFHeader, model: nn.Module, spec: Architecture, config: dict[str, Any],
 ) -> tuple[dict[str, mx.array], dict[str, dict[str, int]]]:
-    """(mlx-lm name -> array, quantized module path -> {"group_size", "bits"}).
+    """(parameter name -> array, quantized module path -> {"group_size", "bits"}).
 
-    `tensors`: GGUF names as `mx.load` returns them (quantized ones split into
-    `.weight/.scales/.biases`); `config`: `hf_config_from_gguf` of the same file.
+    `model`: the unquantized mlx-lm model built from `config` (its parameter names are
+    HF's, which the name table knows).
     """
-    # llama.cpp permutes Q/K only for architectures it runs with interleaved RoPE.
-    permute_heads = {}
-    if config["model_type"] == "llama":
-        permute_heads = {"attn_q": config["num_attention_heads"],
-                         "attn_k": config["num_key_value_heads"]}
+    import gguf
+
+    names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, spec.gguf_arch),
+                                     config["num_hidden_layers"])
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     weights: dict[str, mx.array] = {}
-    for name, array in tensors.items():
-        if name in CONFIG_TENSORS:
-            continue
-        base = name.rsplit(".", 1)[0]
-        heads = permute_heads.get(base.rsplit(".", 1)[-1])
-        weights[mlx_name(name)] = unpermute_rows(array, heads) if heads else array
-    return weights, _quantization(header, tensors)
-
-
-def _quantization(
-    header: GGUFHeader, tensors: Mapping[str, mx.array],
-) -> dict[str, dict[str, int]]:
-    spec = {}
-    for info in header.tensors.values():
-        bits = QUANTIZED_BITS.get(info.ggml_type)
-        if bits is None:
-            continue
-        base = info.name.removesuffix(".weight")
-        in_features = info.shape[-1]
-        packed, scales = tensors[info.name], tensors.get(base + ".scales")
-        # The header's logical shape must agree with the packed layout MLX produced.
-        if (scales is None or packed.shape[-1] * 32 // bits != in_features
-                or scales.shape[-1] * GROUP_SIZE != in_features):
+    quantization: dict[str, dict[str, int]] = {}
+    used = set(CONFIG_TENSORS)
+    for param, _ in tree_flatten(model.parameters()):
+        module, suffix = param.rsplit(".", 1)
+        base = names.get_name(module)
+        tensor = f"{base}.{suffix}" if base else None
+        if tensor not in header.tensors:
             raise ValueError(
-                f"GGUF tensor {info.name!r} ({info.type_name}, shape {info.shape}) did not "
-                "load as an MLX affine-quantized triple")
-        spec[mlx_name(info.name).removesuffix(".weight")] = {
-            "group_size": GROUP_SIZE, "bits": bits}
-    return spec
+                f"GGUF file has no tensor for the {config['model_type']} model's parameter "
+                f"{param!r}" + (f" (looked for {tensor!r})" if tensor else ""))
+        used.add(tensor)
+        info = header.tensors[tensor]
+        converted = to_mlx(header.read_raw(tensor, byte_size(info.ggml_type, info.shape)),
+                           info.ggml_type, info.shape)
+        arrays = converted.arrays
+        kind = base.rsplit(".", 1)[-1]
+        if spec.pairwise_rope and kind in heads:
+            arrays = {k: unpermute_rows(a, heads[kind]) for k, a in arrays.items()}
+        if spec.norm_offset and param.endswith("norm.weight"):
+            arrays = {"weight": arrays["weight"].astype(mx.float32) - spec.norm_offset}
+        if converted.bits is not None:
+            if suffix != "weight":
+                raise ValueError(f"GGUF tensor {tensor!r} is {info.type_name}; only weight "
+                                 "matrices may be quantized")
+            quantization[module] = {"group_size": GROUP_SIZE, "bits": converted.bits}
+        for key, array in arrays.items():
+            weights[f"{module}.{key}" if key != "weight" else param] = array
+    unused = sorted(set(header.tensors) - used)
+    if unused:
+        raise ValueError(
+            f"GGUF tensor {unused[0]!r} has no place in mlx-lm's {config['model_type']} model "
+            f"({len(unused)} such tensors); the file is not a plain "
+            f"{header.metadata.get('general.architecture')} model")
+    return weights, quantization
+

@@ -1,0 +1,183 @@
+"""What each supported GGUF `general.architecture` is to mlx-lm: model type, the
+converter's tensor transforms, and the HF config keys only that family has.
+
+The facts follow llama.cpp's converter (convert_hf_to_gguf) and loader:
+- Q/K rows are permuted for families llama.cpp runs with "normal" (pairwise) RoPE;
+  the rest use HF's half-split ("neox") layout and are stored as is.
+- Gemma's RMSNorm scales by (1 + w); the converter stores 1 + w, mlx-lm expects w.
+- Values llama.cpp hard-codes instead of storing (Gemma 3's local RoPE base and window
+  pattern, Gemma 2/3's query scale rule) are taken the same way here, so a file runs
+  as llama.cpp runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+# llama.cpp's loader defaults when a Gemma 2 file lacks the softcap keys.
+_GEMMA2_ATTN_SOFTCAP, _GEMMA2_FINAL_SOFTCAP = 50.0, 30.0
+# llama.cpp: Gemma 3 windows every layer but each 6th; local layers use RoPE base 1e4.
+_GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10_000.0
+# llama.cpp scales queries by 1/sqrt(hidden / heads) for the 27B models (these layer
+# counts), by 1/sqrt(head_dim) otherwise; neither file format stores the scalar.
+_GEMMA2_27B_LAYERS, _GEMMA3_27B_LAYERS = 46, 62
+
+
+class Metadata:
+    """`{arch}.*` metadata keys of one file, read with names in errors, and which
+    tensors the file has."""
+
+    def __init__(self, metadata: dict[str, Any], arch: str, tensors: Collection[str]):
+        self.raw, self.arch, self.tensors = metadata, arch, tensors
+
+    def get(self, key: str, default: Any = ...) -> Any:
+        """Value of `{arch}.{key}`; ValueError naming the key if absent and no default."""
+        value = self.raw.get(f"{self.arch}.{key}")
+        if value is None:
+            if default is ...:
+                raise ValueError(f"GGUF metadata lacks required key {self.arch + '.' + key!r}")
+            return default
+        return value
+
+    def uniform(self, key: str, default: Any = ...) -> Any:
+        """Like `get`, for keys some converters write once per layer (all equal here)."""
+        value = self.get(key, default)
+        if isinstance(value, list):
+            if not value or any(v != value[0] for v in value):
+                raise ValueError(f"GGUF {self.arch}.{key} varies across layers ({value}); "
+                                 "not supported")
+            return value[0]
+        return value
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One GGUF architecture.
+
+    `extra(md, config)` returns the family's own HF config keys given the common ones.
+    """
+
+    hf_architecture: str
+    model_type: str
+    gguf_arch: str  # gguf.MODEL_ARCH member name (tensor name table)
+    pairwise_rope: bool  # converter permuted Q/K rows
+    norm_offset: float  # converter added this to every `*norm.weight`
+    hidden_act: str
+    layer_norm: bool = False  # LayerNorm with bias (eps under layer_norm_epsilon)
+    extra: Callable[[Metadata, dict[str, Any]], dict[str, Any]] | None = None
+
+
+def _biases(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"attention_bias": "blk.0.attn_q.bias" in md.tensors,
+            "mlp_bias": "blk.0.ffn_up.bias" in md.tensors}
+
+
+def _qwen(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {"use_sliding_window": False, "sliding_window": None,
+            "max_window_layers": config["num_hidden_layers"]}
+
+
+def _gemma_query_scalar(config: dict[str, Any], layers_27b: int) -> int:
+    if config["num_hidden_layers"] == layers_27b:
+        return config["hidden_size"] // config["num_attention_heads"]
+    return config["head_dim"]
+
+
+def _gemma2(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "attn_logit_softcapping": float(md.get("attn_logit_softcapping", _GEMMA2_ATTN_SOFTCAP)),
+        "final_logit_softcapping": float(md.get("final_logit_softcapping",
+                                                _GEMMA2_FINAL_SOFTCAP)),
+        "query_pre_attn_scalar": _gemma_query_scalar(config, _GEMMA2_27B_LAYERS),
+        "sliding_window": int(md.get("attention.sliding_window", 4096)),
+    }
+
+
+def _gemma3(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    if md.get("final_logit_softcapping", None) is not None:
+        # mlx-lm's gemma3_text has no final softcap; serving the file without it would
+        # give wrong logits.
+        raise ValueError("GGUF gemma3 file sets final_logit_softcapping, which mlx-lm's "
+                         "gemma3_text model does not apply; not supported")
+    window = md.get("attention.sliding_window", None)
+    layers = config["num_hidden_layers"]
+    pattern = md.get("attention.sliding_window_pattern", _GEMMA3_PATTERN)
+    if isinstance(pattern, list):  # newer converters: one "is sliding" flag per layer
+        period = _period(pattern, layers)
+        pattern = period
+    pattern = int(pattern) if window else 1
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": _gemma_query_scalar(config, _GEMMA3_27B_LAYERS),
+        "rope_local_base_freq": float(md.get("rope.freq_base_swa", _GEMMA3_LOCAL_BASE)),
+        "sliding_window": int(window) if window else config["max_position_embeddings"],
+        "sliding_window_pattern": pattern,
+        "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                        for i in range(layers)],
+    }
+
+
+def _period(flags: list[Any], layers: int) -> int:
+    """The n with layer i global iff (i + 1) % n == 0, from per-layer sliding flags."""
+    flags = [bool(f) for f in flags]
+    for n in range(1, layers + 1):
+        if flags == [(i + 1) % n != 0 for i in range(layers)]:
+            return n
+    raise ValueError(f"GGUF gemma3 sliding-window layers {flags} do not repeat with one "
+                     "period (mlx-lm's gemma3_text needs one); not supported")
+
+
+def _phi3(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    window = int(md.get("attention.sliding_window", 0))
+    return {
+        "original_max_position_embeddings": int(
+            md.get("rope.scaling.original_context_length", config["max_position_embeddings"])),
+        "sliding_window": window or None,  # 0 marks Phi-4 (no window)
+    }
+
+
+def _granite(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **_biases(md, config),
+        "logits_scaling": float(md.get("logit_scale", 1.0)),
+        "attention_multiplier": float(md.get("attention.scale", 1.0)),
+        "embedding_multiplier": float(md.get("embedding_scale", 1.0)),
+        "residual_multiplier": float(md.get("residual_scale", 1.0)),
+    }
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    # Mistral files are tagged "llama": same layers, run by llama.cpp as llama.
+    "llama": Architecture("LlamaForCausalLM", "llama", "LLAMA", True, 0.0, "silu",
+                          extra=_biases),
+    "qwen2": Architecture("Qwen2ForCausalLM", "qwen2", "QWEN2", False, 0.0, "silu",
+                          extra=_qwen),
+    "qwen3": Architecture("Qwen3ForCausalLM", "qwen3", "QWEN3", False, 0.0, "silu",
+                          extra=_qwen),
+    "gemma": Architecture("GemmaForCausalLM", "gemma", "GEMMA", False, 1.0,
+                          "gelu_pytorch_tanh"),
+    "gemma2": Architecture("Gemma2ForCausalLM", "gemma2", "GEMMA2", False, 1.0,
+                           "gelu_pytorch_tanh", extra=_gemma2),
+    "gemma3": Architecture("Gemma3ForCausalLM", "gemma3_text", "GEMMA3", False, 1.0,
+                           "gelu_pytorch_tanh", extra=_gemma3),
+    "phi3": Architecture("Phi3ForCausalLM", "phi3", "PHI3", False, 0.0, "silu",
+                         extra=_phi3),
+    "olmo2": Architecture("Olmo2ForCausalLM", "olmo2", "OLMO2", False, 0.0, "silu"),
+    "granite": Architecture("GraniteForCausalLM", "granite", "GRANITE", True, 0.0, "silu",
+                            extra=_granite),
+    "starcoder2": Architecture("Starcoder2ForCausalLM", "starcoder2", "STARCODER2", False,
+                               0.0, "gelu_pytorch_tanh", layer_norm=True),
+}
+
+
+def architecture_of(metadata: dict[str, Any]) -> tuple[str, Architecture]:
+    """(general.architecture, its facts); ValueError naming it if unsupported."""
+    arch = metadata.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported by vllm-metal; supported: "
+            f"{', '.join(ARCHITECTURES)}")
+    return arch, ARCHITECTURES[arch]
