@@ -1,6 +1,6 @@
 """Decode attention on the CPU backend with cold caches, per call, as the decoder stack sees it.
 
-Times `cpu::paged_attention_cpu` itself (through `_time_cpu_paged_attention`: no
+Times `cpu::paged_attention_cpu` itself (through the extension's `debug.time_cpu_paged_attention`: no
 MLX graph, no Python per call) on SmolLM2-135M's geometry (9 query heads, 3 KV
 heads, head size 64, block size 16, fp32 caches). A real decode step runs 30
 layers, each over its own cache, with the weights streaming in between, so no
@@ -82,18 +82,18 @@ def main() -> None:
     print(f"isa={ext.cpu_isa()} threads={ext.cpu_threads()} route={args.route or 'decided'}")
     print(f"{'case':32s} {'route':>10s} {'layers':>6s} {'min us':>9s} {'median us':>9s} {'GB/s':>6s}")
     if args.route:
-        ext._force_paged_route(args.route, args.partition or ext.PARTITION_SIZE)
+        ext.debug.force_paged_route(args.route, args.partition or ext.PARTITION_SIZE)
     try:
         for name, contexts, q_lens in cases:
             query, key, value, tables, seq_lens, cu, kv_bytes = make_case(contexts, q_lens)
             scale = HEAD_SIZE**-0.5
-            ext._time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, scale, 1)  # warm-up
-            times, route = ext._time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, scale, rounds)
+            ext.debug.time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, scale, 1)  # warm-up
+            times, route = ext.debug.time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, scale, rounds)
             median = float(np.median(times))
             print(f"{name:32s} {route:>10s} {tables.shape[0]:6d} {min(times) * 1e6:9.1f} {median * 1e6:9.1f} "
                   f"{kv_bytes / median / 1e9:6.1f}")
     finally:
-        ext._force_paged_route(None)
+        ext.debug.force_paged_route(None)
 
 
 if __name__ == "__main__":

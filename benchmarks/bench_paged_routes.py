@@ -66,14 +66,14 @@ def time_routes(ext, args, iters):
     try:
         for i in range(iters + 1):
             for route, partition in ROUTES:
-                ext._force_paged_route(None if route == "auto" else route, partition or PARTITION)
+                ext.debug.force_paged_route(None if route == "auto" else route, partition or PARTITION)
                 start = time.perf_counter()
                 mx.eval(ops.paged_attention(*args))
                 if i:  # the first round is a warm-up
                     times[route].append(time.perf_counter() - start)
-                taken[route] = ext.last_paged_dispatch()
+                taken[route] = ext.debug.last_paged_dispatch()
     finally:
-        ext._force_paged_route(None)
+        ext.debug.force_paged_route(None)
     return {r: (float(np.median(t)), min(t), taken[r]) for r, t in times.items()}
 
 
@@ -88,7 +88,7 @@ def main() -> None:
         parser.error("--iters must be >= 1")
     cases, iters = (SMOKE_CASES, 1) if args.smoke else (CASES, args.iters)
     ext = get_ops()
-    ext._set_paged_dispatch_diagnostics(True)
+    ext.debug.set_paged_dispatch_diagnostics(True)
     print(f"dtype={args.dtype} block_size={args.block_size} isa={ext.cpu_isa()} threads={ext.cpu_threads()}")
     print(f"{'case':26s} " + " ".join(f"{name:>18s}" for name, _ in ROUTES) +
           "   (min/median ms; speedup of the min over Varlen)")

@@ -1,5 +1,7 @@
 // Python bindings of the vllm-metal extension (imported only via
-// vllm_metal.native.get_ops()).
+// vllm_metal.native.get_ops()). The module holds what production calls: the ops
+// and the facts the loader, the memory budget and the logs read; test,
+// benchmark and diagnostic hooks live in its `debug` submodule.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
@@ -9,6 +11,7 @@
 #include "constants.h"
 #include "cpu/runtime/scratch.h"
 #include "debug.h"
+#include "host_info.h"
 #include "dispatch/dispatch_bindings.h"
 #include "ops/paged_attention.h"
 #include "ops/reshape_and_cache.h"
@@ -28,7 +31,7 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 NB_MODULE(_ext, m) {
-  m.doc() = "vllm-metal native ops: paged KV-cache write and paged attention as MLX primitives";
+  m.doc() = "vllm-metal native ops as MLX primitives (hooks for tests and diagnostics: .debug)";
 
   m.attr("PARTITION_SIZE") = vllm_metal::kPartitionSize;
   nb::list block_sizes;
@@ -138,7 +141,7 @@ quantized one (uint32 [V, D * bits / 32] with scales/biases [V, D / group_size]
       R"(One int32 token per row of logits [R, V]: temperature [R] > 0 draws from
 softmax(logits / T), filtered by the optional per-row min_p, top_k, top_p (in
 that order), by the inverse CDF at the uniform of keys uint32 [R, 2] (see
-key_uniform); temperature <= 0 takes the first index of the row's max.)");
+debug.key_uniform); temperature <= 0 takes the first index of the row's max.)");
 
   m.def(
       "top_logprobs",
@@ -152,9 +155,6 @@ key_uniform); temperature <= 0 takes the first index of the row's max.)");
       R"(Logprobs columns of x [R, V]: [ids int32 [R, k + 1], vals float32 [R, k + 1],
 ranks int32 [R]]; column 0 is token [R], then the k largest scores (log_softmax(x)
 when normalize, else x) in descending order; rank = number of scores >= the token's.)");
-
-  m.def("key_uniform", &vllm_metal::cpu::key_uniform, "high"_a, "low"_a,
-        "The uniform in [0, 1) that sample_tokens draws for a row with key (high, low).");
 
   m.def(
       "rms_norm",
@@ -183,8 +183,6 @@ arithmetic; returns x's shape in MLX's promotion of x's and weight's dtypes.)");
 mx.fast.rope: the first dims features turn by position * scale * inv_freq,
 inv_freq = base^(-2i/dims) or 1 / freqs. Returns x's shape and dtype.)");
 
-  m.attr("STACK_LAYER_INTS") = vllm_metal::kStackLayerInts;
-  m.attr("STACK_LAYER_FLOATS") = vllm_metal::kStackLayerFloats;
   nb::class_<vllm_metal::DecoderStackWeights>(
       m, "DecoderStackWeights",
       R"(A llama-family model's decoder weights for decoder_stack, validated and
@@ -214,19 +212,26 @@ num_kv_heads, head_dim], row-contiguous, one key and one value per layer.
 Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
 
-  m.def("_data_ptr", &vllm_metal::data_ptr, "array"_a,
-        "Address of an evaluated array's first element (tests; huge-page advice).");
+  m.def("data_ptr", &vllm_metal::data_ptr, "array"_a,
+        "Address of an evaluated array's first element (huge-page advice; tests).");
   m.def("cpu_isa", &vllm_metal::cpu_isa,
         "Instruction set the CPU kernels use: 'avx512', 'avx2' or 'generic'.");
-  m.def("_set_cpu_isa", &vllm_metal::set_cpu_isa, "name"_a,
-        "Use a narrower instruction set than detected (tests).");
   m.def("cpu_threads", &vllm_metal::cpu_threads,
         "Threads of the CPU kernel pool (VLLM_METAL_CPU_THREADS; 0 = all).");
   m.def("scratch_bytes", &vllm_metal::cpu::scratch_bytes, "reset"_a = false,
         "(live, peak) bytes the CPU kernels hold of their own scratch (outside MLX's "
         "counters); reset=True first makes the peak the live figure.");
-  m.def("_pool_run", &vllm_metal::pool_run, "sleep_us"_a,
-        "One pool job whose item i sleeps sleep_us[i] us: (runs per item, blocked joins) (tests).");
-
   vllm_metal::bind_dispatch(m);
+
+  nb::module_ debug = m.def_submodule(
+      "debug", "Test, benchmark and diagnostic hooks: not called by production.");
+  debug.def("key_uniform", &vllm_metal::cpu::key_uniform, "high"_a, "low"_a,
+            "The uniform in [0, 1) that sample_tokens draws for a row with key (high, low).");
+  debug.attr("STACK_LAYER_INTS") = vllm_metal::kStackLayerInts;
+  debug.attr("STACK_LAYER_FLOATS") = vllm_metal::kStackLayerFloats;
+  debug.def("set_cpu_isa", &vllm_metal::set_cpu_isa, "name"_a,
+            "Use a narrower instruction set than detected.");
+  debug.def("pool_run", &vllm_metal::pool_run, "sleep_us"_a,
+            "One pool job whose item i sleeps sleep_us[i] us: (runs per item, blocked joins).");
+  vllm_metal::bind_dispatch_debug(debug);
 }

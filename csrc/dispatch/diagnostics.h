@@ -1,5 +1,5 @@
 // Records which route the most recent paged-attention call took, for
-// `ops._set_paged_dispatch_diagnostics(True)` / `ops.last_paged_dispatch()`.
+// `debug.set_paged_dispatch_diagnostics(True)` / `debug.last_paged_dispatch()`.
 #pragma once
 
 #include <optional>

@@ -158,7 +158,26 @@ nb::bytes as_bytes(const T& v) {
 void bind_dispatch(nb::module_& m) {
   m.attr("kernels_hash") = kKernelsHash;
 
-  m.def("_set_paged_dispatch_diagnostics", &dispatch::set_paged_dispatch_diagnostics, "enabled"_a,
+  m.def(
+      "metal_head_sizes",
+      [] {
+        nb::list sizes;
+        for (int d : dispatch::varlen_head_sizes()) sizes.append(d);
+        return nb::steal(PySequence_Tuple(sizes.ptr()));
+      },
+      "Head sizes the Metal paged-attention kernels are instantiated for (kernels_v2/kernel_constants.h).");
+  m.def("gpu_core_count", &dispatch::gpu_core_count,
+        "GPU cores the dispatch budgets for (IORegistry on macOS; the documented fallback elsewhere).");
+  m.def("_set_metal_library_path", &metal::set_library_path, "path"_a,
+        "Use this prebuilt .metallib for eval_gpu.");
+  m.def("_set_metal_library_source", &metal::set_library_source, "source"_a,
+        "JIT-compile this Metal source (all of kernels_v2, includes inlined) for eval_gpu.");
+  m.def("metal_kernels_loaded", &metal::kernels_configured,
+        "True once the Metal kernels are configured: the ops may run on the GPU stream.");
+}
+
+void bind_dispatch_debug(nb::module_& m) {
+  m.def("set_paged_dispatch_diagnostics", &dispatch::set_paged_dispatch_diagnostics, "enabled"_a,
         "Record the route of every paged-attention call (and forget the last one).");
   m.def("last_paged_dispatch", &dispatch::last_paged_dispatch,
         "Route of the most recent recorded paged-attention call: 'GqaDecode', 'SplitKv', "
@@ -168,7 +187,7 @@ void bind_dispatch(nb::module_& m) {
         "the even piece size on the CPU backend), else None.");
 
   m.def(
-      "_paged_dispatch",
+      "paged_dispatch",
       [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
          int num_kv_heads, int head_size, int block_size, const std::string& dtype,
          const std::optional<std::string>& query_dtype, int compute_units, bool gqa_decode_disabled) {
@@ -181,7 +200,7 @@ void bind_dispatch(nb::module_& m) {
       "The dispatch decision (dict: route, partition_size, num_partitions, scratch_bytes, reason).");
 
   m.def(
-      "_cpu_paged_dispatch",
+      "cpu_paged_dispatch",
       [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
          int num_kv_heads, int head_size, int block_size, const std::string& dtype,
          const std::optional<std::string>& query_dtype, int threads, bool gqa_decode_disabled, int sliding_window) {
@@ -194,10 +213,10 @@ void bind_dispatch(nb::module_& m) {
       "seq_lens"_a, "query_lens"_a, "num_heads"_a, "num_kv_heads"_a, "head_size"_a, "block_size"_a,
       "dtype"_a, "query_dtype"_a = nb::none(), "threads"_a, "gqa_decode_disabled"_a = false,
       "sliding_window"_a = 0,
-      "The CPU backend's dispatch decision for this many kernel threads (dict as _paged_dispatch).");
+      "The CPU backend's dispatch decision for this many kernel threads (dict as paged_dispatch).");
 
   m.def(
-      "_metal_launch_plan",
+      "metal_launch_plan",
       [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
          int num_kv_heads, int head_size, int block_size, const std::string& dtype, const std::string& route,
          int partition_size, float scale, int sliding_window, float softcap, bool has_sinks,
@@ -231,7 +250,7 @@ void bind_dispatch(nb::module_& m) {
       "num_partitions).");
 
   m.def(
-      "_reshape_and_cache_plan",
+      "reshape_and_cache_plan",
       [](const std::string& dtype, int num_tokens, int row_elems, int num_slots) {
         const auto plan = dispatch::plan_reshape_and_cache(dispatch::parse_dtype(dtype), num_tokens, row_elems,
                                                            num_slots);
@@ -243,7 +262,7 @@ void bind_dispatch(nb::module_& m) {
       "dtype"_a, "num_tokens"_a, "row_elems"_a, "num_slots"_a, "The Metal launch of reshape_and_cache.");
 
   m.def(
-      "_kernel_shapes",
+      "kernel_shapes",
       [] {
         nb::dict out;
         out["head_sizes"] = dispatch::varlen_head_sizes();
@@ -258,7 +277,7 @@ void bind_dispatch(nb::module_& m) {
       "Shapes the Metal kernels are instantiated for (from kernels_v2/kernel_constants.h).");
 
   m.def(
-      "_paged_params_layout",
+      "paged_params_layout",
       [] {
         using P = kernels::PagedAttentionParams;
         nb::list fields;
@@ -278,26 +297,17 @@ void bind_dispatch(nb::module_& m) {
       "((field, byte offset) list, size) of the host's PagedAttentionParams.");
 
   m.def(
-      "_force_paged_route",
+      "force_paged_route",
       [](const std::optional<std::string>& route, int partition_size) {
         cpu::force_cpu_route(route ? std::optional<PagedRoute>(parse_route(*route)) : std::nullopt, partition_size);
       },
       "route"_a.none(), "partition_size"_a = kPartitionSize,
-      "Tests/benchmarks: the CPU backend takes this route instead of deciding (None: decide again).");
+      "The CPU backend takes this route instead of deciding (None: decide again).");
 
-  m.def("_time_cpu_paged_attention", &time_cpu_paged_attention, "query"_a, "key_cache"_a, "value_cache"_a,
+  m.def("time_cpu_paged_attention", &time_cpu_paged_attention, "query"_a, "key_cache"_a, "value_cache"_a,
         "block_tables"_a, "seq_lens"_a, "cu_seqlens_q"_a, "scale"_a, "rounds"_a = 1,
-        "Benchmarks: run the CPU paged attention (fp32) once per layer's block table [layers, num_seqs, "
+        "Run the CPU paged attention (fp32) once per layer's block table [layers, num_seqs, "
         "max_blocks], `rounds` times; returns (seconds per call, last route).");
-
-  m.def("gpu_core_count", &dispatch::gpu_core_count,
-        "GPU cores the dispatch budgets for (IORegistry on macOS; the documented fallback elsewhere).");
-  m.def("_set_metal_library_path", &metal::set_library_path, "path"_a,
-        "Use this prebuilt .metallib for eval_gpu.");
-  m.def("_set_metal_library_source", &metal::set_library_source, "source"_a,
-        "JIT-compile this Metal source (all of kernels_v2, includes inlined) for eval_gpu.");
-  m.def("metal_kernels_loaded", &metal::kernels_configured,
-        "True once the Metal kernels are configured: the ops may run on the GPU stream.");
 }
 
 }  // namespace vllm_metal

@@ -75,7 +75,7 @@ def run_paged_attention(kernels: dict, ext, batch: PagedBatch, route: str, *, pa
     q, kc, vc = raw(batch.query), raw(batch.key_cache), raw(batch.value_cache)
     dtype = batch.key_cache.dtype
     num_heads, head_size = q.shape[1], q.shape[2]
-    plan = ext._metal_launch_plan(
+    plan = ext.debug.metal_launch_plan(
         [int(x) for x in np.array(batch.seq_lens)], query_lens(batch), num_heads, kc.shape[2], head_size,
         kc.shape[1], DTYPE_NAMES[dtype], route, partition_size=partition_size, scale=batch.scale,
         sliding_window=sliding_window or 0, softcap=softcap or 0.0, has_sinks=sinks is not None,
@@ -111,7 +111,7 @@ def run_reshape_and_cache(kernels: dict, ext, key: np.ndarray, value: np.ndarray
     check_orders(orders)
     num_tokens = key.shape[0]
     row = key.shape[1] * key.shape[2]
-    plan = ext._reshape_and_cache_plan(dtype_name, num_tokens, row, key_cache.shape[0] * key_cache.shape[1])
+    plan = ext.debug.reshape_and_cache_plan(dtype_name, num_tokens, row, key_cache.shape[0] * key_cache.shape[1])
     launch = plan["launch"]
     results = []
     for order in orders:

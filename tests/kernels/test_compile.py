@@ -19,19 +19,19 @@ DTYPES = ["float16", "bfloat16", "float32"]
 
 def host_names(ext) -> set[str]:
     """Every kernel name eval_gpu can ask for, built by the host's own name builders."""
-    shapes = ext._kernel_shapes()
+    shapes = ext.debug.kernel_shapes()
     names = set()
     for dtype, hd, bs in itertools.product(DTYPES, shapes["head_sizes"], shapes["block_sizes"]):
-        plan = ext._metal_launch_plan([600], [1], 2, 1, hd, bs, dtype, "SplitKv", partition_size=256,
+        plan = ext.debug.metal_launch_plan([600], [1], 2, 1, hd, bs, dtype, "SplitKv", partition_size=256,
                                       scale=1.0, max_blocks_per_seq=600 // bs + 1)
         names.update(launch["kernel"] for launch in plan["launches"])
     for dtype, (hq, hkv, hd), bs in itertools.product(DTYPES, shapes["gqa_decode_geometries"],
                                                      shapes["block_sizes"]):
-        plan = ext._metal_launch_plan([10], [1], hq, hkv, hd, bs, dtype, "GqaDecode", partition_size=512,
+        plan = ext.debug.metal_launch_plan([10], [1], hq, hkv, hd, bs, dtype, "GqaDecode", partition_size=512,
                                       scale=1.0, max_blocks_per_seq=2)
         names.update(launch["kernel"] for launch in plan["launches"])
     for dtype in DTYPES:
-        names.add(ext._reshape_and_cache_plan(dtype, 1, 64, 64)["launch"]["kernel"])
+        names.add(ext.debug.reshape_and_cache_plan(dtype, 1, 64, 64)["launch"]["kernel"])
     return names
 
 
@@ -62,7 +62,7 @@ def test_harness_defines_come_from_constants_py():
 def test_extension_was_built_with_constants_py(ext):
     assert ext.PARTITION_SIZE == constants.PARTITION_SIZE
     assert tuple(ext.KERNEL_BLOCK_SIZES) == tuple(constants.KERNEL_BLOCK_SIZES)
-    assert ext._kernel_shapes()["block_sizes"] == list(constants.KERNEL_BLOCK_SIZES)
+    assert ext.debug.kernel_shapes()["block_sizes"] == list(constants.KERNEL_BLOCK_SIZES)
 
 
 def test_kernels_refuse_to_build_without_the_constants(tmp_path):
@@ -93,7 +93,7 @@ def test_no_source_defines_its_own_copy_of_the_constants():
 def test_params_block_is_packed_four_byte_scalars(ext):
     # Metal and C++ lay out a struct of 4-byte scalars identically: consecutive, no padding,
     # so the bytes the host sets at buffer(10) read the same in the shader.
-    fields, size = ext._paged_params_layout()
+    fields, size = ext.debug.paged_params_layout()
     assert [offset for _, offset in fields] == [4 * i for i in range(len(fields))]
     assert size == 4 * len(fields)
     header = (KERNELS_DIR / "paged_attention_params.h").read_text()

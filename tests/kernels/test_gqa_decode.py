@@ -45,7 +45,7 @@ def assert_matches(out, ref, dtype):
 
 
 def test_instantiated_geometries_are_the_documented_twelve(ext):
-    shapes = ext._kernel_shapes()
+    shapes = ext.debug.kernel_shapes()
     assert shapes["gqa_decode_geometries"] == GEOMETRIES
     assert len(shapes["gqa_decode_geometries"]) * len(shapes["block_sizes"]) == 12
 
@@ -113,7 +113,7 @@ def test_stays_in_bounds_under_guard(kernels, ext):
 def test_default_dispatch_plan_for_a_decode_batch(kernels, ext):
     # What eval_gpu would do for this batch on a 10-core GPU: the decision, then its plan.
     batch = decode_batch([700, 1500, 64], (32, 8, 128), 16, mx.float16, seed=8)
-    decision = ext._paged_dispatch([700, 1500, 64], [1, 1, 1], 32, 8, 128, 16, "float16", compute_units=10)
+    decision = ext.debug.paged_dispatch([700, 1500, 64], [1, 1, 1], 32, 8, 128, 16, "float16", compute_units=10)
     assert decision["route"] == "GqaDecode" and decision["partition_size"] in (256, 512)
     out, plan = run_paged_attention(kernels, ext, batch, decision["route"],
                                     partition_size=decision["partition_size"])

@@ -51,7 +51,9 @@ def test_head_size(kernels, ext, head_size):
 
 
 def test_instantiated_head_sizes(ext):
-    assert ext._kernel_shapes()["head_sizes"] == [64, 80, 96, 112, 128, 192, 256]
+    assert ext.debug.kernel_shapes()["head_sizes"] == [64, 80, 96, 112, 128, 192, 256]
+    # What the Metal backend checks a model against at load.
+    assert ext.metal_head_sizes() == (64, 80, 96, 112, 128, 192, 256)
 
 
 @pytest.mark.parametrize("window", [1, 7, 64])
@@ -115,7 +117,7 @@ def test_stays_in_bounds_under_guard(kernels, ext):
 def test_default_dispatch_plan(kernels, ext, seq_lens, q_lens):
     # The route eval_gpu would take on an 8-core GPU, run as planned.
     batch = make_batch(seq_lens, q_lens, num_heads=4, num_kv_heads=2, head_size=64, block_size=16, seed=13)
-    decision = ext._paged_dispatch(seq_lens, q_lens, 4, 2, 64, 16, "float32", compute_units=8)
+    decision = ext.debug.paged_dispatch(seq_lens, q_lens, 4, 2, 64, 16, "float32", compute_units=8)
     assert decision["route"] in ("Varlen", "SplitKv")
     out, plan = run_paged_attention(kernels, ext, batch, decision["route"],
                                     partition_size=decision["partition_size"] or 512)

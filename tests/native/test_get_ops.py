@@ -72,10 +72,10 @@ def test_cpu_isa_is_reported_and_only_narrowed():
     ext = get_ops()
     assert ext.cpu_isa() in ("avx512", "avx2", "generic")
     with pytest.raises(ValueError, match="expected 'avx512', 'avx2' or 'generic'"):
-        ext._set_cpu_isa("sse9")
+        ext.debug.set_cpu_isa("sse9")
     if ext.cpu_isa() != "avx512":
         with pytest.raises(ValueError, match="does not support avx512"):
-            ext._set_cpu_isa("avx512")
+            ext.debug.set_cpu_isa("avx512")
 
 
 def run_with_threads(value: str) -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 """The dispatch decision table (csrc/dispatch/paged_dispatch.cpp), one rule per test.
 
 The decision is a pure function of the shapes, dtypes, lengths, compute units
-and environment, exposed as get_ops()._paged_dispatch; docs/kernels.md lists
+and environment, exposed as get_ops().debug.paged_dispatch; docs/kernels.md lists
 the same rules.
 """
 
@@ -21,7 +21,7 @@ BUDGET_PER_CORE = 33
 
 def decide(seq_lens, query_lens=None, *, shape=LLAMA, block_size=16, dtype="float16", query_dtype=None,
            cores=10, disabled=False):
-    return get_ops()._paged_dispatch(
+    return get_ops().debug.paged_dispatch(
         seq_lens, query_lens if query_lens is not None else [1] * len(seq_lens), shape["num_heads"],
         shape["num_kv_heads"], shape["head_size"], block_size, dtype, query_dtype=query_dtype,
         compute_units=cores, gqa_decode_disabled=disabled)
@@ -138,11 +138,11 @@ def test_random_shapes_never_fail():
 def test_bad_arguments_raise_value_errors():
     ops = get_ops()
     with pytest.raises(ValueError, match="same length"):
-        ops._paged_dispatch([1, 2], [1], 32, 8, 128, 16, "float16", compute_units=1)
+        ops.debug.paged_dispatch([1, 2], [1], 32, 8, 128, 16, "float16", compute_units=1)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        ops._paged_dispatch([1], [1], 30, 8, 128, 16, "float16", compute_units=1)
+        ops.debug.paged_dispatch([1], [1], 30, 8, 128, 16, "float16", compute_units=1)
     with pytest.raises(ValueError, match="dtype must be"):
-        ops._paged_dispatch([1], [1], 32, 8, 128, 16, "int8", compute_units=1)
+        ops.debug.paged_dispatch([1], [1], 32, 8, 128, 16, "int8", compute_units=1)
 
 
 def test_gpu_core_count_has_a_fallback_off_apple():
@@ -159,7 +159,7 @@ CPU_MIN_PIECE = 64  # kCpuMinPiece
 
 def cpu_decide(seq_lens, query_lens=None, *, shape=SMOLLM, block_size=16, dtype="float32", query_dtype=None,
                threads=2, disabled=False, sliding_window=0):
-    return get_ops()._cpu_paged_dispatch(
+    return get_ops().debug.cpu_paged_dispatch(
         seq_lens, query_lens if query_lens is not None else [1] * len(seq_lens), shape["num_heads"],
         shape["num_kv_heads"], shape["head_size"], block_size, dtype, query_dtype=query_dtype,
         threads=threads, gqa_decode_disabled=disabled, sliding_window=sliding_window)

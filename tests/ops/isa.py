@@ -15,10 +15,10 @@ def cpu_isa(name: str):
     ext = get_ops()
     original = ext.cpu_isa()
     try:
-        ext._set_cpu_isa(name)
+        ext.debug.set_cpu_isa(name)
     except ValueError:
         pytest.skip(f"this CPU has no {name}")
     try:
         yield
     finally:
-        ext._set_cpu_isa(original)
+        ext.debug.set_cpu_isa(original)

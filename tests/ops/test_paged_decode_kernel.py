@@ -27,11 +27,11 @@ from vllm_metal.ops.reference import paged_attention_ref
 @contextlib.contextmanager
 def forced(route, partition):
     ext = get_ops()
-    ext._force_paged_route(route, partition)
+    ext.debug.force_paged_route(route, partition)
     try:
         yield
     finally:
-        ext._force_paged_route(None)
+        ext.debug.force_paged_route(None)
 
 
 def check(batch, dtype=mx.float32, **options):

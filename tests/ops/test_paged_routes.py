@@ -16,16 +16,16 @@ from vllm_metal.ops.reference import paged_attention_ref
 @pytest.fixture
 def force_route():
     ext = get_ops()
-    yield ext._force_paged_route
-    ext._force_paged_route(None)
+    yield ext.debug.force_paged_route
+    ext.debug.force_paged_route(None)
 
 
 @pytest.fixture
 def diagnostics():
     ext = get_ops()
-    ext._set_paged_dispatch_diagnostics(True)
-    yield ext
-    ext._set_paged_dispatch_diagnostics(False)
+    ext.debug.set_paged_dispatch_diagnostics(True)
+    yield ext.debug
+    ext.debug.set_paged_dispatch_diagnostics(False)
 
 
 def run(batch, **options):
@@ -84,7 +84,7 @@ def test_forcing_gqa_decode_on_prefill_rows_is_an_error(force_route):
 
 def test_unknown_route_name_is_refused():
     with pytest.raises(ValueError, match="route must be"):
-        get_ops()._force_paged_route("Fastest")
+        get_ops().debug.force_paged_route("Fastest")
 
 
 def test_diagnostics_report_gqa_decode_and_its_partition(diagnostics):
@@ -92,8 +92,8 @@ def test_diagnostics_report_gqa_decode_and_its_partition(diagnostics):
     mx.eval(run(make_batch([3000, 40], [1, 1], num_heads=32, num_kv_heads=8, head_size=128)))
     assert diagnostics.last_paged_dispatch() == "GqaDecode"
     # The CPU cuts its own partitions (docs/gqa-decode.md): the decision for this pool.
-    decided = diagnostics._cpu_paged_dispatch([3000, 40], [1, 1], 32, 8, 128, 16, "float32",
-                                              threads=diagnostics.cpu_threads())
+    decided = diagnostics.cpu_paged_dispatch([3000, 40], [1, 1], 32, 8, 128, 16, "float32",
+                                             threads=get_ops().cpu_threads())
     assert diagnostics.last_gqa_partition_size() == decided["partition_size"]
 
 
@@ -140,9 +140,9 @@ def test_invalid_disable_value_is_a_clear_error(monkeypatch):
 
 def test_nothing_is_recorded_while_diagnostics_are_off():
     ext = get_ops()
-    ext._set_paged_dispatch_diagnostics(False)
+    ext.debug.set_paged_dispatch_diagnostics(False)
     mx.eval(run(make_batch([30], [1])))
-    assert ext.last_paged_dispatch() is None
+    assert ext.debug.last_paged_dispatch() is None
 
 
 def test_timing_hook_runs_the_decided_route_and_checks_its_arguments():
@@ -155,12 +155,12 @@ def test_timing_hook_runs_the_decided_route_and_checks_its_arguments():
     query = rng.standard_normal((2, 9, 64), dtype=np.float32)
     seq_lens = np.array([20, 32], np.int32)
     cu = np.array([0, 1, 2], np.int32)
-    times, route = ext._time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, 0.125, 3)
+    times, route = ext.debug.time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, 0.125, 3)
     assert len(times) == 6 and all(t > 0 for t in times)
     assert route == "GqaDecode"
     with pytest.raises(ValueError, match="block_tables must be"):
-        ext._time_cpu_paged_attention(query, key, value, tables[0], seq_lens, cu, 0.125)
+        ext.debug.time_cpu_paged_attention(query, key, value, tables[0], seq_lens, cu, 0.125)
     with pytest.raises(ValueError, match="value_cache must have key_cache's shape"):
-        ext._time_cpu_paged_attention(query, key, value[:4], tables, seq_lens, cu, 0.125)
+        ext.debug.time_cpu_paged_attention(query, key, value[:4], tables, seq_lens, cu, 0.125)
     with pytest.raises(ValueError, match="rounds must be >= 1"):
-        ext._time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, 0.125, 0)
+        ext.debug.time_cpu_paged_attention(query, key, value, tables, seq_lens, cu, 0.125, 0)

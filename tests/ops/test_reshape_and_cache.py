@@ -85,11 +85,11 @@ def test_non_contiguous_key_and_value_views():
 def test_updates_the_cache_in_place_without_copying():
     ext = get_ops()
     key_cache, value_cache = caches()
-    k_ptr, v_ptr = ext._data_ptr(key_cache), ext._data_ptr(value_cache)
+    k_ptr, v_ptr = ext.data_ptr(key_cache), ext.data_ptr(value_cache)
     key, value = rows(2)
     out_k, out_v = ops.reshape_and_cache(key, value, key_cache, value_cache, mx.array([9, 33]))
     mx.eval(out_k, out_v)
-    assert ext._data_ptr(out_k) == k_ptr and ext._data_ptr(out_v) == v_ptr
+    assert ext.data_ptr(out_k) == k_ptr and ext.data_ptr(out_v) == v_ptr
     # The caller's original arrays see the new rows too: same memory.
     np.testing.assert_array_equal(np.array(key_cache[1, 1]), np.array(key[0]))
     np.testing.assert_array_equal(np.array(value_cache[4, 1]), np.array(value[1]))
@@ -150,7 +150,7 @@ def test_cache_view_into_a_larger_buffer_is_updated_in_place():
     key, value = rows(1)
     out_k, _ = ops.reshape_and_cache(key, value, key_cache, value_cache, mx.array([11]))
     mx.eval(out_k)
-    assert get_ops()._data_ptr(out_k) == get_ops()._data_ptr(key_cache)
+    assert get_ops().data_ptr(out_k) == get_ops().data_ptr(key_cache)
     np.testing.assert_array_equal(np.array(layers[1, 1, 3]), np.array(key[0]))
 
 

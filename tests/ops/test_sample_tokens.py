@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from tests.ops.isa import cpu_isa
-from vllm_metal.ops.sampling import key_uniform, sample_tokens
+from vllm_metal.native import get_ops
+from vllm_metal.ops.sampling import sample_tokens
 
 MASK64 = (1 << 64) - 1
 
@@ -78,7 +79,7 @@ def test_key_uniform_is_splitmix64():
     rng = np.random.default_rng(0)
     for high, low in [(0, 0), (0, 1), (2**32 - 1, 2**32 - 1)] + [
             tuple(int(v) for v in rng.integers(0, 2**32, 2)) for _ in range(50)]:
-        assert key_uniform(high, low) == ref_uniform(high, low)
+        assert get_ops().debug.key_uniform(high, low) == ref_uniform(high, low)
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])

@@ -20,19 +20,19 @@ import random
 from vllm_metal.native import get_ops
 
 ext = get_ops()
-ext._pool_run([0, 0])   # the pool's threads start
+ext.debug.pool_run([0, 0])   # the pool's threads start
 rng = random.Random(0)
 blocked = 0
 for _ in range(300):
     # Sleeps around the spin (30 us) and well past it, in random order, so
     # each side of the join is sometimes the slow one.
     delays = [rng.choice([0, 0, 20, 60, 500, 2000]) for _ in range(rng.randint(1, 9))]
-    runs, b = ext._pool_run(delays)
+    runs, b = ext.debug.pool_run(delays)
     assert runs == [1] * len(delays), (delays, runs)
     blocked += b
 # The caller takes item 0 first; the worker, woken meanwhile, takes item 1 and
 # outlasts the caller's item by 4 ms.
-slow_second = sum(ext._pool_run([1000, 5000])[1] for _ in range(20))
+slow_second = sum(ext.debug.pool_run([1000, 5000])[1] for _ in range(20))
 print(blocked, slow_second)
 """
 
@@ -59,13 +59,13 @@ import os, time
 from vllm_metal.native import get_ops
 
 ext = get_ops()
-ext._pool_run([0, 0])   # the parent's pool and its threads exist before the fork
+ext.debug.pool_run([0, 0])   # the parent's pool and its threads exist before the fork
 pid = os.fork()
 if pid == 0:
     # The child inherits the pool object but not its threads: it must build its own,
     # or its two 50 ms items would run one after the other on the caller.
     start = time.perf_counter()
-    runs, _ = ext._pool_run([50_000, 50_000])
+    runs, _ = ext.debug.pool_run([50_000, 50_000])
     os._exit(0 if runs == [1, 1] and time.perf_counter() - start < 0.09 else 1)
 _, status = os.waitpid(pid, 0)
 print(os.waitstatus_to_exitcode(status))

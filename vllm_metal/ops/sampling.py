@@ -2,7 +2,7 @@
 
 ``sample_tokens`` picks one token per row: the argmax, or a draw from
 softmax(logits / T) by the inverse CDF at one uniform per row, which the row's
-key decides (``key_uniform``). On MLX's CPU backend this replaces Gumbel-max
+key decides (the extension's ``debug.key_uniform`` computes it, for tests). On MLX's CPU backend this replaces Gumbel-max
 (V uniforms and 2V logs per row, in scalar nodes). It is a CPU kernel: the
 sampler routes through it only while MLX computes on the CPU (v1/sampler.py).
 """
@@ -14,7 +14,7 @@ import mlx.core as mx
 from vllm_metal.native import get_ops
 from vllm_metal.ops.linear import _FLOAT_DTYPES, _array, _stream
 
-__all__ = ["key_uniform", "sample_tokens", "top_logprobs"]
+__all__ = ["sample_tokens", "top_logprobs"]
 
 _INT_DTYPES = (mx.int32, mx.int64)
 
@@ -28,7 +28,7 @@ def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
     temperature: float [R]; > 0 draws from softmax(logits / T), <= 0 takes the
                  first index of the row's max
     keys:        uint32 [R, 2]; the draw is the smallest i whose cumulative
-                 (filtered) probability exceeds key_uniform(*keys[r])
+                 (filtered) probability exceeds the row's uniform (splitmix64 of keys[r])
     min_p:       float [R]: drop tokens below min_p x the row's top probability (0: off)
     top_k:       int [R]: keep the k most likely, ties kept (<= 0 or >= V: off)
     top_p:       float [R]: then keep the fewest most likely tokens holding top_p
@@ -90,7 +90,3 @@ def top_logprobs(x: mx.array, token: mx.array, k: int, normalize: bool
     ids, vals, ranks = get_ops().top_logprobs(x, token, k, normalize, stream=_stream())
     return ids, vals, ranks
 
-
-def key_uniform(high: int, low: int) -> float:
-    """The uniform in [0, 1) that ``sample_tokens`` uses for a row keyed (high, low)."""
-    return get_ops().key_uniform(high, low)

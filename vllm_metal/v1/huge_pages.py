@@ -175,5 +175,5 @@ def array_ranges(arrays: Iterable) -> list[tuple[int, int]]:
     """[start, end) of each evaluated mx.array's bytes (empty arrays skipped)."""
     from vllm_metal.native import get_ops
 
-    address = get_ops()._data_ptr
+    address = get_ops().data_ptr
     return [(address(a), address(a) + a.nbytes) for a in arrays if a.nbytes]

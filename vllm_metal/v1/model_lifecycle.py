@@ -152,7 +152,7 @@ def _check_metal_head_size(family: str, head_dim: int) -> None:
     """The Metal kernels are instantiated for a fixed set of head sizes."""
     from vllm_metal.native import get_ops
 
-    sizes = get_ops()._kernel_shapes()["head_sizes"]
+    sizes = get_ops().metal_head_sizes()
     if head_dim not in sizes:
         raise UnsupportedModelError(
             f"{family}: head size {head_dim} has no Metal paged-attention kernel "
