@@ -56,7 +56,8 @@ def test_smollm2_special_tokens_are_whole(smollm2_tokenizer, smollm2_path):
     assert ids.count(tokens.index("<|im_end|>")) == 1
 
 
-@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "smollm", "gpt2"])
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "smollm", "gpt2", "dbrx", "refact",
+                                 "starcoder"])
 def test_pre_tokenizer_types_match_transformers(tiny_gguf, pre):
     path = tiny_gguf("llama", "F32", pre=pre)
     ours = build_tokenizer(read_header(path).metadata)
@@ -84,8 +85,9 @@ def test_byte_level_adds_bos_when_the_file_asks(tiny_gguf):
     assert ids[0] == metadata["tokenizer.ggml.bos_token_id"]
 
 
-def _sentencepiece_gguf(path):
-    """A GGUF holding a SentencePiece BPE vocabulary the way llama.cpp converts one."""
+def _sentencepiece_gguf(path, space_prefix=True):
+    """A GGUF holding a SentencePiece BPE vocabulary the way llama.cpp converts one
+    (`space_prefix` False: as Gemma's, trained without a dummy prefix)."""
     import gguf
     import sentencepiece as spm
 
@@ -93,7 +95,7 @@ def _sentencepiece_gguf(path):
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS.split("\n")), model_writer=model, vocab_size=600,
         model_type="bpe", byte_fallback=True, normalization_rule_name="identity",
-        remove_extra_whitespaces=False, add_dummy_prefix=True, split_digits=True,
+        remove_extra_whitespaces=False, add_dummy_prefix=space_prefix, split_digits=True,
         character_coverage=1.0, allow_whitespace_only_pieces=True, minloglevel=2)
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     n = sp.get_piece_size()
@@ -107,7 +109,7 @@ def _sentencepiece_gguf(path):
     writer.add_bos_token_id(sp.bos_id())
     writer.add_eos_token_id(sp.eos_id())
     writer.add_unk_token_id(sp.unk_id())
-    writer.add_add_space_prefix(True)
+    writer.add_add_space_prefix(space_prefix)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -120,6 +122,17 @@ def sentencepiece_case(tmp_path_factory):
     path = tmp_path_factory.mktemp("spm") / "spm.gguf"
     sp = _sentencepiece_gguf(path)
     return path, sp, build_tokenizer(read_header(path).metadata)
+
+
+@pytest.mark.parametrize("text", [*TEXTS, "  two leading spaces"])
+def test_sentencepiece_without_space_prefix_matches_sentencepiece(tmp_path_factory, text):
+    """Gemma's vocabularies: the converter writes add_space_prefix = False."""
+    path = tmp_path_factory.mktemp("spm-no-prefix") / "spm.gguf"
+    sp = _sentencepiece_gguf(path, space_prefix=False)
+    ours = build_tokenizer(read_header(path).metadata)
+    ids = ours.encode(text, add_special_tokens=False).ids
+    assert ids == sp.encode(text)
+    assert ours.decode(ids) == text
 
 
 @pytest.mark.parametrize("text", [*TEXTS, "  two leading spaces"])
