@@ -232,3 +232,30 @@ def test_gemma3_final_softcap_is_refused(family_gguf):
         header, metadata={**header.metadata, "gemma3.final_logit_softcapping": 30.0})
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         hf_config_from_gguf(header)
+
+
+@pytest.mark.parametrize("flags,pattern", [([True] * 5 + [False], 6),
+                                           ([True, False] * 3, 2), ([False] * 6, 1)])
+def test_gemma3_per_layer_window_flags(family_gguf, flags, pattern):
+    import dataclasses
+
+    header = read_header(family_gguf("gemma3_text"))
+    header = dataclasses.replace(header, metadata={
+        **header.metadata, "gemma3.attention.sliding_window_pattern": flags,
+        "gemma3.rope.freq_base_swa": 5000.0})
+    config = hf_config_from_gguf(header)
+    assert config["sliding_window_pattern"] == pattern
+    assert config["rope_local_base_freq"] == 5000.0
+    assert config["layer_types"] == ["sliding_attention" if f else "full_attention"
+                                     for f in flags]
+
+
+def test_gemma3_irregular_window_flags_are_refused(family_gguf):
+    import dataclasses
+
+    header = read_header(family_gguf("gemma3_text"))
+    header = dataclasses.replace(header, metadata={
+        **header.metadata,
+        "gemma3.attention.sliding_window_pattern": [True, False, False, True, True, False]})
+    with pytest.raises(ValueError, match="do not repeat with one period"):
+        hf_config_from_gguf(header)
