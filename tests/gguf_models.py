@@ -216,13 +216,16 @@ FAMILY_ARCHS = {
     "olmo2": ("olmo2", "OLMO2", False, False),
     "granite": ("granite", "GRANITE", True, False),
     "starcoder2": ("starcoder2", "STARCODER2", False, False),
+    "smollm3": ("smollm3", "SMOLLM3", True, False),
 }
 # Config values llama.cpp cannot store and instead fixes (Gemma's query scale is
-# 1/sqrt(head_dim) below 27B; Gemma 3 windows all but every 6th layer).
+# 1/sqrt(head_dim) below 27B; Gemma 3 windows all but every 6th layer; SmolLM3 skips
+# RoPE on every 4th layer).
 FAMILY_GGUF_OVERRIDES = {
     "gemma2": dict(query_pre_attn_scalar=64),
     "gemma3_text": dict(query_pre_attn_scalar=64, num_hidden_layers=6,
                         sliding_window_pattern=6),
+    "smollm3": dict(no_rope_layer_interval=4),
 }
 
 

@@ -96,6 +96,7 @@ FAMILY_KEYS = {
     "granite": ("logits_scaling", "attention_multiplier", "embedding_multiplier",
                 "residual_multiplier"),
     "starcoder2": ("norm_epsilon",),
+    "smollm3": ("no_rope_layer_interval",),
 }
 
 

@@ -23,6 +23,7 @@ _GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10_000.0
 # llama.cpp scales queries by 1/sqrt(hidden / heads) for the 27B models (these layer
 # counts), by 1/sqrt(head_dim) otherwise; neither file format stores the scalar.
 _GEMMA2_27B_LAYERS, _GEMMA3_27B_LAYERS = 46, 62
+_SMOLLM3_NO_ROPE_STEP = 4
 
 
 class Metadata:
@@ -149,6 +150,11 @@ def _granite(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _smollm3(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    # llama.cpp skips RoPE on every 4th layer of SmolLM3 and stores no key for it.
+    return {**_biases(md, config), "no_rope_layer_interval": _SMOLLM3_NO_ROPE_STEP}
+
+
 ARCHITECTURES: dict[str, Architecture] = {
     # Mistral files are tagged "llama": same layers, run by llama.cpp as llama.
     "llama": Architecture("LlamaForCausalLM", "llama", "LLAMA", True, 0.0, "silu",
@@ -168,6 +174,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "olmo2": Architecture("Olmo2ForCausalLM", "olmo2", "OLMO2", False, 0.0, "silu"),
     "granite": Architecture("GraniteForCausalLM", "granite", "GRANITE", True, 0.0, "silu",
                             extra=_granite),
+    "smollm3": Architecture("SmolLM3ForCausalLM", "smollm3", "SMOLLM3", True, 0.0, "silu",
+                            extra=_smollm3),
     "starcoder2": Architecture("Starcoder2ForCausalLM", "starcoder2", "STARCODER2", False,
                                0.0, "gelu_pytorch_tanh", layer_norm=True),
 }
