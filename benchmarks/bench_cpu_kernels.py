@@ -172,10 +172,11 @@ def decode_step_ms(fast: bool, context: int, steps: int) -> tuple[float, float]:
     from decode_loop import decode_steps
 
     from vllm_metal.cli.bundled import DEFAULT_MODEL
-    from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
+    from vllm_metal.cpu.backend import CpuBackend
+    from vllm_metal.cpu.fast_linears import use_fast_cpu_linears
     from vllm_metal.v1.model_lifecycle import load_model
 
-    loaded = load_model(str(DEFAULT_MODEL.path()), mx.float32)
+    loaded = load_model(str(DEFAULT_MODEL.path()), mx.float32, CpuBackend())
     if fast:
         use_fast_cpu_linears(loaded.model)
     times, _ = decode_steps(loaded, context, steps)

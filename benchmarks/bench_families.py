@@ -67,11 +67,12 @@ def decode_tok_s(path: Path, steps: int) -> tuple[float, str, int]:
     """(median decode tok/s, compute path, graph nodes of one step) of the model at ``path``."""
     from decode_loop import decode_steps
 
+    from vllm_metal.cpu.backend import CpuBackend
     from vllm_metal.v1.model_lifecycle import load_model
 
-    loaded = load_model(str(path), mx.float32)
+    loaded = load_model(str(path), mx.float32, CpuBackend())
     times, nodes = decode_steps(loaded, PROMPT, steps)
-    route = "decoder stack" if loaded.stack is not None else "module path"
+    route = "decoder stack" if loaded.backbone.stack is not None else "module path"
     return 1.0 / float(np.median(times)), route, nodes
 
 

@@ -36,9 +36,10 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     from vllm_metal.cli.bundled import DEFAULT_MODEL
-    from vllm_metal.v1.sampler import Sampler
+    from vllm_metal.cpu.backend import CpuBackend
 
-    Sampler._use_cpu_kernel = lambda self: args.sampler == "kernel"
+    # The engine runs in this process (no V1 multiprocessing): its runner reads this.
+    CpuBackend.sampling_kernels = args.sampler == "kernel"
     model = DEFAULT_MODEL.path()
     if model is None:
         raise SystemExit(f"the bundled model needs the {DEFAULT_MODEL.package} package")

@@ -52,7 +52,8 @@ def test_vllm_resolves_this_platform_in_a_fresh_process():
 
 
 def test_platform_reports_memory_and_dtypes():
-    from vllm_metal.platform import MetalPlatform, system_memory_bytes
+    from vllm_metal.backend import system_memory_bytes
+    from vllm_metal.platform import MetalPlatform
 
     platform = MetalPlatform()
     assert MetalPlatform.get_device_total_memory() > 0

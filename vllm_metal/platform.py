@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,24 +15,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm_metal")
 
 WORKER_QUALNAME = "vllm_metal.v1.worker.MetalWorker"
-IS_MACOS = sys.platform == "darwin"
 
 
-def system_memory_bytes() -> int:
-    """Physical memory of the host in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def _backend():
+    # The device's facts come from its backend (vllm_metal.backend); the worker
+    # chooses the same one with the same function.
+    from vllm_metal.backend import select_backend
 
-
-def device_memory_bytes() -> int:
-    """Memory the MLX device may use: Metal's recommended working set, else system RAM."""
-    import mlx.core as mx
-
-    if mx.metal.is_available():
-        info = mx.device_info()
-        size = info.get("max_recommended_working_set_size")
-        if size:
-            return int(size)
-    return system_memory_bytes()
+    return select_backend()
 
 
 class MetalPlatform(Platform):
@@ -50,24 +39,19 @@ class MetalPlatform(Platform):
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
-        # `--dtype auto` picks from this list. MLX's CPU backend runs half
-        # precision 10-40x slower than float32 (scalar kernels), so on Linux auto
-        # means float32; an explicit --dtype still wins. Metal wants half precision.
-        if IS_MACOS:
-            return [torch.float16, torch.bfloat16, torch.float32]
-        return [torch.float32]
+        # `--dtype auto` picks from this list.
+        return _backend().supported_dtypes()
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
         import mlx.core as mx
 
         name = mx.device_info().get("device_name", "")
-        backend = "Metal" if mx.metal.is_available() else "MLX CPU"
-        return f"{name} ({backend})".strip()
+        return f"{name} ({_backend().label})".strip()
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
-        return device_memory_bytes()
+        return _backend().device_memory_bytes()
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:

@@ -104,7 +104,7 @@ def test_half_precision_kv_cache(llama_dir, kv_cache_dtype, monkeypatch):
     try:
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
         assert runner.kv_cache.key_caches[0].dtype == getattr(mx, kv_cache_dtype)
-        assert runner.loaded.stack is not None  # the one-node stack takes these caches
+        assert runner.loaded.backbone.stack is not None  # the one-node stack takes these caches
         ids, got = _vllm_greedy(llm, llama_dir, PROMPTS)
         same = [tokens == mlx_reference.greedy_tokens(llama_dir, p, MAX_TOKENS)
                 for p, tokens in zip(ids, got)]
@@ -123,10 +123,10 @@ def test_int8_activations_reach_every_quantized_layer(monkeypatch):
     # The served engine under both fast settings: the flags reach the loaded
     # model (the stack, every quantized linear and the head), and the output
     # stays close to mlx-lm's. Random tiny models amplify the int8 rounding
-    # from layer to layer (tests/models/test_decoder_stack.py), so the check
+    # from layer to layer (tests/cpu/test_decoder_stack.py), so the check
     # is each request's first token; SmolLM2's real-model cost is measured in
     # tests/gguf/test_smollm2_int8.py.
-    from vllm_metal.models.cpu_fast_path import FastQuantizedLinear
+    from vllm_metal.cpu.fast_linears import FastQuantizedLinear
 
     monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "1")
     monkeypatch.setenv("VLLM_METAL_CPU_KV_CACHE_DTYPE", "float16")
@@ -135,7 +135,7 @@ def test_int8_activations_reach_every_quantized_layer(monkeypatch):
     try:
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
         loaded = runner.loaded
-        assert loaded.stack is not None
+        assert loaded.backbone.stack is not None
         linears = [m for _, m in loaded.model.named_modules()
                    if isinstance(m, FastQuantizedLinear)]
         assert linears and all(m.int8_activations for m in linears)

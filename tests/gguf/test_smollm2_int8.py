@@ -9,7 +9,7 @@ import numpy as np
 from vllm_metal.gguf.header import read_header
 from vllm_metal.gguf.loader import load_gguf_model
 from vllm_metal.gguf.tokenizer import build_tokenizer
-from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
+from vllm_metal.cpu.fast_linears import use_fast_cpu_linears
 
 TEXT = ("<|im_start|>user\nTell me about the Roman Empire.<|im_end|>\n<|im_start|>assistant\n"
         "The Roman Empire began when Augustus became the first emperor in 27 BC. Over the "

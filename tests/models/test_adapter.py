@@ -6,12 +6,13 @@ import pytest
 
 from tests.family_models import WINDOW, cached_family_model
 from tests.tiny_models import cached_tiny_model
+from vllm_metal.backend import select_backend
 from vllm_metal.models.adapter import ModelAdapter, UnsupportedModelError
 from vllm_metal.v1.model_lifecycle import load_model
 
 
 def _adapter(family: str) -> ModelAdapter:
-    return load_model(str(cached_family_model(family)), mx.float32).adapter
+    return load_model(str(cached_family_model(family)), mx.float32, select_backend()).adapter
 
 
 def test_sliding_window_layers_are_found_from_the_mask_the_family_asks_for():
@@ -137,15 +138,8 @@ def test_layers_with_different_kv_shapes_are_refused_at_load():
     # Gemma 4's global layers may have their own head size; one paged shape is kept.
     path = cached_family_model("gemma4_text", global_head_dim=128)
     with pytest.raises(UnsupportedModelError, match=r"gemma4_text: its layers differ"):
-        load_model(str(path), mx.float32)
+        load_model(str(path), mx.float32, select_backend())
 
-
-def test_a_head_size_without_metal_kernels_is_refused_on_metal():
-    from vllm_metal.v1.model_lifecycle import _check_metal_head_size
-
-    _check_metal_head_size("llama", 128)
-    with pytest.raises(UnsupportedModelError, match="llama: head size 40 has no Metal"):
-        _check_metal_head_size("llama", 40)
 
 
 def test_phi3small_block_sparse_attention_is_refused_by_name():

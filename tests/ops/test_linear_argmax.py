@@ -12,6 +12,7 @@ import pytest
 from tests.ops.linear_inputs import make_quantized, random_float
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.ops import linear
+from vllm_metal.cpu.backend import CpuBackend
 from vllm_metal.v1.model_lifecycle import load_model
 
 # Past 8192 columns the kernel splits a row into pieces on the pool.
@@ -85,7 +86,7 @@ def test_bad_argmax_columns_are_refused():
 
 @pytest.mark.parametrize("family", ["llama", "mistral"])   # separate head, tied head
 def test_greedy_tokens_is_the_argmax_of_the_heads_logits(family):
-    loaded = load_model(str(cached_tiny_model(family, quantize_bits=4)), mx.float32)
+    loaded = load_model(str(cached_tiny_model(family, quantize_bits=4)), mx.float32, CpuBackend())
     hidden = random_float((5, loaded.model.args.hidden_size), seed=3, scale=4.0)
     vocab = loaded.dims.vocab_size - 7
     got = loaded.greedy_tokens(hidden, vocab)
@@ -95,8 +96,9 @@ def test_greedy_tokens_is_the_argmax_of_the_heads_logits(family):
 
 
 def test_greedy_tokens_declines_float_heads_and_a_vocab_past_the_head():
-    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
+    loaded = load_model(str(cached_tiny_model("llama")), mx.float32, CpuBackend())
     hidden = random_float((2, loaded.model.args.hidden_size))
     assert loaded.greedy_tokens(hidden, loaded.dims.vocab_size) is None
-    quantized = load_model(str(cached_tiny_model("llama", quantize_bits=4)), mx.float32)
+    quantized = load_model(str(cached_tiny_model("llama", quantize_bits=4)), mx.float32,
+                           CpuBackend())
     assert quantized.greedy_tokens(hidden, quantized.dims.vocab_size + 1) is None

@@ -12,6 +12,7 @@ import pytest
 
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
+from vllm_metal.cpu.backend import CpuBackend
 from vllm_metal.native import get_ops
 from vllm_metal.v1.model_lifecycle import load_model
 from vllm_metal.v1.model_runner import MetalModelRunner, _synthetic_prefill
@@ -21,8 +22,9 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def loaded():
-    model = load_model(str(cached_tiny_model("llama", quantize_bits=4, group_size=32)), mx.float32)
-    assert model.stack is not None, "the estimate is about the CPU fast path"
+    model = load_model(str(cached_tiny_model("llama", quantize_bits=4, group_size=32)), mx.float32,
+                       CpuBackend())
+    assert model.backbone.stack is not None, "the estimate is about the CPU fast path"
     return model
 
 
@@ -30,6 +32,7 @@ def _runner(loaded, max_num_batched_tokens: int) -> MetalModelRunner:
     """A runner with just what profile_run and _forward read (no vLLM config)."""
     runner = object.__new__(MetalModelRunner)
     runner.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="auto"))
+    runner.backend = CpuBackend()
     runner.loaded = loaded
     runner.block_size = BLOCK
     runner.max_model_len = 4096

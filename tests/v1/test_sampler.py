@@ -84,7 +84,7 @@ def state(prompt=(1, 2, 3), output=(), **kw):
 
 
 def run(states, logits, mode="raw_logprobs", bitmask=None, vocab=None, candidates=1024,
-        cpu_kernel=None):
+        cpu_kernel=True):
     vocab = vocab or logits.shape[1]
     batch = build_sampling_batch(states, vocab)
     sampler = Sampler(vocab, mode, top_p_candidates=candidates, cpu_kernel=cpu_kernel)

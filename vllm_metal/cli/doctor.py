@@ -37,9 +37,11 @@ def _python() -> str:
 def _mlx() -> str:
     import mlx.core as mx
 
-    backend = "Metal GPU" if mx.metal.is_available() else "CPU"
+    from vllm_metal.backend import select_backend
+
     info = mx.device_info()
-    return f"mlx {mx.__version__}, backend {backend}, device {info.get('device_name', '?')}"
+    return (f"mlx {mx.__version__}, backend {select_backend().label}, "
+            f"device {info.get('device_name', '?')}")
 
 
 def _vllm() -> str:
@@ -90,9 +92,9 @@ def _kernels() -> str:
 
 
 def _memory() -> str:
-    from vllm_metal.platform import device_memory_bytes
+    from vllm_metal.backend import select_backend
 
-    total = device_memory_bytes()
+    total = select_backend().device_memory_bytes()
     return (f"{total / 2**30:.1f} GiB device memory; the default --gpu-memory-utilization 0.9 "
             f"lets the engine use {0.9 * total / 2**30:.1f} GiB")
 

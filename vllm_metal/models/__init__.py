@@ -1,1 +1,1 @@
-"""Model-level adaptations of mlx-lm models (CPU fast path)."""
+"""The model adaptation: each family's own mlx-lm code over the paged cache (adapter.py)."""

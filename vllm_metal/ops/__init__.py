@@ -14,7 +14,6 @@ vllm_metal.native.get_ops() has loaded them, else on the CPU stream.
 from __future__ import annotations
 
 import math
-import sys
 from numbers import Integral, Real
 
 import mlx.core as mx
@@ -141,13 +140,11 @@ def paged_attention(
         sliding_window, softcap, sinks, stream=_stream())
 
 
-def _stream() -> mx.Stream | mx.Device | None:
+def _stream() -> mx.DeviceType | None:
     # With the Metal kernels loaded the ops run on the default (GPU) stream and
     # fall back to the CPU per call for shapes the kernels do not cover; without
     # them, on the CPU stream (unified memory: no copies).
-    if sys.platform == "darwin" and not get_ops().metal_kernels_loaded():
-        return mx.cpu
-    return None
+    return None if get_ops().metal_kernels_loaded() else mx.cpu
 
 
 def _check_float(name: str, x: object, ndim: int, layout: str) -> None:

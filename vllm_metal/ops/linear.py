@@ -7,14 +7,15 @@ returns an unevaluated array; nothing here calls ``mx.eval``. Ids outside the
 table raise when the result is evaluated. vllm_metal.ops.reference holds the
 pure-MLX versions.
 
-These are CPU kernels: on macOS they run on the CPU stream; the model only
-routes through them when MLX computes on the CPU (models/cpu_fast_path.py).
+These are CPU kernels and run on the CPU stream. The CPU backend's fast linears
+(vllm_metal/cpu/fast_linears.py) call them with ``validate=False``: they check a
+layer's weights once, when they switch it, and a decode step makes ~200 calls;
+the extension still checks every shape and dtype itself.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from numbers import Integral
 
 import mlx.core as mx
@@ -32,7 +33,7 @@ GROUP_SIZES = (32, 64, 128)
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, *,
                      bits: int, group_size: int, bias: mx.array | None = None,
                      int8_activations: bool = False, zero_point: float = 0.0,
-                     argmax_columns: int = 0) -> mx.array:
+                     argmax_columns: int = 0, validate: bool = True) -> mx.array:
     """``x @ W.T`` for an MLX affine-quantized ``W`` (``mx.quantize`` layout).
 
     x:      [..., K] float32/bfloat16/float16
@@ -51,7 +52,20 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     returns int32 [...] instead, each row's ``mx.argmax`` over its first
     argmax_columns products (the first NaN, else the first maximum), without a
     logits array: greedy decoding straight from the head.
+    validate=False skips the Python checks (see the module docstring).
     """
+    if validate:
+        bits, group_size = _check_quantized_matmul(x, w, scales, biases, bits, group_size, bias,
+                                                   int8_activations, zero_point, argmax_columns)
+        zero_point, argmax_columns = float(zero_point), int(argmax_columns)
+    return get_ops().quantized_matmul(x, w, scales, biases, bits, group_size, bias,
+                                      int8_activations=int8_activations, zero_point=zero_point,
+                                      argmax_columns=argmax_columns, stream=_CPU)
+
+
+def _check_quantized_matmul(x, w, scales, biases, bits, group_size, bias, int8_activations,
+                            zero_point, argmax_columns) -> tuple[int, int]:
+    """Raises on a bad argument; returns (bits, group_size) as ints."""
     if not isinstance(int8_activations, bool):
         raise TypeError(f"int8_activations must be a bool, got {int8_activations!r}")
     bits = _choice("bits", bits, BITS)
@@ -79,10 +93,7 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
         raise TypeError(f"biases dtype {biases.dtype} must equal scales dtype {scales.dtype}")
     _check_bias(bias, n)
     _check_argmax_columns(argmax_columns, n)
-    return get_ops().quantized_matmul(x, w, scales, biases, bits, group_size, bias,
-                                      int8_activations=int8_activations,
-                                      zero_point=float(zero_point),
-                                      argmax_columns=int(argmax_columns), stream=_stream())
+    return bits, group_size
 
 
 def _check_argmax_columns(columns: object, n: int) -> None:
@@ -105,7 +116,8 @@ def _check_zero_point(zero_point, biases: mx.array | None, int8_activations: boo
                          "biases given already hold the offset")
 
 
-def dense_matmul(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.array:
+def dense_matmul(x: mx.array, w: mx.array, bias: mx.array | None = None, *,
+                 validate: bool = True) -> mx.array:
     """``x @ w.T`` with fp32 accumulation.
 
     x:    [..., K] float32/bfloat16/float16
@@ -113,18 +125,20 @@ def dense_matmul(x: mx.array, w: mx.array, bias: mx.array | None = None) -> mx.a
     bias: optional [N] float, added to every row
     Returns [..., N], accumulated in float32, in MLX's promotion of the x, w and
     bias dtypes (as nn.Linear returns: x's dtype when they agree).
+    validate=False skips the Python checks (see the module docstring).
     """
-    k = _float_input("x", x)
-    _float_array("w", w)
-    if w.ndim != 2 or w.shape[1] != k:
-        raise ValueError(f"w must be [N, K] with x's K = {k}, got {w.shape}")
-    _check_bias(bias, w.shape[0])
-    return get_ops().dense_matmul(x, w, bias, stream=_stream())
+    if validate:
+        k = _float_input("x", x)
+        _float_array("w", w)
+        if w.ndim != 2 or w.shape[1] != k:
+            raise ValueError(f"w must be [N, K] with x's K = {k}, got {w.shape}")
+        _check_bias(bias, w.shape[0])
+    return get_ops().dense_matmul(x, w, bias, stream=_CPU)
 
 
 def embedding_gather(ids: mx.array, table: mx.array, scales: mx.array | None = None,
                      biases: mx.array | None = None, *, bits: int | None = None,
-                     group_size: int | None = None) -> mx.array:
+                     group_size: int | None = None, validate: bool = True) -> mx.array:
     """Rows ``ids`` of an embedding table.
 
     ids:    integer [...]
@@ -132,7 +146,17 @@ def embedding_gather(ids: mx.array, table: mx.array, scales: mx.array | None = N
             scales/biases [V, D / group_size] (then bits and group_size are required)
     Returns [..., D] in the table's dtype (dense) or the scales' dtype (quantized:
     only the gathered rows are dequantized). An id outside [0, V) raises at evaluation.
+    validate=False skips the Python checks (see the module docstring).
     """
+    if validate:
+        bits, group_size = _check_embedding_gather(ids, table, scales, biases, bits, group_size)
+    if scales is None:
+        return get_ops().embedding_gather(ids, table, stream=_CPU)
+    return get_ops().embedding_gather(ids, table, scales, biases, bits, group_size, stream=_CPU)
+
+
+def _check_embedding_gather(ids, table, scales, biases, bits, group_size) -> tuple[int, int]:
+    """Raises on a bad argument; returns (bits, group_size), as ints when quantized."""
     _array("ids", ids)
     if ids.dtype not in _ID_DTYPES:
         raise TypeError(f"ids must be an integer array, got {ids.dtype}")
@@ -143,7 +167,7 @@ def embedding_gather(ids: mx.array, table: mx.array, scales: mx.array | None = N
         if table.dtype not in _FLOAT_DTYPES:
             raise TypeError(f"a dense table must be float32, bfloat16 or float16, got "
                             f"{table.dtype} (quantized tables need scales and biases)")
-        return get_ops().embedding_gather(ids, table, stream=_stream())
+        return bits, group_size
     if scales is None or biases is None:
         raise ValueError("scales and biases must be given together")
     bits = _choice("bits", bits, BITS)
@@ -162,13 +186,11 @@ def embedding_gather(ids: mx.array, table: mx.array, scales: mx.array | None = N
                              f"got {a.shape}")
     if biases.dtype != scales.dtype:
         raise TypeError(f"biases dtype {biases.dtype} must equal scales dtype {scales.dtype}")
-    return get_ops().embedding_gather(ids, table, scales, biases, bits, group_size,
-                                      stream=_stream())
+    return bits, group_size
 
 
-def _stream() -> mx.Stream | mx.Device | None:
-    # CPU kernels: on macOS the default device is the GPU, so ask for the CPU stream.
-    return mx.cpu if sys.platform == "darwin" else None
+# CPU kernels: the CPU stream, whatever MLX's default device (the GPU on a Mac).
+_CPU = mx.cpu
 
 
 def _array(name: str, a: object) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from vllm_metal.native import get_ops
-from vllm_metal.ops.linear import _FLOAT_DTYPES, _array, _stream
+from vllm_metal.ops.linear import _CPU, _FLOAT_DTYPES, _array
 
 __all__ = ["sample_tokens", "top_logprobs"]
 
@@ -59,7 +59,7 @@ def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
             raise ValueError(f"{name} must be an array of shape ({rows},) and dtype one of "
                              f"{', '.join(map(str, dtypes))}, got {a.dtype} {a.shape}")
     return get_ops().sample_tokens(logits, temperature, keys, min_p, top_k, top_p,
-                                   stream=_stream())
+                                   stream=_CPU)
 
 
 def top_logprobs(x: mx.array, token: mx.array, k: int, normalize: bool
@@ -87,6 +87,6 @@ def top_logprobs(x: mx.array, token: mx.array, k: int, normalize: bool
         raise ValueError(f"k must be an int >= 0, got {k!r}")
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {normalize!r}")
-    ids, vals, ranks = get_ops().top_logprobs(x, token, k, normalize, stream=_stream())
+    ids, vals, ranks = get_ops().top_logprobs(x, token, k, normalize, stream=_CPU)
     return ids, vals, ranks
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,13 +10,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from vllm_metal import envs
-from vllm_metal.attention.context import get_forward_context
+from vllm_metal.backend import Backbone, Backend
 from vllm_metal.models.adapter import ModelAdapter, UnsupportedModelError
-from vllm_metal.models.cpu_fast_functions import cpu_fast_functions
-from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
-from vllm_metal.models.decoder_stack import DecoderStackPlan, plan_decoder_stack
-from vllm_metal.v1.huge_pages import array_ranges, back_with_huge_pages
 
 logger = logging.getLogger("vllm_metal")
 
@@ -37,20 +31,9 @@ class LoadedModel:
     adapter: ModelAdapter
     dims: ModelDims
     dtype: mx.Dtype
-    # MLX computes on the CPU: build norms and RoPE as our single-node kernels.
-    cpu_fast: bool = False
-    # The whole layer stack as one CPU node (None: module by module).
-    stack: DecoderStackPlan | None = None
-
-    def backbone(self, input_ids: mx.array) -> mx.array:
-        """input_ids int32 [1, total_q] -> final hidden states [1, total_q, hidden]."""
-        if self.stack is not None:
-            ctx = get_forward_context()
-            x = self.adapter.backbone.embed_tokens(input_ids)
-            if self.stack.accepts(x, ctx):
-                return self.stack(x, ctx)
-        with cpu_fast_functions(self.cpu_fast):
-            return self.adapter.hidden(input_ids[0])[None]
+    # The family's backbone as the backend runs it: input_ids int32 [1, total_q] ->
+    # final hidden states [1, total_q, hidden].
+    backbone: Backbone
 
     def logits(self, hidden: mx.array) -> mx.array:
         """hidden [R, hidden] -> logits [R, vocab] (the family's own head)."""
@@ -72,45 +55,23 @@ class LoadedModel:
         return greedy(hidden, vocab_size)
 
 
-def load_model(model_path: str, dtype: mx.Dtype) -> LoadedModel:
-    """Load a local HF-format model directory (float or MLX-quantized) with mlx-lm.
+def load_model(model_path: str, dtype: mx.Dtype, backend: Backend) -> LoadedModel:
+    """Load a local HF-format model directory (float or MLX-quantized) with mlx-lm,
+    or a GGUF file, and prepare it for ``backend``.
 
-    Floating parameters (including quantization scales/biases) are cast to ``dtype``;
-    attention modules are swapped for paged wrappers.
+    Floating parameters (including quantization scales/biases) are cast to ``dtype``.
     """
     model = _load_mlx_model(model_path, dtype)
-    # MLX's CPU matmuls are scalar and single-threaded; ours read weights at
-    # memory speed. No-op on Metal, where MLX's own kernels stay.
-    int8 = envs.VLLM_METAL_CPU_INT8_ACTIVATIONS
-    fast_linears = use_fast_cpu_linears(model, activation_dtype=mx.float32 if int8 else None,
-                                        int8_activations=int8)
+    backend.prepare_weights(model)
     mx.eval(model.parameters())
     adapter = ModelAdapter(model)
     dims = derive_dims(adapter)
-    cpu = mx.default_device().type == mx.cpu
-    if not cpu:
-        _check_metal_head_size(adapter.family, dims.head_dim)
-    if cpu and envs.VLLM_METAL_CPU_HUGE_PAGES:
-        _weights_on_huge_pages(model)
-    stack = None
-    if cpu and fast_linears and envs.VLLM_METAL_CPU_DECODER_STACK:
-        stack = plan_decoder_stack(adapter, int8_activations=int8)
-    logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB, "
-                "%d linear/embedding layers on the fast CPU path%s%s",
+    backbone = backend.prepare_backbone(model, adapter, dims)
+    logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB; %s",
                 adapter.family, dims.num_layers, dims.num_heads,
                 dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20,
-                fast_linears, ", decoder stack as one CPU node" if stack else "",
-                ", int8 activations" if int8 and fast_linears else "")
-    return LoadedModel(model, adapter, dims, dtype, cpu_fast=cpu, stack=stack)
-
-
-def _weights_on_huge_pages(model: nn.Module) -> None:
-    start = time.perf_counter()
-    report = back_with_huge_pages(array_ranges(a for _, a in tree_flatten(model.parameters())))
-    logger.info("Weights on huge pages: %.1f of %.1f MiB (%.1f MiB collapsed in %.2f s)%s",
-                report.weights_collapsed / 2**20, report.weight_bytes / 2**20,
-                report.collapsed_bytes / 2**20, time.perf_counter() - start,
-                f"; refused: {', '.join(sorted(set(report.errors)))}" if report.errors else "")
+                backbone.summary)
+    return LoadedModel(model, adapter, dims, dtype, backbone)
 
 
 def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
@@ -146,17 +107,6 @@ def derive_dims(adapter: ModelAdapter) -> ModelDims:
     num_heads = max(e.num_heads for e in adapter.entries)
     return ModelDims(len(adapter.entries), num_heads, num_kv_heads, head_dim,
                      adapter.vocab_size)
-
-
-def _check_metal_head_size(family: str, head_dim: int) -> None:
-    """The Metal kernels are instantiated for a fixed set of head sizes."""
-    from vllm_metal.native import get_ops
-
-    sizes = get_ops().metal_head_sizes()
-    if head_dim not in sizes:
-        raise UnsupportedModelError(
-            f"{family}: head size {head_dim} has no Metal paged-attention kernel "
-            f"(instantiated for {', '.join(map(str, sizes))})")
 
 
 def parameter_bytes(model: nn.Module) -> int:

@@ -18,9 +18,8 @@ from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.native import get_ops
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
-from vllm_metal.v1.huge_pages import array_ranges, zeros_on_huge_pages
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
-from vllm_metal.v1.memory_budget import ActivationEstimate, InsufficientMemoryError
+from vllm_metal.v1.memory_budget import ActivationEstimate
 from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
@@ -31,6 +30,8 @@ from vllm_metal.v1.sampling_batch import SamplingBatchCache
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+
+    from vllm_metal.backend import Backend
 
 logger = logging.getLogger("vllm_metal")
 
@@ -57,8 +58,9 @@ class _ForwardedStep:
 
 
 class MetalModelRunner:
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig, backend: Backend) -> None:
         self.vllm_config = vllm_config
+        self.backend = backend
         self.model_config = vllm_config.model_config
         self.block_size = vllm_config.cache_config.block_size
         self.max_model_len = self.model_config.max_model_len
@@ -80,19 +82,21 @@ class MetalModelRunner:
 
     def load_model(self) -> None:
         dtype = mlx_dtype_from_torch(self.model_config.dtype)
-        self.loaded = load_model(self.model_config.model, dtype)
+        self.loaded = load_model(self.model_config.model, dtype, self.backend)
         vocab = self.loaded.dims.vocab_size
-        self.sampler = Sampler(vocab, self.logprobs_mode)
-        self.prompt_logprobs = PromptLogprobsTracker(vocab, self.logprobs_mode)
+        kernels = self.backend.sampling_kernels
+        self.sampler = Sampler(vocab, self.logprobs_mode, cpu_kernel=kernels)
+        self.prompt_logprobs = PromptLogprobsTracker(vocab, self.logprobs_mode, cpu_kernel=kernels)
 
     @property
     def kv_dtype(self) -> mx.Dtype:
         """--kv-cache-dtype float16/bfloat16 (vLLM lets it only equal the model's
-        dtype); else on the CPU backend VLLM_METAL_CPU_KV_CACHE_DTYPE, which may
-        halve an fp32 model's cache; else the model's dtype."""
+        dtype); else the backend's choice (the CPU backend's
+        VLLM_METAL_CPU_KV_CACHE_DTYPE may halve an fp32 model's cache); else the
+        model's dtype."""
         chosen = _KV_CACHE_DTYPES.get(self.vllm_config.cache_config.cache_dtype)
-        if chosen is None and self.loaded.cpu_fast:
-            chosen = _KV_CACHE_DTYPES.get(envs.VLLM_METAL_CPU_KV_CACHE_DTYPE)
+        if chosen is None:
+            chosen = self.backend.kv_cache_dtype()
         return chosen if chosen is not None else self.loaded.dtype
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
@@ -120,15 +124,7 @@ class MetalModelRunner:
                                      dims.num_kv_heads, dims.head_dim, self.kv_dtype,
                                      tensor_of=tensor_of, groups=groups)
         self.input_batch.set_num_groups(len(kv_cache_config.kv_cache_groups))
-        huge = 0
-        if self.loaded.cpu_fast and envs.VLLM_METAL_CPU_HUGE_PAGES:
-            try:
-                huge = zeros_on_huge_pages(array_ranges(self.kv_cache.buffers()))
-            except MemoryError as e:
-                raise InsufficientMemoryError(
-                    f"The {self.kv_cache.nbytes / 2**30:.2f} GiB KV cache does not fit in "
-                    f"this host's free memory ({e}). Lower VLLM_METAL_CPU_KV_CACHE_GIB, "
-                    "--kv-cache-memory or --gpu-memory-utilization.") from e
+        huge = self.backend.commit_kv_cache(self.kv_cache)
         logger.info("KV cache: %d blocks of %d tokens, %.1f MiB, %d group(s), committed%s",
                     kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20,
                     len(kv_cache_config.kv_cache_groups),

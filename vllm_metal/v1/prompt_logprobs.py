@@ -22,9 +22,10 @@ class _InProgress:
 class PromptLogprobsTracker:
     """Collects prompt logprobs chunk by chunk; hands them out when the prompt is done."""
 
-    def __init__(self, vocab_size: int, logprobs_mode: str) -> None:
+    def __init__(self, vocab_size: int, logprobs_mode: str, cpu_kernel: bool = True) -> None:
         self.vocab_size = vocab_size
         self.logprobs_mode = logprobs_mode
+        self.cpu_kernel = cpu_kernel  # as Sampler's
         self._pending: dict[str, _InProgress] = {}
 
     def add_request(self, state: RequestState) -> None:
@@ -69,7 +70,8 @@ class PromptLogprobsTracker:
             logits = logits_fn(hidden[q_start:q_start + num_rows]).astype(mx.float32)
             targets = mx.array(np.asarray(prompt[start + 1:start + 1 + num_rows], dtype=np.int32))
             ids, lps, ranks = compute_prompt_logprobs(
-                logits, targets, pending.num_logprobs, self.logprobs_mode)
+                logits, targets, pending.num_logprobs, self.logprobs_mode,
+                cpu_kernel=self.cpu_kernel)
             rows = slice(start, start + num_rows)
             pending.tensors.logprob_token_ids[rows] = torch.from_numpy(np.array(ids, dtype=np.int32))
             pending.tensors.logprobs[rows] = torch.from_numpy(np.array(lps, dtype=np.float32))

@@ -8,8 +8,9 @@ Follows vLLM 0.33's v1 Sampler: raw logprobs are taken before any processing;
 processors act on raw logits; greedy rows take the argmax of processed logits;
 random rows apply temperature, min_p, top-k/top-p and draw by Gumbel-max.
 
-While MLX computes on the CPU, temperature, min_p, top-k/top-p and the draw
-are one kernel, vllm_metal.ops.sampling.sample_tokens: an inverse-CDF draw
+On the CPU backend (the runner passes its backend's ``sampling_kernels`` as
+``cpu_kernel``), temperature, min_p, top-k/top-p and the draw are one kernel,
+vllm_metal.ops.sampling.sample_tokens: an inverse-CDF draw
 needs one uniform per row where Gumbel-max needs V uniforms and 2V logs, and
 the filters need no sort; MLX's CPU backend computes those in scalar nodes
 (1.8 ms per 49k-token row at temperature 1, 8 ms with top-p).
@@ -135,11 +136,6 @@ def gather_logprobs(scores: mx.array, token_ids: mx.array, num_logprobs: int,
                            mx.concatenate(vals, axis=1).astype(mx.float32), ranks)
 
 
-def _use_cpu_kernels(cpu_kernel: bool | None) -> bool:
-    """The sampling/logprobs CPU kernels: as asked, else while MLX computes on the CPU."""
-    return mx.default_device().type == mx.cpu if cpu_kernel is None else cpu_kernel
-
-
 def _filter_arrays(batch: SamplingBatch) -> dict[str, mx.array]:
     """The batch's min_p / top_k / top_p as sample_tokens arguments (absent: not passed)."""
     fields = {"min_p": batch.min_p, "top_k": batch.top_k, "top_p": batch.top_p}
@@ -153,13 +149,14 @@ class Sampler:
     model_config.get_vocab_size()); columns past it are never sampled.
     top_p_candidates: how many top logits top-p inspects before falling back to a
     full sort (one host sync); None always sorts the whole vocab and never syncs.
-    cpu_kernel: pick tokens with the sample_tokens CPU kernel (True), with MLX ops
-    and Gumbel-max (False), or by the device MLX computes on (None).
+    cpu_kernel: pick tokens (and logprobs) with the CPU kernels of
+    vllm_metal.ops.sampling (True) or with MLX ops and Gumbel-max (False); the
+    runner passes its backend's ``sampling_kernels``.
     """
 
     def __init__(self, vocab_size: int, logprobs_mode: str = "raw_logprobs",
                  top_p_candidates: int | None = TOP_P_CANDIDATES,
-                 cpu_kernel: bool | None = None) -> None:
+                 cpu_kernel: bool = True) -> None:
         if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
             raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
         _check_mode(logprobs_mode)
@@ -167,8 +164,8 @@ class Sampler:
                 not isinstance(top_p_candidates, int) or top_p_candidates < 1):
             raise ValueError(f"top_p_candidates must be a positive int or None, "
                              f"got {top_p_candidates!r}")
-        if cpu_kernel is not None and not isinstance(cpu_kernel, bool):
-            raise TypeError(f"cpu_kernel must be a bool or None, got {cpu_kernel!r}")
+        if not isinstance(cpu_kernel, bool):
+            raise TypeError(f"cpu_kernel must be a bool, got {cpu_kernel!r}")
         self.vocab_size = vocab_size
         self.logprobs_mode = logprobs_mode
         self.top_p_candidates = top_p_candidates
@@ -182,9 +179,6 @@ class Sampler:
             words = np.array(mx.random.randint(0, 1 << 30, shape=(2,)), dtype=np.int64)
             self._rng = np.random.default_rng(int(words[0] << 30 | words[1]))
         return row_keys(batch, self._rng)
-
-    def _use_cpu_kernel(self) -> bool:
-        return _use_cpu_kernels(self.cpu_kernel)
 
     def _argmax(self, logits: mx.array, use_kernel: bool) -> mx.array:
         # Measured (benchmarks/bench_sampler.py): MLX's argmax is as fast for a
@@ -221,7 +215,7 @@ class Sampler:
             logits = logits[:, :self.vocab_size]
         if batch.num_rows == 0:
             return SamplerResult(mx.zeros((0,), dtype=mx.int32), None)
-        use_kernel = self._use_cpu_kernel()
+        use_kernel = self.cpu_kernel
         if batch.all_greedy_plain and grammar_bitmask is None:
             return SamplerResult(self._argmax(logits, use_kernel).astype(mx.int32), None)
 
@@ -266,13 +260,13 @@ class Sampler:
 def compute_prompt_logprobs(logits: mx.array, target_ids: mx.array, num_logprobs: int,
                             logprobs_mode: str = "raw_logprobs",
                             vocab_size: int | None = None,
-                            cpu_kernel: bool | None = None) -> SamplerLogprobs:
+                            cpu_kernel: bool = True) -> SamplerLogprobs:
     """Prompt logprobs: logits [N, V_model] at N prompt positions, target_ids int [N]
     the actual next prompt tokens -> (ids [N, K+1], logprobs [N, K+1], ranks [N]).
 
     num_logprobs: K, or -1 for the whole vocab. Prompt tokens skip the sampling
     processors, so processed_* modes equal raw_* (as in vLLM). cpu_kernel: as
-    Sampler's (None: the top_logprobs kernel while MLX computes on the CPU).
+    Sampler's (True: the top_logprobs kernel).
     """
     _check_mode(logprobs_mode)
     if vocab_size is None:
@@ -289,6 +283,6 @@ def compute_prompt_logprobs(logits: mx.array, target_ids: mx.array, num_logprobs
     k = vocab_size if num_logprobs == -1 else num_logprobs
     scores = logits[:, :vocab_size].astype(mx.float32)
     normalize = logprobs_mode.endswith("logprobs")
-    if _use_cpu_kernels(cpu_kernel):
+    if cpu_kernel:
         return SamplerLogprobs(*top_logprobs(scores, target_ids, k, normalize))
     return gather_logprobs(log_softmax(scores) if normalize else scores, target_ids, k)

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
-from vllm_metal.platform import device_memory_bytes
-from vllm_metal.v1.idle_threads import deprioritize_threads
+from vllm_metal.backend import Backend, select_backend
 from vllm_metal.v1.memory_budget import MemoryBudget, allocator_cache_limit
 from vllm_metal.v1.model_lifecycle import parameter_bytes
 from vllm_metal.v1.model_runner import MetalModelRunner
@@ -22,52 +21,27 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm_metal")
 
 
-def _cpu_kv_cap() -> int | None:
-    """On the CPU backend the KV cache is host RAM shared with everything else:
-    cap it (VLLM_METAL_CPU_KV_CACHE_GIB) unless the user sized it with --kv-cache-memory."""
-    from vllm_metal import envs
-
-    if mx.metal.is_available():
-        return None
-    cap = int(envs.VLLM_METAL_CPU_KV_CACHE_GIB * 2**30)
-    available = _available_host_memory()
-    if available is not None:
-        # Leave room for the API server, the client and the OS: never OOM the host.
-        cap = min(cap, max(available - 2 * 2**30, 0))
-    return cap
-
-
-def _available_host_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
 class MetalWorker(WorkerBase):
     def __init__(self, vllm_config: VllmConfig, local_rank: int, rank: int,
                  distributed_init_method: str, is_driver_worker: bool = False) -> None:
         super().__init__(vllm_config, local_rank, rank, distributed_init_method,
                          is_driver_worker)
         self.model_runner: MetalModelRunner | None = None
+        self.backend: Backend | None = None
         self._activation_bytes = 0
 
     def init_device(self) -> None:
         from vllm_metal.native import get_ops
 
         get_ops()  # fail early, with its message, if the extension is unusable
-        device = mx.gpu if mx.metal.is_available() else mx.cpu
-        mx.set_default_device(device)
+        # The one choice of backend; the model's load and the runner get this object.
+        self.backend = select_backend()
+        self.backend.init_device()
         seed = self.model_config.seed
         if seed is not None:
             mx.random.seed(seed)
         self._init_distributed()
-        self.model_runner = MetalModelRunner(self.vllm_config)
+        self.model_runner = MetalModelRunner(self.vllm_config, self.backend)
 
     def _init_distributed(self) -> None:
         # One process, one device; vLLM code paths still consult the groups.
@@ -78,7 +52,7 @@ class MetalWorker(WorkerBase):
                                      distributed_init_method=self.distributed_init_method,
                                      local_rank=self.local_rank, backend="gloo")
         ensure_model_parallel_initialized(1, 1)
-        deprioritize_threads()  # gloo's idle loop threads
+        self.backend.quiet_threads()  # gloo's idle loop threads
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         if load_dummy_weights:
@@ -102,7 +76,7 @@ class MetalWorker(WorkerBase):
         cache_limit = allocator_cache_limit(estimate.arrays)
         mx.set_cache_limit(cache_limit)
         budget = MemoryBudget(
-            device_total=device_memory_bytes(),
+            device_total=self.backend.device_memory_bytes(),
             utilization=float(cache_config.gpu_memory_utilization),
             weights=parameter_bytes(runner.loaded.model),
             activations=self._activation_bytes,
@@ -114,7 +88,7 @@ class MetalWorker(WorkerBase):
         else:
             kv_bytes, source = budget.kv_cache_bytes(
                 runner.kv_bytes_per_block(), runner.block_size, runner.max_model_len,
-                runner.max_num_reqs, cap=_cpu_kv_cap()), ""
+                runner.max_num_reqs, cap=self.backend.kv_cache_cap()), ""
         logger.info("Memory budget %.2f GiB: weights %.2f GiB, activations %.2f GiB, "
                     "allocator cache %.2f GiB, KV cache %.2f GiB%s", budget.budget / 2**30,
                     budget.weights / 2**30, budget.activations / 2**30,

@@ -7,17 +7,18 @@ call them through ``mx.fast`` at call time, from many module classes (plain,
 llama3, yarn, ... RoPE; RMSNorm and q/k norms), so swapping the two functions
 for the duration of the forward covers every model without knowing its
 classes. Calls the kernels do not cover (other dtypes, shapes, an explicit
-stream) go to MLX's own functions unchanged.
+stream) go to MLX's own functions unchanged; the rest go to
+vllm_metal.ops.norm_rope with validate=False (the checks here decided them).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+
 import mlx.core as mx
 
-from vllm_metal.native import get_ops
-from vllm_metal.ops.norm_rope import offset_array
+from vllm_metal.ops import norm_rope
 
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)
 _MLX_RMS_NORM = mx.fast.rms_norm
@@ -27,7 +28,7 @@ _MLX_ROPE = mx.fast.rope
 def _rms_norm(x, weight, eps, *, stream=None):
     if (stream is None and x.dtype in _FLOATS and x.ndim >= 1 and x.shape[-1] > 0
             and (weight is None or (weight.dtype in _FLOATS and weight.shape == x.shape[-1:]))):
-        return get_ops().rms_norm(x, weight, eps)
+        return norm_rope.rms_norm(x, weight, eps, validate=False)
     return _MLX_RMS_NORM(x, weight, eps, stream=stream)
 
 
@@ -37,29 +38,26 @@ def _rope(a, dims, *, traditional, base, scale, offset, freqs=None, stream=None)
             and (freqs is None or (freqs.dtype in _FLOATS and freqs.shape == (dims // 2,)))):
         off = _offset(offset, a.shape[0])
         if off is not None:
-            return get_ops().rope(a, dims, traditional=traditional, base=base, scale=scale,
-                                  offset=off, freqs=freqs)
+            return norm_rope.rope(a, dims, traditional=traditional, base=base, scale=scale,
+                                  offset=off, freqs=freqs, validate=False)
     return _MLX_ROPE(a, dims, traditional=traditional, base=base, scale=scale, offset=offset,
                      freqs=freqs, stream=stream)
 
 
 def _offset(offset, batch: int) -> mx.array | None:
     try:
-        return offset_array(offset, batch)
+        return norm_rope.offset_array(offset, batch)
     except (TypeError, ValueError):   # not ours: MLX's own rope takes or rejects it
         return None
 
 
 @contextlib.contextmanager
-def cpu_fast_functions(enabled: bool = True) -> Iterator[None]:
+def fast_functions() -> Iterator[None]:
     """Within the block, mx.fast.rms_norm / mx.fast.rope build our CPU nodes.
 
-    Only for graph building on the CPU backend (the caller decides: ``enabled``);
-    not re-entrant across threads: one model forward is built at a time.
+    For graph building on the CPU backend; not re-entrant across threads: one
+    model forward is built at a time.
     """
-    if not enabled:
-        yield
-        return
     fast = mx.fast
     fast.rms_norm, fast.rope = _rms_norm, _rope
     try:

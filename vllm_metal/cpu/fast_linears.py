@@ -5,8 +5,7 @@ quantized kernels; ``use_fast_cpu_linears`` switches every ``nn.Linear``,
 ``nn.QuantizedLinear``, ``nn.Embedding`` and ``nn.QuantizedEmbedding`` (and so
 a tied ``as_linear`` head) to the extension's SIMD, multi-threaded ops. It
 changes the class of each module in place: parameters, parents and any other
-reference to the module stay as they are, and nothing is copied. On Metal it
-does nothing: MLX's own GPU kernels stay.
+reference to the module stay as they are, and nothing is copied.
 """
 
 from __future__ import annotations
@@ -15,20 +14,21 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.native import get_ops
-from vllm_metal.ops.linear import BITS, GROUP_SIZES
+from vllm_metal.ops.linear import (BITS, GROUP_SIZES, dense_matmul, embedding_gather,
+                                   quantized_matmul)
 
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)
 
-# The modules call the extension directly, not vllm_metal.ops.linear: their
-# parameters are checked once when switched (_quantized_ok / _dense_ok), the
-# extension checks x itself, and a decode step makes ~200 of these calls.
+# The modules call vllm_metal.ops.linear with validate=False: their parameters
+# are checked once when switched (_quantized_ok / _dense_ok), the extension
+# checks x itself, and a decode step makes ~200 of these calls.
 
 
 class FastLinear(nn.Linear):
     """nn.Linear through ``dense_matmul``: x [..., K] -> [..., N]."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        return get_ops().dense_matmul(x, self["weight"], self.get("bias"))
+        return dense_matmul(x, self["weight"], self.get("bias"), validate=False)
 
 
 class FastQuantizedLinear(nn.QuantizedLinear):
@@ -51,10 +51,10 @@ class FastEmbedding(nn.Embedding):
     activation_dtype: mx.Dtype | None = None  # see use_fast_cpu_linears
 
     def __call__(self, ids: mx.array) -> mx.array:
-        return _as_activation(self, get_ops().embedding_gather(ids, self["weight"]))
+        return _as_activation(self, embedding_gather(ids, self["weight"], validate=False))
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return get_ops().dense_matmul(x, self["weight"])
+        return dense_matmul(x, self["weight"], validate=False)
 
 
 class FastQuantizedEmbedding(nn.QuantizedEmbedding):
@@ -66,8 +66,8 @@ class FastQuantizedEmbedding(nn.QuantizedEmbedding):
     zero_point: int | None = None
 
     def __call__(self, ids: mx.array) -> mx.array:
-        rows = get_ops().embedding_gather(ids, self["weight"], self["scales"], self["biases"],
-                                          self.bits, self.group_size)
+        rows = embedding_gather(ids, self["weight"], self["scales"], self["biases"],
+                                bits=self.bits, group_size=self.group_size, validate=False)
         return _as_activation(self, rows)
 
     def as_linear(self, x: mx.array) -> mx.array:
@@ -82,9 +82,9 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
                          int8_activations: bool = False) -> int:
     """Switch the supported linear and embedding modules of ``model`` to the CPU ops.
 
-    Only when MLX's default device is the CPU; returns how many modules were
-    switched (0 on Metal). Modules the kernels do not cover (other quantization
-    modes or bit widths, integer weights) keep MLX's implementation. Idempotent.
+    Returns how many modules were switched. Modules the kernels do not cover
+    (other quantization modes or bit widths, integer weights) keep MLX's
+    implementation. Idempotent.
 
     ``activation_dtype`` (e.g. mx.float32) makes the token embeddings return that
     dtype, so bf16/fp16 weights compute on fp32 activations: the ops follow MLX's
@@ -93,8 +93,6 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
     ``int8_activations`` makes the quantized layers (and a quantized tied head)
     round their input to int8 per 32 columns (csrc/cpu/linear/linear_q8.h).
     """
-    if mx.default_device().type != mx.cpu:
-        return 0
     get_ops()  # fail here, not in the first forward, if the extension is missing
     switched = 0
     for _, module in model.named_modules():
@@ -111,6 +109,11 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
                 _narrow_scales(module)
                 _find_zero_point(module)
     return switched
+
+
+def count_fast_modules(model: nn.Module) -> int:
+    """How many of ``model``'s modules run on the CPU ops."""
+    return sum(type(m) in _FAST_CLASSES for _, m in model.named_modules())
 
 
 def _narrow_scales(module: nn.Module) -> None:
@@ -144,11 +147,11 @@ def _quantized_product(module: nn.Module, x: mx.array, bias: mx.array | None = N
                        argmax_columns: int = 0) -> mx.array:
     """x [..., K] @ W.T of a switched quantized module (+ bias) -> [..., N]; with
     argmax_columns > 0, each row's argmax over that many columns instead (int32 [...])."""
-    return get_ops().quantized_matmul(x, module["weight"], module["scales"], _biases(module),
-                                      module.bits, module.group_size, bias,
-                                      int8_activations=module.int8_activations,
-                                      zero_point=module.zero_point or 0,
-                                      argmax_columns=argmax_columns)
+    return quantized_matmul(x, module["weight"], module["scales"], _biases(module),
+                            bits=module.bits, group_size=module.group_size, bias=bias,
+                            int8_activations=module.int8_activations,
+                            zero_point=module.zero_point or 0,
+                            argmax_columns=argmax_columns, validate=False)
 
 
 def _as_activation(module: nn.Module, rows: mx.array) -> mx.array:
@@ -168,6 +171,9 @@ def _fast_class(module: nn.Module) -> type | None:
     if kind is nn.QuantizedEmbedding and _quantized_ok(module):
         return FastQuantizedEmbedding
     return None
+
+
+_FAST_CLASSES = (FastLinear, FastEmbedding, FastQuantizedLinear, FastQuantizedEmbedding)
 
 
 def _dense_ok(module: nn.Module) -> bool:

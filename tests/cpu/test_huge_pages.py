@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from vllm_metal.v1.huge_pages import (
+from vllm_metal.cpu.huge_pages import (
     HUGE_PAGE,
     anonymous_mappings,
     array_ranges,

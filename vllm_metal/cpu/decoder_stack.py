@@ -7,7 +7,7 @@ structure we know exactly (mlx-lm's llama/mistral, qwen2 and qwen3 blocks:
 pre-norm attention and SwiGLU MLP with residuals) ``plan_decoder_stack``
 flattens the layers' weights into the op's spec once; each step then costs
 one node. Anything else, or any layer that does not match, keeps the module
-path. Only on the CPU backend, and only for float32 activations and caches.
+path. Only for float32 activations (the caches may be float32, float16 or bfloat16).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.attention.context import ForwardContext
-from vllm_metal.native import get_ops
+from vllm_metal.cpu.fast_linears import FastLinear, FastQuantizedLinear
 from vllm_metal.models.adapter import ModelAdapter
-from vllm_metal.models.cpu_fast_path import FastLinear, FastQuantizedLinear
+from vllm_metal.native import get_ops
 
 logger = logging.getLogger("vllm_metal")
 

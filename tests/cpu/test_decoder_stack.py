@@ -12,10 +12,20 @@ import pytest
 
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
-from vllm_metal.models.decoder_stack import _plan, plan_decoder_stack
+from vllm_metal.cpu.backend import CpuBackend
+from vllm_metal.cpu.decoder_stack import _plan, plan_decoder_stack
 from vllm_metal.v1.model_lifecycle import load_model
 
 BLOCK = 16
+
+
+def load_cpu(path: str):
+    return load_model(path, mx.float32, CpuBackend())
+
+
+def module_path(loaded):
+    """The same loaded model, run module by module (no one-node stack)."""
+    return dataclasses.replace(loaded, backbone=dataclasses.replace(loaded.backbone, stack=None))
 
 
 def _meta(seqs: list[tuple[int, int, int]]) -> AttentionMetadata:
@@ -67,9 +77,9 @@ STEPS = [[(0, 0, 7), (1, 0, 4)], [(0, 7, 1), (1, 4, 1)], [(0, 8, 3), (1, 5, 1)]]
     ("llama", {"rope_scaling": "linear"}),
 ])
 def test_stack_matches_the_module_path(family, kwargs):
-    loaded = load_model(str(cached_tiny_model(family, **kwargs)), mx.float32)
-    assert loaded.stack is not None, "this model should run as one node"
-    modules = dataclasses.replace(loaded, stack=None)
+    loaded = load_cpu(str(cached_tiny_model(family, **kwargs)))
+    assert loaded.backbone.stack is not None, "this model should run as one node"
+    modules = module_path(loaded)
     got, got_k, got_v = _run(loaded, STEPS, seed=1)
     want, want_k, want_v = _run(modules, STEPS, seed=1)
     for g, w in zip(got, want):
@@ -80,17 +90,17 @@ def test_stack_matches_the_module_path(family, kwargs):
 
 def test_yarn_with_prescaled_input_keeps_the_module_path():
     # YaRN multiplies q/k before mx.fast.rope: the probe sees that and declines.
-    loaded = load_model(str(cached_tiny_model("llama", rope_scaling="yarn")), mx.float32)
+    loaded = load_cpu(str(cached_tiny_model("llama", rope_scaling="yarn")))
     rope = loaded.adapter.backbone.layers[0].self_attn.rope
     if getattr(rope, "mscale", 1.0) == 1.0:
         pytest.skip("this YaRN config has no input scale")
-    assert loaded.stack is None
+    assert loaded.backbone.stack is None
 
 
 def test_disabled_by_env(monkeypatch):
     monkeypatch.setenv("VLLM_METAL_CPU_DECODER_STACK", "0")
-    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
-    assert loaded.stack is None
+    loaded = load_cpu(str(cached_tiny_model("llama")))
+    assert loaded.backbone.stack is None
 
 
 def test_unknown_backbone_is_declined():
@@ -101,13 +111,13 @@ def test_unknown_backbone_is_declined():
             super().__init__()
             self.layers = []
 
-    adapter = load_model(str(cached_tiny_model("llama")), mx.float32).adapter
+    adapter = load_cpu(str(cached_tiny_model("llama"))).adapter
     adapter.backbone = Other()
     assert plan_decoder_stack(adapter) is None
 
 
 def test_slot_outside_the_cache_raises_at_evaluation():
-    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
+    loaded = load_cpu(str(cached_tiny_model("llama")))
     d = loaded.dims
     meta = _meta([(0, 0, 3)])
     meta.slot_mapping = [mx.array([0, 1, 4 * BLOCK], dtype=mx.int32)]   # 4 blocks: 64 slots
@@ -121,7 +131,7 @@ def test_slot_outside_the_cache_raises_at_evaluation():
 def test_caches_that_cannot_be_written_in_place_are_refused():
     # The stack writes keys and values into the caches' own buffers: a strided
     # view (here every other block of a larger array) is refused, not copied.
-    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
+    loaded = load_cpu(str(cached_tiny_model("llama")))
     d = loaded.dims
     meta = _meta([(0, 0, 3)])
     shape = (8, BLOCK, d.num_kv_heads, d.head_dim)
@@ -134,7 +144,7 @@ def test_caches_that_cannot_be_written_in_place_are_refused():
 
 def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
     # The extension validates every weight once, when the plan is built.
-    loaded = load_model(str(cached_tiny_model("llama")), mx.float32)
+    loaded = load_cpu(str(cached_tiny_model("llama")))
     layer = loaded.adapter.backbone.layers[1]
     layer.mlp.down_proj.weight = layer.mlp.down_proj.weight[:, :-1]   # K no longer matches
     with pytest.raises(ValueError, match="layer 1 down_proj"):
@@ -149,11 +159,11 @@ def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
 def test_int8_activations_stack_matches_its_module_path_and_stays_near_fp32(
         family, kwargs, monkeypatch):
     path = str(cached_tiny_model(family, **kwargs))
-    exact = load_model(path, mx.float32)
+    exact = load_cpu(path)
     monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "1")
-    loaded = load_model(path, mx.float32)
-    assert loaded.stack is not None
-    modules = dataclasses.replace(loaded, stack=None)
+    loaded = load_cpu(path)
+    assert loaded.backbone.stack is not None
+    modules = module_path(loaded)
     got, got_k, _ = _run(loaded, STEPS, seed=2)
     want, want_k, _ = _run(modules, STEPS, seed=2)
     ref, ref_k, _ = _run(exact, STEPS, seed=2)
@@ -174,9 +184,8 @@ def test_int8_activations_stack_matches_its_module_path_and_stays_near_fp32(
 def test_half_precision_caches_match_the_module_path(cache_dtype):
     # Both round keys and values to the cache dtype once (nearest even) and
     # read them back through the same attention kernels.
-    loaded = load_model(str(cached_tiny_model("llama", quantize_bits=4, group_size=32)),
-                        mx.float32)
-    modules = dataclasses.replace(loaded, stack=None)
+    loaded = load_cpu(str(cached_tiny_model("llama", quantize_bits=4, group_size=32)))
+    modules = module_path(loaded)
     got, got_k, got_v = _run(loaded, STEPS, seed=3, cache_dtype=cache_dtype)
     want, want_k, want_v = _run(modules, STEPS, seed=3, cache_dtype=cache_dtype)
     for g, w in zip(got, want):

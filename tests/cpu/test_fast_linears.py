@@ -11,8 +11,8 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from tests.tiny_models import FAMILIES, cached_tiny_model
-from vllm_metal.models import cpu_fast_path
-from vllm_metal.models.cpu_fast_path import use_fast_cpu_linears
+from vllm_metal.cpu import fast_linears
+from vllm_metal.cpu.fast_linears import count_fast_modules, use_fast_cpu_linears
 
 SWITCHABLE = (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)
 
@@ -57,6 +57,7 @@ def test_tiny_models_give_mlx_logits_and_tokens(family, quantize_bits):
     expected = count_switchable(fast)
     assert use_fast_cpu_linears(fast) == expected > 0
     assert count_switchable(fast) == 0
+    assert count_fast_modules(fast) == expected
     prompt = [5, 17, 200, 33, 8, 91, 140, 7, 64, 300, 12]
     assert_same_model_outputs(reference, fast, prompt, steps=6, rtol=1e-4)
 
@@ -68,7 +69,7 @@ def test_parameters_are_shared_not_copied():
     after = {id(v) for _, v in nn.utils.tree_flatten(model.parameters())}
     assert before == after
     proj = model.model.layers[0].self_attn.q_proj
-    assert isinstance(proj, cpu_fast_path.FastQuantizedLinear) and "bias" in proj
+    assert isinstance(proj, fast_linears.FastQuantizedLinear) and "bias" in proj
 
 
 def test_half_precision_weights_with_float32_activations():
@@ -99,16 +100,6 @@ def test_unsupported_quantization_keeps_mlx():
                           nn.QuantizedLinear(64, 32, bits=4, group_size=32))
     assert use_fast_cpu_linears(model) == 1
     assert type(model.layers[0]) is nn.QuantizedLinear
-
-
-def test_metal_device_keeps_mlx(monkeypatch):
-    class FakeGpu:
-        type = mx.gpu
-
-    monkeypatch.setattr(cpu_fast_path.mx, "default_device", lambda: FakeGpu())
-    model = load_tiny("llama")
-    assert use_fast_cpu_linears(model) == 0
-    assert count_switchable(model) > 0
 
 
 def test_smollm2_gives_mlx_logits_and_tokens():

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from vllm_metal.v1.idle_threads import deprioritize_threads
+from vllm_metal.cpu.idle_threads import deprioritize_threads
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux scheduling")
 

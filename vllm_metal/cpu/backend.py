@@ -1,0 +1,137 @@
+"""CpuBackend: MLX on the host's CPU, with the model on the extension's CPU kernels."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+
+from vllm_metal import envs
+from vllm_metal.backend import Backend, system_memory_bytes
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    import torch
+
+    from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
+    from vllm_metal.cpu.decoder_stack import DecoderStackPlan
+    from vllm_metal.models.adapter import ModelAdapter
+    from vllm_metal.v1.model_lifecycle import ModelDims
+
+logger = logging.getLogger("vllm_metal")
+
+
+@dataclass
+class CpuBackbone:
+    """The backbone as one decoder-stack node when the stack takes the step, else
+    module by module with norms and RoPE built as single CPU nodes."""
+
+    adapter: ModelAdapter
+    stack: DecoderStackPlan | None   # None: the module path only
+    summary: str
+
+    def __call__(self, input_ids: mx.array) -> mx.array:
+        """input_ids int32 [1, total_q] -> hidden [1, total_q, hidden]."""
+        from vllm_metal.attention.context import get_forward_context
+        from vllm_metal.cpu.fast_functions import fast_functions
+
+        if self.stack is not None:
+            ctx = get_forward_context()
+            x = self.adapter.backbone.embed_tokens(input_ids)
+            if self.stack.accepts(x, ctx):
+                return self.stack(x, ctx)
+        with fast_functions():
+            return self.adapter.hidden(input_ids[0])[None]
+
+
+class CpuBackend(Backend):
+    label = "MLX CPU"
+    device = mx.cpu
+    # One kernel draws with temperature, min-p, top-k and top-p (docs/architecture.md,
+    # "One engine step"): MLX's CPU backend runs Gumbel-max in scalar nodes.
+    sampling_kernels = True
+
+    def device_memory_bytes(self) -> int:
+        return system_memory_bytes()
+
+    def supported_dtypes(self) -> list[torch.dtype]:
+        import torch
+
+        # MLX's Linux CPU backend runs half precision 10-40x slower than float32
+        # (scalar kernels), so there auto means float32; an explicit --dtype still wins.
+        if sys.platform == "darwin":
+            return [torch.float16, torch.bfloat16, torch.float32]
+        return [torch.float32]
+
+    def quiet_threads(self) -> None:
+        from vllm_metal.cpu.idle_threads import deprioritize_threads
+
+        deprioritize_threads()  # gloo's idle loop threads
+
+    def kv_cache_cap(self) -> int | None:
+        from vllm_metal.cpu.kv_cap import kv_cache_cap
+
+        return kv_cache_cap()
+
+    def prepare_weights(self, model: nn.Module) -> None:
+        # MLX's CPU matmuls are scalar and single-threaded; ours read weights at
+        # memory speed.
+        from vllm_metal.cpu.fast_linears import use_fast_cpu_linears
+
+        int8 = envs.VLLM_METAL_CPU_INT8_ACTIVATIONS
+        use_fast_cpu_linears(model, activation_dtype=mx.float32 if int8 else None,
+                             int8_activations=int8)
+
+    def prepare_backbone(self, model: nn.Module, adapter: ModelAdapter,
+                         dims: ModelDims) -> CpuBackbone:
+        from vllm_metal.cpu.decoder_stack import plan_decoder_stack
+        from vllm_metal.cpu.fast_linears import count_fast_modules
+
+        if envs.VLLM_METAL_CPU_HUGE_PAGES:
+            _weights_on_huge_pages(model)
+        fast = count_fast_modules(model)
+        int8 = envs.VLLM_METAL_CPU_INT8_ACTIVATIONS
+        stack = None
+        if fast and envs.VLLM_METAL_CPU_DECODER_STACK:
+            stack = plan_decoder_stack(adapter, int8_activations=int8)
+        summary = (f"{fast} linear/embedding layers on the fast CPU path"
+                   f"{', decoder stack as one CPU node' if stack else ''}"
+                   f"{', int8 activations' if int8 and fast else ''}")
+        return CpuBackbone(adapter, stack, summary)
+
+    def kv_cache_dtype(self) -> mx.Dtype | None:
+        # Half precision may halve an fp32 model's cache (vLLM's own
+        # --kv-cache-dtype must equal the model's dtype).
+        name = envs.VLLM_METAL_CPU_KV_CACHE_DTYPE
+        return None if name == "auto" else getattr(mx, name)
+
+    def commit_kv_cache(self, cache: PagedKVCache) -> int:
+        from vllm_metal.cpu.huge_pages import array_ranges, zeros_on_huge_pages
+        from vllm_metal.v1.memory_budget import InsufficientMemoryError
+
+        if not envs.VLLM_METAL_CPU_HUGE_PAGES:
+            return 0
+        try:
+            return zeros_on_huge_pages(array_ranges(cache.buffers()))
+        except MemoryError as e:
+            raise InsufficientMemoryError(
+                f"The {cache.nbytes / 2**30:.2f} GiB KV cache does not fit in "
+                f"this host's free memory ({e}). Lower VLLM_METAL_CPU_KV_CACHE_GIB, "
+                "--kv-cache-memory or --gpu-memory-utilization.") from e
+
+
+def _weights_on_huge_pages(model: nn.Module) -> None:
+    from mlx.utils import tree_flatten
+
+    from vllm_metal.cpu.huge_pages import array_ranges, back_with_huge_pages
+
+    start = time.perf_counter()
+    report = back_with_huge_pages(array_ranges(a for _, a in tree_flatten(model.parameters())))
+    logger.info("Weights on huge pages: %.1f of %.1f MiB (%.1f MiB collapsed in %.2f s)%s",
+                report.weights_collapsed / 2**20, report.weight_bytes / 2**20,
+                report.collapsed_bytes / 2**20, time.perf_counter() - start,
+                f"; refused: {', '.join(sorted(set(report.errors)))}" if report.errors else "")
