@@ -171,12 +171,12 @@ def test_zeros_on_huge_pages_commits_huge_zero_pages_now_and_writes_stick():
     page_lo, page_hi = (-(-lo // HUGE_PAGE) * HUGE_PAGE - lo) // 2, (hi // HUGE_PAGE * HUGE_PAGE - lo) // 2
     assert not values[page_lo:page_hi].any()   # the moved pages read as zeros
     # A write through an MLX kernel in place (as the KV writes are) lands and is read back.
-    from vllm_metal.native import get_ops
+    from vllm_metal import ops
 
     rows = mx.full((3, 1, 4), 2.5, dtype=mx.float16)
     view = cache.reshape(-1, 1, 1, 4)
     targets = [page_lo // 4, page_lo // 4 + (1 << 18), page_hi // 4 - 1]
-    k, _ = get_ops().reshape_and_cache(rows, rows, view, view, mx.array(targets, dtype=mx.int32))
+    k, _ = ops.reshape_and_cache(rows, rows, view, view, mx.array(targets, dtype=mx.int32))
     mx.eval(k)
     got = np.array(k).reshape(-1, 4)
     assert (got[targets] == 2.5).all()
