@@ -185,7 +185,7 @@ inv_freq = base^(-2i/dims) or 1 / freqs. Returns x's shape and dtype.)");
 
   nb::class_<vllm_metal::DecoderStackWeights>(
       m, "DecoderStackWeights",
-      R"(A llama-family model's decoder weights for decoder_stack, validated and
+      R"(A model's decoder weights for decoder_stack, validated and
 resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
       .def(nb::init<std::vector<mlx::core::array>, std::vector<int>, std::vector<float>,
                     mlx::core::array, float, int, int, int, int, bool>(),
@@ -200,15 +200,18 @@ resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
       "key_caches"_a,
       "value_caches"_a,
       "positions"_a,
-      "slot_mapping"_a,
+      "slot_mappings"_a,
       "block_tables"_a,
       "seq_lens"_a,
       "cu_seqlens_q"_a,
+      "layer_groups"_a,
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
 [1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,
-num_kv_heads, head_dim], row-contiguous, one key and one value per layer.
+num_kv_heads, head_dim], row-contiguous, one key and one value per layer;
+slot_mappings int32 [T] and block_tables int32 [S, max_blocks] per KV cache
+group, layer_groups the group of each layer.
 Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
 

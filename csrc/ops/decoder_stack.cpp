@@ -17,8 +17,9 @@ namespace mx = mlx::core;
 
 namespace {
 
-// x, positions, slot_mapping, block_tables, seq_lens, cu_seqlens_q.
-constexpr int kInputs = 6;
+// x, positions, seq_lens, cu_seqlens_q, then each group's slot mapping, then each
+// group's block table.
+constexpr int kFixedInputs = 4;
 const char* const kLinearNames[kStackLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};
 
@@ -36,9 +37,14 @@ struct LayerIndex {
   int input_norm = -1;
   LinearIndex lin[kStackLinears];
   int q_norm = -1, k_norm = -1;
+  int post_attn_norm = -1;
   int post_norm = -1;
+  int post_mlp_norm = -1;
   int freqs = -1;
 };
+
+// The tail of a layer's ints, after the linears' (bits, group_size, has_bias).
+enum Tail { kQkNorm, kRopeDims, kRopeTraditional, kRopeHasFreqs, kWindow, kNorms, kActivation };
 
 std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_arrays) {
   if (ints.empty() || ints.size() % kStackLayerInts != 0) {
@@ -60,16 +66,19 @@ std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_ar
       }
       if (spec[3 * j + 2]) x.bias = next++;
     };
-    L.input_norm = next++;
-    for (int j = 0; j < 4; ++j) take_linear(j);
     const int* tail = spec + 3 * kStackLinears;
-    if (tail[0]) {
+    const int norms = tail[kNorms];
+    if (norms & cpu::kPreAttention) L.input_norm = next++;
+    for (int j = 0; j < 4; ++j) take_linear(j);
+    if (tail[kQkNorm]) {
       L.q_norm = next++;
       L.k_norm = next++;
     }
-    L.post_norm = next++;
+    if (norms & cpu::kPostAttention) L.post_attn_norm = next++;
+    if (norms & cpu::kPreMlp) L.post_norm = next++;
     for (int j = 4; j < kStackLinears; ++j) take_linear(j);
-    if (tail[3]) L.freqs = next++;
+    if (norms & cpu::kPostMlp) L.post_mlp_norm = next++;
+    if (tail[kRopeHasFreqs]) L.freqs = next++;
   }
   if (static_cast<size_t>(next) != num_arrays) {
     fail("the spec describes " + std::to_string(next) + " arrays, got " +
@@ -201,15 +210,27 @@ DecoderStackWeights::DecoderStackWeights(
     for (int j = 0; j < kStackLinears; ++j) {
       check_linear(arrays, L.lin[j], dims[j][0], dims[j][1], where + " " + kLinearNames[j]);
     }
-    check_vector(arrays[L.input_norm], hidden, where + " input_norm");
-    check_vector(arrays[L.post_norm], hidden, where + " post_norm");
-    if (L.q_norm >= 0) {
-      check_vector(arrays[L.q_norm], head_dim, where + " q_norm");
-      check_vector(arrays[L.k_norm], head_dim, where + " k_norm");
+    const int* tail = ints.data() + li * kStackLayerInts + 3 * kStackLinears;
+    const std::pair<int, const char*> norms[] = {
+        {L.input_norm, " input_norm"}, {L.post_attn_norm, " post_attn_norm"},
+        {L.post_norm, " post_norm"}, {L.post_mlp_norm, " post_mlp_norm"}};
+    for (const auto& [at, name] : norms) {
+      if (at >= 0) check_vector(arrays[at], hidden, where + name);
     }
-    const int rope_dims = ints[li * kStackLayerInts + 3 * kStackLinears + 1];
-    if (rope_dims <= 0 || rope_dims % 2 || rope_dims > head_dim) {
-      fail(where + ": rope dims must be even and in (0, head_dim]");
+    if (tail[kNorms] < 0 || tail[kNorms] > 15) fail(where + ": norms must be a 4-bit mask");
+    if (tail[kActivation] < static_cast<int>(cpu::StackActivation::Silu) ||
+        tail[kActivation] > static_cast<int>(cpu::StackActivation::Gelu)) {
+      fail(where + ": unknown activation " + std::to_string(tail[kActivation]));
+    }
+    if (tail[kQkNorm] < 0 || tail[kQkNorm] > 2) fail(where + ": qk_norm must be 0, 1 or 2");
+    if (L.q_norm >= 0) {
+      const bool across = tail[kQkNorm] == static_cast<int>(cpu::StackQkNorm::AcrossHeads);
+      check_vector(arrays[L.q_norm], across ? q_width : head_dim, where + " q_norm");
+      check_vector(arrays[L.k_norm], across ? kv_width : head_dim, where + " k_norm");
+    }
+    const int rope_dims = tail[kRopeDims];
+    if (rope_dims < 0 || rope_dims % 2 || rope_dims > head_dim) {
+      fail(where + ": rope dims must be even and in [0, head_dim]");
     }
     if (L.freqs >= 0) {
       check_vector(arrays[L.freqs], rope_dims / 2, where + " rope freqs");
@@ -226,28 +247,33 @@ DecoderStackWeights::DecoderStackWeights(
     const int* tail = ints.data() + li * kStackLayerInts + 3 * kStackLinears;
     const float* f = floats.data() + li * kStackLayerFloats;
     cpu::StackLayer l;
-    l.input_norm = norm_of(arrays_[L.input_norm], f[0]);
+    l.norms = tail[kNorms];
+    if (L.input_norm >= 0) l.input_norm = norm_of(arrays_[L.input_norm], f[0]);
     l.q = linear_of(arrays_, L.lin[0], int8_activations);
     l.k = linear_of(arrays_, L.lin[1], int8_activations);
     l.v = linear_of(arrays_, L.lin[2], int8_activations);
     l.o = linear_of(arrays_, L.lin[3], int8_activations);
-    l.qk_norm = L.q_norm >= 0;
-    if (l.qk_norm) {
+    l.qk_norm = static_cast<cpu::StackQkNorm>(tail[kQkNorm]);
+    if (L.q_norm >= 0) {
       l.q_norm = norm_of(arrays_[L.q_norm], f[2]);
       l.k_norm = norm_of(arrays_[L.k_norm], f[2]);
     }
-    l.post_norm = norm_of(arrays_[L.post_norm], f[1]);
+    if (L.post_attn_norm >= 0) l.post_attn_norm = norm_of(arrays_[L.post_attn_norm], f[7]);
+    if (L.post_norm >= 0) l.post_norm = norm_of(arrays_[L.post_norm], f[1]);
     l.gate = linear_of(arrays_, L.lin[4], int8_activations);
     l.up = linear_of(arrays_, L.lin[5], int8_activations);
     l.down = linear_of(arrays_, L.lin[6], int8_activations);
-    l.rope_dims = tail[1];
-    l.rope_traditional = tail[2] != 0;
+    if (L.post_mlp_norm >= 0) l.post_mlp_norm = norm_of(arrays_[L.post_mlp_norm], f[8]);
+    l.activation = static_cast<cpu::StackActivation>(tail[kActivation]);
+    l.residual_scale = f[9];
+    l.rope_dims = tail[kRopeDims];
+    l.rope_traditional = tail[kRopeTraditional] != 0;
     l.rope_freqs = L.freqs >= 0 ? arrays_[L.freqs].data<float>() : nullptr;
     l.rope_base = f[3];
     l.rope_scale = f[4];
     l.attn_scale = f[5];
     l.softcap = f[6];
-    l.sliding_window = tail[4];
+    l.sliding_window = tail[kWindow];
     layers_.push_back(l);
   }
 }
@@ -258,10 +284,11 @@ mx::array decoder_stack(
     const std::vector<mx::array>& key_caches,
     const std::vector<mx::array>& value_caches,
     const mx::array& positions,
-    const mx::array& slot_mapping,
-    const mx::array& block_tables,
+    const std::vector<mx::array>& slot_mappings,
+    const std::vector<mx::array>& block_tables,
     const mx::array& seq_lens,
     const mx::array& cu_seqlens_q,
+    const std::vector<int>& layer_groups,
     mx::StreamOrDevice s) {
   if (!weights) fail("weights must be given");
   if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1 ||
@@ -286,15 +313,32 @@ mx::array decoder_stack(
     }
   }
   const int t = x.shape(1);
-  for (const auto* m : {&positions, &slot_mapping}) {
+  const int groups = static_cast<int>(slot_mappings.size());
+  if (groups == 0 || static_cast<int>(block_tables.size()) != groups) {
+    fail("give one slot mapping and one block table per KV cache group");
+  }
+  if (static_cast<int>(layer_groups.size()) != layers) {
+    fail("give one group per layer (" + std::to_string(layers) + ")");
+  }
+  for (int g : layer_groups) {
+    if (g < 0 || g >= groups) fail("a layer's group is not one of the " +
+                                   std::to_string(groups) + " given");
+  }
+  std::vector<const mx::array*> per_token = {&positions};
+  for (const auto& m : slot_mappings) per_token.push_back(&m);
+  for (const auto* m : per_token) {
     if (m->ndim() != 1 || m->shape(0) != t || !mx::issubdtype(m->dtype(), mx::integer)) {
-      fail("positions and slot_mapping must be integer [T]");
+      fail("positions and slot mappings must be integer [T]");
     }
   }
-  if (block_tables.ndim() != 2 || seq_lens.ndim() != 1 || cu_seqlens_q.ndim() != 1 ||
-      seq_lens.shape(0) != block_tables.shape(0) ||
-      cu_seqlens_q.shape(0) != block_tables.shape(0) + 1) {
-    fail("block_tables [S, max_blocks], seq_lens [S] and cu_seqlens_q [S + 1] disagree");
+  if (seq_lens.ndim() != 1 || cu_seqlens_q.ndim() != 1 ||
+      cu_seqlens_q.shape(0) != seq_lens.shape(0) + 1) {
+    fail("seq_lens [S] and cu_seqlens_q [S + 1] disagree");
+  }
+  for (const auto& table : block_tables) {
+    if (table.ndim() != 2 || table.shape(0) != seq_lens.shape(0)) {
+      fail("block tables must be [S, max_blocks] with S = len(seq_lens)");
+    }
   }
   // The caches ride in the primitive (see decoder_stack.h), so they must have
   // their buffers before the node is built: evaluate any that are still lazy.
@@ -311,11 +355,13 @@ mx::array decoder_stack(
     }
   }
   auto stream = mx::to_stream(s);
-  std::vector<mx::array> inputs = {x, as_int32(positions, stream), as_int32(slot_mapping, stream),
-                                   as_int32(block_tables, stream), as_int32(seq_lens, stream),
+  std::vector<mx::array> inputs = {x, as_int32(positions, stream), as_int32(seq_lens, stream),
                                    as_int32(cu_seqlens_q, stream)};
+  for (const auto& m : slot_mappings) inputs.push_back(as_int32(m, stream));
+  for (const auto& table : block_tables) inputs.push_back(as_int32(table, stream));
   return mx::array(x.shape(), mx::float32,
-                   std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches)),
+                   std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches),
+                                                  layer_groups),
                    std::move(inputs));
 }
 
@@ -327,7 +373,8 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   out.set_data(mx::allocator::malloc(out.nbytes()));
 
   std::vector<RowContiguous> in;
-  for (int i = 0; i < kInputs; ++i) in.push_back(row_contiguous(inputs[i], encoder));
+  for (const auto& i : inputs) in.push_back(row_contiguous(i, encoder));
+  const int groups = (static_cast<int>(inputs.size()) - kFixedInputs) / 2;
 
   cpu::StackArgs a;
   const auto& x = in[0].view;
@@ -344,12 +391,16 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.block_size = cache0.shape(1);
   a.kv_type = elem_of(cache0.dtype());
   a.positions = in[1].view.data<int32_t>();
-  a.slot_mapping = in[2].view.data<int32_t>();
-  a.block_tables = in[3].view.data<int32_t>();
-  a.seq_lens = in[4].view.data<int32_t>();
-  a.cu_seqlens_q = in[5].view.data<int32_t>();
-  a.num_seqs = in[3].view.shape(0);
-  a.max_blocks_per_seq = in[3].view.shape(1);
+  a.seq_lens = in[2].view.data<int32_t>();
+  a.cu_seqlens_q = in[3].view.data<int32_t>();
+  a.num_seqs = in[2].view.shape(0);
+  for (int g = 0; g < groups; ++g) {
+    a.slot_mappings.push_back(in[kFixedInputs + g].view.data<int32_t>());
+    const auto& table = in[kFixedInputs + groups + g].view;
+    a.block_tables.push_back(table.data<int32_t>());
+    a.max_blocks_per_seq.push_back(table.shape(1));
+  }
+  a.layer_groups = layer_groups_;
   a.final_norm = weights_->final_norm();
   a.layers = &weights_->layers();
   for (int li = 0; li < layers; ++li) {
@@ -368,7 +419,10 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
 
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
-  if (weights_ != o.weights_ || caches_->size() != o.caches_->size()) return false;
+  if (weights_ != o.weights_ || caches_->size() != o.caches_->size() ||
+      layer_groups_ != o.layer_groups_) {
+    return false;
+  }
   for (size_t i = 0; i < caches_->size(); ++i) {
     if ((*caches_)[i].id() != (*o.caches_)[i].id()) return false;
   }

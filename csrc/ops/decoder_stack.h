@@ -1,5 +1,5 @@
-// decoder_stack: a llama-family decoder stack (every layer, then the final
-// norm) as one CPU primitive. See cpu/decoder_stack/decoder_stack_cpu.h for why.
+// decoder_stack: a decoder stack of pre-/post-norm attention and gated-MLP blocks (every
+// layer, then the final norm) as one CPU primitive. See cpu/decoder_stack/decoder_stack_cpu.h for why.
 #pragma once
 
 #include <memory>
@@ -14,16 +14,18 @@ namespace vllm_metal {
 
 // Per-layer spec, flattened. ints (kStackLayerInts per layer):
 //   for each linear of q, k, v, o, gate, up, down: bits (0 = dense), group_size, has_bias
-//   then has_qk_norm, rope_dims, rope_traditional, rope_has_freqs, sliding_window
+//   then qk_norm (StackQkNorm), rope_dims (0: no rotation), rope_traditional,
+//   rope_has_freqs, sliding_window, norms (StackNorms bits), activation (StackActivation)
 // floats (kStackLayerFloats per layer):
-//   input_eps, post_eps, qk_eps, rope_base, rope_scale, attn_scale, softcap
+//   input_eps, post_eps (pre-MLP), qk_eps, rope_base, rope_scale, attn_scale, softcap,
+//   post_attn_eps, post_mlp_eps, residual_scale
 // arrays, per layer in this order:
-//   input_norm_w; each linear as w [+ scales, biases if quantized] [+ bias];
-//   (q, k, v, o); [q_norm_w, k_norm_w]; post_norm_w; (gate, up, down);
-//   [rope freqs float [rope_dims / 2]]
+//   [input_norm_w]; each linear as w [+ scales, biases if quantized] [+ bias];
+//   (q, k, v, o); [q_norm_w, k_norm_w]; [post_attn_norm_w]; [post_norm_w];
+//   (gate, up, down); [post_mlp_norm_w]; [rope freqs float [rope_dims / 2]]
 inline constexpr int kStackLinears = 7;
-inline constexpr int kStackLayerInts = 3 * kStackLinears + 5;
-inline constexpr int kStackLayerFloats = 7;
+inline constexpr int kStackLayerInts = 3 * kStackLinears + 7;
+inline constexpr int kStackLayerFloats = 10;
 
 /**
  * A model's decoder weights, validated and resolved to raw views once at load,
@@ -80,8 +82,10 @@ class DecoderStackWeights {
  * key_caches, value_caches  one per layer, float32/float16/bfloat16
  *                [num_blocks, block_size, num_kv_heads, head_dim], all one
  *                shape and dtype, row-contiguous
- * positions, slot_mapping  int32 [T]; block_tables int32 [S, max_blocks];
- * seq_lens int32 [S]; cu_seqlens_q int32 [S + 1]  (as ops.paged_attention)
+ * positions      int32 [T]; seq_lens int32 [S]; cu_seqlens_q int32 [S + 1]
+ * slot_mappings, block_tables  one per KV cache group: int32 [T] and
+ *                int32 [S, max_blocks_g] (as ops.paged_attention)
+ * layer_groups   each layer's group (an index into the two lists)
  * returns        hidden_out [1, T, hidden] (after the final norm).
  *
  * The new keys and values are written into the caches' own buffers, which are
@@ -100,20 +104,22 @@ mlx::core::array decoder_stack(
     const std::vector<mlx::core::array>& key_caches,
     const std::vector<mlx::core::array>& value_caches,
     const mlx::core::array& positions,
-    const mlx::core::array& slot_mapping,
-    const mlx::core::array& block_tables,
+    const std::vector<mlx::core::array>& slot_mappings,
+    const std::vector<mlx::core::array>& block_tables,
     const mlx::core::array& seq_lens,
     const mlx::core::array& cu_seqlens_q,
+    const std::vector<int>& layer_groups,
     mlx::core::StreamOrDevice s = {});
 
 class DecoderStack : public CpuOnlyPrimitive {
  public:
   // caches: every layer's key cache, then every layer's value cache.
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
-               std::vector<mlx::core::array> caches)
+               std::vector<mlx::core::array> caches, std::vector<int> layer_groups)
       : CpuOnlyPrimitive(stream, "the model runs module by module"),
         weights_(std::move(weights)),
-        caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))) {}
+        caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))),
+        layer_groups_(std::move(layer_groups)) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -130,6 +136,7 @@ class DecoderStack : public CpuOnlyPrimitive {
   std::shared_ptr<DecoderStackWeights> weights_;
   // Shared with each dispatched task: one reference keeps them all alive.
   std::shared_ptr<const std::vector<mlx::core::array>> caches_;
+  std::vector<int> layer_groups_;
 };
 
 } // namespace vllm_metal

@@ -13,7 +13,9 @@ import pytest
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.cpu.backend import CpuBackend
-from vllm_metal.cpu.decoder_stack import _plan, plan_decoder_stack
+from vllm_metal.cpu.decoder_stack import (
+    _LAYOUTS, Unsupported, _build, plan_decoder_stack,
+)
 from vllm_metal.v1.model_lifecycle import load_model
 
 BLOCK = 16
@@ -143,12 +145,16 @@ def test_caches_that_cannot_be_written_in_place_are_refused():
 
 
 def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
-    # The extension validates every weight once, when the plan is built.
+    # The planner's probes, and the extension (which validates every weight once, when
+    # the plan is built), name the layer.
     loaded = load_cpu(str(cached_tiny_model("llama")))
     layer = loaded.adapter.backbone.layers[1]
     layer.mlp.down_proj.weight = layer.mlp.down_proj.weight[:, :-1]   # K no longer matches
-    with pytest.raises(ValueError, match="layer 1 down_proj"):
-        _plan(loaded.adapter)
+    backbone = loaded.adapter.backbone
+    norms, names = _LAYOUTS[0]
+    with pytest.raises((ValueError, Unsupported), match="layer 1"):
+        _build(loaded.adapter, norms, names, (backbone.norm.weight, backbone.norm.eps), None,
+               False)
 
 
 @pytest.mark.parametrize("family,kwargs", [

@@ -46,8 +46,10 @@ def _check(model_dir, prompt_ids, out):
                                    atol=LOGPROB_TOL)
 
 
-# Gemma 4's three sliding groups each keep window + chunk tokens of blocks.
-_POOL_BLOCKS = {"gemma4_text": 28}
+# Gemma 4's three sliding groups each keep window + chunk tokens of blocks, as do the
+# five one-layer sliding groups of the Gemma 3 GGUF (llama.cpp's fixed window pattern
+# of 6 over 6 layers).
+_POOL_BLOCKS = {"gemma4_text": 28, "gguf-gemma3_text": 40}
 
 
 def _preemptions(llm) -> float:
@@ -66,17 +68,17 @@ def test_gguf_family_matches_mlx_lm(family, tmp_path_factory):
     recipe = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "output": "Q6_K"}
     path = tmp_path_factory.mktemp(f"gguf-{family}") / "model-Q4_K_M.gguf"
     make_family_gguf(path, family, "Q4_K", tensor_types=recipe_types(family, recipe))
-    _check_engine(path, family)
+    _check_engine(path, family, _POOL_BLOCKS.get(f"gguf-{family}", 17))
 
 
-def _check_engine(model_dir, family):
+def _check_engine(model_dir, family, pool_blocks=None):
     ids = [mlx_reference.tokenize(model_dir, p) for p in PROMPTS]
     # 16 usable blocks of 16 tokens (one more is vLLM's null block), shared by
     # the KV cache groups, hold one 128-token request but not eight prompts
     # and their outputs at once (some families need a few more).
     llm = make_llm(model_dir, max_model_len=128, max_num_batched_tokens=32,
                    enable_chunked_prefill=True, block_size=16,
-                   num_gpu_blocks_override=_POOL_BLOCKS.get(family, 17),
+                   num_gpu_blocks_override=pool_blocks or _POOL_BLOCKS.get(family, 17),
                    trust_remote_code=family in REMOTE_CODE, disable_log_stats=False)
     try:
         before = _preemptions(llm)

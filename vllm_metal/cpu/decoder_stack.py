@@ -1,37 +1,34 @@
-"""Run a llama-family decoder stack as one CPU graph node (``decoder_stack``).
+"""Run a decoder stack as one CPU graph node (``decoder_stack``).
 
 On MLX's CPU backend the host thread spends ~10 us enqueueing each graph node
 and a 30-layer decode step built module by module is ~900 nodes, so the step
-is bound by enqueueing rather than arithmetic. For the models whose layer
-structure we know exactly (mlx-lm's llama/mistral, qwen2 and qwen3 blocks:
-pre-norm attention and SwiGLU MLP with residuals) ``plan_decoder_stack``
-flattens the layers' weights into the op's spec once; each step then costs
-one node. Anything else, or any layer that does not match, keeps the module
-path. Only for float32 activations (the caches may be float32, float16 or bfloat16).
+is bound by enqueueing rather than arithmetic. The op runs a stack of blocks of
+this shape in one node: attention (separate or fused q/k/v, q/k RMSNorm per head
+or across heads, RoPE or none, window, softcap) and a gated MLP (SiLU or GELU),
+each with an RMSNorm before and/or after it, residuals optionally scaled, then the
+final norm. ``plan_decoder_stack`` reads a family's layers for those parts (by the
+attribute names mlx-lm's families use), and keeps the plan only if one probe step
+through it equals the module path's: a family whose block does anything else
+(parallel residuals, other activations, extra arguments) fails the probe and keeps
+the module path. Only for float32 activations (the caches may be float32, float16
+or bfloat16).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from vllm_metal.attention.context import ForwardContext
+from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.cpu.fast_linears import FastLinear, FastQuantizedLinear
 from vllm_metal.models.adapter import ModelAdapter
 from vllm_metal.native import get_ops
 
 logger = logging.getLogger("vllm_metal")
-
-# (module, backbone class, block class, MLP class) computing exactly the
-# structure decoder_stack implements.
-_KNOWN = {
-    "mlx_lm.models.llama": ("LlamaModel", "TransformerBlock", "MLP"),
-    "mlx_lm.models.qwen2": ("Qwen2Model", "TransformerBlock", "MLP"),
-    "mlx_lm.models.qwen3": ("Qwen3Model", "TransformerBlock", "MLP"),
-}
 
 
 class Unsupported(Exception):
@@ -41,12 +38,42 @@ class Unsupported(Exception):
 # The stack computes in fp32 and rounds keys and values to the cache's dtype.
 _CACHE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
+# StackNorms bits (csrc/cpu/decoder_stack/decoder_stack_cpu.h).
+_PRE_ATTN, _POST_ATTN, _PRE_MLP, _POST_MLP = 1, 2, 4, 8
+_SILU, _GELU_TANH, _GELU = 0, 1, 2
+_QK_NONE, _QK_PER_HEAD, _QK_ACROSS = 0, 1, 2
+
+# Where families keep each norm: (norms mask, attribute per slot in the order
+# pre-attention, post-attention, pre-MLP, post-MLP). llama's post_attention_layernorm
+# is its pre-MLP norm; Gemma's and OLMo's norms the attention output.
+_LAYOUTS = (
+    (_PRE_ATTN | _PRE_MLP, ("input_layernorm", None, "post_attention_layernorm", None)),
+    (_PRE_ATTN | _POST_ATTN | _PRE_MLP | _POST_MLP,
+     ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+      "post_feedforward_layernorm")),
+    (_PRE_ATTN | _POST_ATTN | _PRE_MLP | _POST_MLP,
+     ("input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+      "post_mlp_layernorm")),
+    (_POST_ATTN | _POST_MLP, (None, "post_attention_layernorm", None,
+                              "post_feedforward_layernorm")),
+)
+# One probe step through both paths must agree this closely (fp32, our kernels on
+# both sides; only summation order and the activations' approximations differ).
+_PROBE_RTOL = 1e-3
+_PROBE_BLOCK = 16
+
 
 @dataclass
 class DecoderStackPlan:
-    """The model's decoder weights as the extension holds them (built once)."""
+    """The model's decoder weights as the extension holds them (built once).
+
+    ``embed_scale``: what the backbone multiplies the embeddings by before its
+    first layer (Gemma's sqrt(hidden), Granite's multiplier; None: nothing).
+    """
 
     weights: object   # vllm_metal._ext.DecoderStackWeights
+    embed_scale: float | None = None
+    layout: str = ""
 
     def __call__(self, x: mx.array, ctx: ForwardContext) -> mx.array:
         """x float32 [1, T, hidden] embeddings -> final-norm hidden [1, T, hidden].
@@ -54,20 +81,21 @@ class DecoderStackPlan:
         The op writes ctx's caches in place when it runs (they stay the same
         arrays); later readers are enqueued after it on the same stream.
         """
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
         meta = ctx.metadata
+        groups = [ctx.group_of(layer) for layer in range(len(ctx.key_caches))]
         return get_ops().decoder_stack(
             self.weights, x, ctx.key_caches, ctx.value_caches, meta.positions,
-            meta.slot_mapping[0], meta.block_tables[0], meta.seq_lens, meta.cu_seqlens_q)
+            meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, groups)
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
-        # One block table for every layer: a single KV cache group.
-        return (x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
-                and len(ctx.metadata.block_tables) == 1)
+        return x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
 
 
 def plan_decoder_stack(adapter: ModelAdapter,
                        int8_activations: bool = False) -> DecoderStackPlan | None:
-    """The stack's plan, or None (logged) when the model is not one we know exactly.
+    """The stack's plan, or None (logged) when no plan reproduces the module path.
 
     ``adapter`` holds the mlx-lm backbone (linears already switched to the fast
     CPU classes) and what each layer's attention was found to do.
@@ -82,99 +110,338 @@ def plan_decoder_stack(adapter: ModelAdapter,
 
 def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStackPlan:
     backbone = adapter.backbone
-    kind = type(backbone)
-    names = _KNOWN.get(kind.__module__)
-    if names is None or kind.__name__ != names[0]:
-        raise Unsupported(f"{kind.__module__}.{kind.__name__} is not a known backbone")
+    layers = getattr(backbone, "layers", None)
+    if not isinstance(layers, list) or not layers:
+        raise Unsupported(f"{_qualname(backbone)} has no list of layers")
     if getattr(backbone, "pipeline_size", 1) != 1:
         raise Unsupported("pipeline-parallel backbone")
-    if len(adapter.entries) != len(backbone.layers):
+    if len(adapter.entries) != len(layers):
         raise Unsupported("layers share KV entries")
-    _exact_norm(backbone.norm, "final norm")
+    if not hasattr(backbone, "embed_tokens"):
+        raise Unsupported(f"{_qualname(backbone)} has no embed_tokens")
+    final = _norm_weight(getattr(backbone, "norm", None), "final norm")
+    try:
+        probe = _Probe(adapter)
+        embed_scale = probe.embed_scale()
+    except Unsupported:
+        raise
+    except Exception as e:  # the module path itself is what serves then
+        raise Unsupported(f"the probe step failed ({type(e).__name__}: {e})") from e
+    tried = []
+    for norms, names in _LAYOUTS:
+        if not all(n is None or hasattr(layer, n) for layer in layers for n in names):
+            continue
+        # Verified in fp32 arithmetic on both sides (int8-rounded activations would
+        # land on other steps at rounding edges and blur the comparison); the plan
+        # kept has the same layout.
+        plan = _build(adapter, norms, names, final, embed_scale, False)
+        error = probe.error(plan)
+        if error <= _PROBE_RTOL:
+            if int8_activations:
+                plan = _build(adapter, norms, names, final, embed_scale, True)
+            return plan
+        tried.append(f"{plan.layout}: off by {error:.2g}")
+    if not tried:
+        raise Unsupported(f"{_qualname(layers[0])} has none of the norm layouts the stack runs")
+    raise Unsupported(f"{_qualname(layers[0])} is not computed by any stack layout "
+                      f"({'; '.join(tried)})")
+
+
+def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
+           embed_scale: float | None, int8_activations: bool) -> DecoderStackPlan:
     arrays: list[mx.array] = []
     ints: list[int] = []
     floats: list[float] = []
     heads: set[tuple[int, int, int]] = set()
-    for index, layer in enumerate(backbone.layers):
+    for index, layer in enumerate(adapter.backbone.layers):
         where = f"layer {index}"
-        if type(layer).__name__ != names[1] or type(layer).__module__ != kind.__module__:
-            raise Unsupported(f"{where} is a {type(layer).__name__}")
-        mlp = layer.mlp
-        if type(mlp).__name__ != names[2] or type(mlp).__module__ != kind.__module__:
-            raise Unsupported(f"{where}'s MLP is a {type(mlp).__name__}")
-        inner = layer.self_attn
         facts = adapter.entries[index]
         if facts.has_sinks:
             raise Unsupported(f"{where} attends with sinks")
         heads.add((facts.num_heads, facts.num_kv_heads, facts.head_dim))
-        linears = [inner.q_proj, inner.k_proj, inner.v_proj, inner.o_proj,
-                   mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        inner = getattr(layer, "self_attn", None)
+        if inner is None:
+            raise Unsupported(f"{where} has no self_attn")
+        inner = getattr(inner, "inner", inner)  # PagedAttention wraps Gemma 2's own
+        q_rows = facts.num_heads * facts.head_dim
+        kv_rows = facts.num_kv_heads * facts.head_dim
+        attn = _projections(inner, ("q_proj", "k_proj", "v_proj"), "qkv_proj",
+                            (q_rows, kv_rows, kv_rows), where)
+        mlp = getattr(layer, "mlp", None)
+        if mlp is None:
+            raise Unsupported(f"{where} has no mlp")
+        if hasattr(mlp, "gate_up_proj"):
+            half = _Rows.of(mlp.gate_up_proj, where).n // 2
+            gate_up = _projections(mlp, ("gate_proj", "up_proj"), "gate_up_proj",
+                                   (half, half), where)
+        else:
+            gate_up = _projections(mlp, ("gate_proj", "up_proj"), "", (), where)
+        linears = [*attn, _Rows.of(_attr(inner, "o_proj", where), where), *gate_up,
+                   _Rows.of(_attr(mlp, "down_proj", where), where)]
         for lin in linears:
-            ints += _linear_spec(lin, where)
-        qk_norm = hasattr(inner, "q_norm")
-        rope = _rope_spec(inner.rope, facts.head_dim, where)
-        ints += [int(qk_norm), rope["dims"], int(rope["traditional"]),
-                 int(rope["freqs"] is not None), int(facts.window or 0)]
-        qk_eps = 0.0
-        if qk_norm:
-            _exact_norm(inner.q_norm, f"{where} q_norm")
-            _exact_norm(inner.k_norm, f"{where} k_norm")
-            if inner.q_norm.eps != inner.k_norm.eps:
-                raise Unsupported(f"{where}: q_norm and k_norm have different eps")
-            qk_eps = inner.q_norm.eps
-        _exact_norm(layer.input_layernorm, f"{where} input_layernorm")
-        _exact_norm(layer.post_attention_layernorm, f"{where} post_attention_layernorm")
-        floats += [layer.input_layernorm.eps, layer.post_attention_layernorm.eps, qk_eps,
-                   rope["base"] or 0.0, rope["scale"], facts.scale, facts.softcap or 0.0]
-
-        arrays.append(layer.input_layernorm.weight)
+            ints += lin.spec()
+        qk, qk_eps, qk_arrays = _qk_norms(inner, facts, where)
+        rope = _rope_spec(getattr(inner, "rope", None), facts.head_dim, where)
+        ints += [qk, rope["dims"], int(rope["traditional"]), int(rope["freqs"] is not None),
+                 int(facts.window or 0), norms, _activation(mlp, where)]
+        slot = [_norm_weight(getattr(layer, n), f"{where} {n}") if n else None for n in names]
+        eps = [w[1] if w else 0.0 for w in slot]
+        floats += [eps[0], eps[2], qk_eps, rope["base"] or 0.0, rope["scale"], facts.scale,
+                   facts.softcap or 0.0, eps[1], eps[3], _residual_scale(layer)]
+        if slot[0]:
+            arrays.append(slot[0][0])
         for lin in linears[:4]:
-            arrays += _linear_arrays(lin)
-        if qk_norm:
-            arrays += [inner.q_norm.weight, inner.k_norm.weight]
-        arrays.append(layer.post_attention_layernorm.weight)
+            arrays += lin.arrays
+        arrays += qk_arrays
+        for w in slot[1:3]:
+            if w:
+                arrays.append(w[0])
         for lin in linears[4:]:
-            arrays += _linear_arrays(lin)
+            arrays += lin.arrays
+        if slot[3]:
+            arrays.append(slot[3][0])
         if rope["freqs"] is not None:
             arrays.append(rope["freqs"].astype(mx.float32))
     if len(heads) != 1:
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
-    hidden = int(backbone.norm.weight.shape[0])
+    hidden = int(final[0].shape[0])
+    layout = "+".join(n for n in names if n) or "no norms"
     return DecoderStackPlan(get_ops().DecoderStackWeights(
-        arrays, ints, floats, backbone.norm.weight, backbone.norm.eps, hidden, num_heads,
-        num_kv_heads, head_dim, int8_activations))
+        arrays, ints, floats, final[0], final[1], hidden, num_heads, num_kv_heads, head_dim,
+        int8_activations), embed_scale, layout)
 
 
-def _exact_norm(module: nn.Module, where: str) -> None:
-    if type(module) is not nn.RMSNorm or "weight" not in module:
-        raise Unsupported(f"{where} is a {type(module).__name__}, not nn.RMSNorm")
+def _qualname(obj) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__name__}"
 
 
-def _linear_spec(lin: nn.Module, where: str) -> list[int]:
-    has_bias = int("bias" in lin)
-    if type(lin) is FastQuantizedLinear:
-        return [lin.bits, lin.group_size, has_bias]
-    if type(lin) is FastLinear:
-        return [0, 0, has_bias]
-    raise Unsupported(f"{where} has a {type(lin).__name__} the CPU kernels do not cover")
+def _attr(module: nn.Module, name: str, where: str) -> nn.Module:
+    found = getattr(module, name, None)
+    if found is None:
+        raise Unsupported(f"{where}: {type(module).__name__} has no {name}")
+    return found
 
 
-def _linear_arrays(lin: nn.Module) -> list[mx.array]:
-    arrays = [lin.weight]
-    if type(lin) is FastQuantizedLinear:
-        arrays += [lin.scales, lin.biases]
-    if "bias" in lin:
-        arrays.append(lin.bias)
-    return arrays
+def _projections(module: nn.Module, names: tuple, fused: str, rows: tuple,
+                 where: str) -> list[_Rows]:
+    """The separate linears ``names`` of ``module``, or its ``fused`` linear cut into
+    ``rows`` output rows each (quantized rows are whole rows: a cut keeps its groups)."""
+    if all(hasattr(module, n) for n in names):
+        return [_Rows.of(getattr(module, n), where) for n in names]
+    if fused and hasattr(module, fused):
+        whole = _Rows.of(getattr(module, fused), where)
+        if sum(rows) != whole.n:
+            raise Unsupported(f"{where}: {fused} has {whole.n} rows, expected {sum(rows)}")
+        cuts, start = [], 0
+        for r in rows:
+            cuts.append(whole.slice(start, start + r))
+            start += r
+        return cuts
+    raise Unsupported(f"{where}: {type(module).__name__} has neither {', '.join(names)}"
+                      + (f" nor {fused}" if fused else ""))
 
 
-def _rope_spec(rope: nn.Module, head_dim: int, where: str) -> dict:
+@dataclass
+class _Rows:
+    """A linear as the stack takes it: bits/group size and its arrays (weight [+ scales,
+    biases] [+ bias]), possibly a block of a fused linear's output rows."""
+
+    bits: int
+    group_size: int
+    weight: mx.array
+    scales: mx.array | None
+    biases: mx.array | None
+    bias: mx.array | None
+
+    @classmethod
+    def of(cls, lin: nn.Module, where: str) -> _Rows:
+        bias = lin["bias"] if "bias" in lin else None
+        if type(lin) is FastQuantizedLinear:
+            return cls(lin.bits, lin.group_size, lin.weight, lin.scales, lin.biases, bias)
+        if type(lin) is FastLinear:
+            return cls(0, 0, lin.weight, None, None, bias)
+        raise Unsupported(f"{where} has a {type(lin).__name__} the CPU kernels do not cover")
+
+    @property
+    def n(self) -> int:
+        return int(self.weight.shape[0])
+
+    def slice(self, start: int, stop: int) -> _Rows:
+        cut = lambda a: None if a is None else a[start:stop]  # noqa: E731
+        return _Rows(self.bits, self.group_size, cut(self.weight), cut(self.scales),
+                     cut(self.biases), cut(self.bias))
+
+    def spec(self) -> list[int]:
+        return [self.bits, self.group_size, int(self.bias is not None)]
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        return [a for a in (self.weight, self.scales, self.biases, self.bias) if a is not None]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self.bits:
+            y = mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
+                                    group_size=self.group_size, bits=self.bits)
+        else:
+            y = x @ self.weight.T
+        return y if self.bias is None else y + self.bias
+
+
+def _norm_weight(module: nn.Module | None, where: str) -> tuple[mx.array, float]:
+    """(w, eps) with ``module(x) == rms_norm(x, w, eps)``: nn.RMSNorm's own weight, or
+    1 + weight for Gemma-style norms; found by running the module once."""
+    weight, eps = getattr(module, "weight", None), getattr(module, "eps", None)
+    if module is None or weight is None or eps is None or weight.ndim != 1:
+        raise Unsupported(f"{where} is a {type(module).__name__}, not an RMSNorm")
+    x = mx.random.normal((3, weight.shape[0]), key=mx.random.key(0))
+    got = module(x).astype(mx.float32)
+    for w in (weight, 1.0 + weight.astype(mx.float32)):
+        want = mx.fast.rms_norm(x, w.astype(mx.float32), eps)
+        if mx.allclose(got, want, rtol=1e-5, atol=1e-6).item():
+            return w, float(eps)
+    raise Unsupported(f"{where} ({type(module).__name__}) is not an RMSNorm of its weight")
+
+
+def _qk_norms(inner: nn.Module, facts, where: str) -> tuple[int, float, list[mx.array]]:
+    if not hasattr(inner, "q_norm") and not hasattr(inner, "k_norm"):
+        return _QK_NONE, 0.0, []
+    q, q_eps = _norm_weight(getattr(inner, "q_norm", None), f"{where} q_norm")
+    k, k_eps = _norm_weight(getattr(inner, "k_norm", None), f"{where} k_norm")
+    if q_eps != k_eps:
+        raise Unsupported(f"{where}: q_norm and k_norm have different eps")
+    if q.shape[0] == facts.head_dim and k.shape[0] == facts.head_dim:
+        return _QK_PER_HEAD, q_eps, [q, k]
+    if (q.shape[0] == facts.num_heads * facts.head_dim
+            and k.shape[0] == facts.num_kv_heads * facts.head_dim):
+        return _QK_ACROSS, q_eps, [q, k]
+    raise Unsupported(f"{where}: q/k norms of sizes {q.shape[0]}, {k.shape[0]}")
+
+
+def _activation(mlp: nn.Module, where: str) -> int:
+    """Which gated activation ``mlp`` computes, found by running it once against its
+    own linears (so int8-rounded inputs round alike on both sides)."""
+    down = _attr(mlp, "down_proj", where)
+    if hasattr(mlp, "gate_up_proj"):
+        fused = mlp.gate_up_proj
+        halves = lambda x: mx.split(fused(x), 2, axis=-1)  # noqa: E731
+    else:
+        gate, up = _attr(mlp, "gate_proj", where), _attr(mlp, "up_proj", where)
+        halves = lambda x: (gate(x), up(x))  # noqa: E731
+    k = _Rows.of(down, where).n
+    x = mx.random.normal((2, k), key=mx.random.key(1))
+    try:
+        got = mlp(x)
+        g, u = halves(x)
+    except Exception as e:
+        raise Unsupported(f"{where}: {type(mlp).__name__} failed a probe ({e})") from e
+    for kind, act in ((_SILU, nn.silu), (_GELU_TANH, nn.gelu_approx), (_GELU, nn.gelu)):
+        want = down(act(g) * u)
+        if mx.allclose(got, want, rtol=1e-4, atol=1e-5 * float(mx.abs(want).max())).item():
+            return kind
+    raise Unsupported(f"{where}: {type(mlp).__name__} is not a SiLU or GELU gated MLP")
+
+
+def _residual_scale(layer: nn.Module) -> float:
+    """Granite's residual_multiplier, MiniCPM's scale_depth / sqrt(layers), else 1."""
+    if hasattr(layer, "residual_multiplier"):
+        return float(layer.residual_multiplier)
+    if hasattr(layer, "scale_depth") and hasattr(layer, "num_hidden_layers"):
+        return float(layer.scale_depth) / math.sqrt(layer.num_hidden_layers)
+    return 1.0
+
+
+class _Probe:
+    """One small step through the module path, and through a candidate plan on fresh
+    caches: how far apart they land."""
+
+    def __init__(self, adapter: ModelAdapter):
+        self.adapter = adapter
+        entry = adapter.entries[0]
+        # Three sequences: 6 new tokens; 3 new after 40 cached (zeros), crossing small
+        # windows; 4 at positions near 70000 (rotations and position-dependent scales
+        # far out; attention sees only these 4).
+        self.kv_shape = (7, _PROBE_BLOCK, entry.num_kv_heads, entry.head_dim)
+        far = 70_001
+        positions = [*range(6), *range(40, 43), *range(far, far + 4)]
+        slots = [_PROBE_BLOCK + p for p in range(6)]
+        slots += [2 * _PROBE_BLOCK + p for p in range(40, 43)]
+        slots += [5 * _PROBE_BLOCK + p for p in range(4)]
+        table = [[1, 0, 0], [2, 3, 4], [5, 0, 0]]
+        i32 = lambda v: mx.array(v, dtype=mx.int32)  # noqa: E731
+        self.meta = AttentionMetadata(i32(positions), i32([0, 6, 9, 13]), i32([6, 43, 4]),
+                                      [i32(table)], [i32(slots)])
+        self.ids = mx.array([(7 * i + 3) % adapter.vocab_size for i in range(13)],
+                            dtype=mx.int32)
+        self.first_input: mx.array | None = None
+        self.reference = self._module_path()
+
+    def _caches(self) -> list[mx.array]:
+        return [mx.zeros(self.kv_shape) for _ in self.adapter.entries]
+
+    def _module_path(self) -> mx.array:
+        from vllm_metal.cpu.fast_functions import fast_functions
+
+        backbone = self.adapter.backbone
+        int8 = [m for _, m in backbone.named_modules() if getattr(m, "int8_activations", False)]
+        first = backbone.layers[0]
+        block = type(first)
+        call = block.__call__
+        probe = self
+
+        def tapped(layer, x, *args, **kwargs):  # what the backbone hands its first layer
+            if layer is first and probe.first_input is None:
+                probe.first_input = x
+            return call(layer, x, *args, **kwargs)
+
+        block.__call__ = tapped
+        for m in int8:
+            m.int8_activations = False
+        try:
+            ctx = ForwardContext(self.meta, self._caches(), self._caches())
+            with forward_context(ctx), fast_functions():
+                out = self.adapter.hidden(self.ids)
+            mx.eval(out, self.first_input)
+        finally:
+            block.__call__ = call
+            for m in int8:
+                m.int8_activations = True
+        return out
+
+    def embed_scale(self) -> float | None:
+        """The one factor between the embeddings and the first layer's input."""
+        embedded = self.adapter.backbone.embed_tokens(self.ids)
+        seen = self.first_input.reshape(embedded.shape).astype(mx.float32)
+        big = mx.abs(embedded) > 1e-3 * mx.abs(embedded).max()
+        ratio = float((mx.sum(mx.where(big, seen / mx.where(big, embedded, 1), 0))
+                       / mx.maximum(big.sum(), 1)).item())
+        if not mx.allclose(seen, embedded * ratio, rtol=1e-5, atol=1e-6).item():
+            raise Unsupported("the backbone's first layer sees more than scaled embeddings")
+        return None if ratio == 1.0 else ratio
+
+    def error(self, plan: DecoderStackPlan) -> float:
+        """max |stack - module path| / max |module path| on the probe."""
+        ctx = ForwardContext(self.meta, self._caches(), self._caches())
+        x = self.adapter.backbone.embed_tokens(self.ids[None])
+        out = plan(x.astype(mx.float32), ctx)[0]
+        scale = max(float(mx.abs(self.reference).max()), 1e-6)
+        return float(mx.abs(out - self.reference).max()) / scale
+
+
+_NO_ROPE = {"dims": 0, "traditional": False, "base": None, "scale": 1.0, "freqs": None}
+
+
+def _rope_spec(rope: nn.Module | None, head_dim: int, where: str) -> dict:
     """Learn what the RoPE module asks mx.fast.rope for, by calling it once.
 
     The module must hand its input and offset to mx.fast.rope unchanged and
     return the result unchanged (no pre-scaling as in YaRN), else Unsupported.
+    No module, or one that returns its input untouched (SmolLM3's NoPE layers):
+    no rotation.
     """
+    if rope is None:
+        return _NO_ROPE
     probe = mx.zeros((2, 1, 1, head_dim))
     offset = mx.array([0, 1], dtype=mx.int32)
     marker = mx.zeros((1,))
@@ -194,6 +461,8 @@ def _rope_spec(rope: nn.Module, head_dim: int, where: str) -> dict:
         raise Unsupported(f"{where}: RoPE {type(rope).__name__} failed a probe: {e}") from e
     finally:
         fast.rope = saved
+    if result is probe and not seen:
+        return _NO_ROPE
     if (result is not marker or seen.get("a") is not probe or seen.get("offset") is not offset
             or seen.get("stream") is not None):
         raise Unsupported(f"{where}: RoPE {type(rope).__name__} does more than mx.fast.rope")

@@ -174,7 +174,12 @@ class MetalModelRunner:
         step = self.input_batch.prepare_inputs(scheduler_output)
         hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step))
         logits = rows = None
-        if len(step.logits_indices):
+        if not len(step.logits_indices):
+            # Nothing to sample (prompt chunks only): run the step anyway. The decoder
+            # stack writes the KV cache as a side effect of its output, which nothing
+            # else would ever evaluate.
+            mx.async_eval(hidden)
+        else:
             # The indices rise strictly within [0, total_q): as many as the rows (a
             # decode step) means every row, in order, and no gather node is needed.
             rows = hidden

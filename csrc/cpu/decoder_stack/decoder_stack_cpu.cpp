@@ -85,11 +85,15 @@ void rotate(RopeArgs r, const ScratchVector<float>& table, float* x, int heads) 
 
 void check_slots(const StackArgs& a) {
   const int64_t slots = static_cast<int64_t>(a.num_blocks) * a.block_size;
-  for (int64_t i = 0; i < a.t; ++i) {
-    if (a.slot_mapping[i] >= slots) {
-      throw std::out_of_range("decoder_stack: slot_mapping[" + std::to_string(i) + "] = " +
-                              std::to_string(a.slot_mapping[i]) + " is outside the cache's " +
-                              std::to_string(slots) + " slots");
+  for (size_t g = 0; g < a.slot_mappings.size(); ++g) {
+    const int32_t* slot_mapping = a.slot_mappings[g];
+    for (int64_t i = 0; i < a.t; ++i) {
+      if (slot_mapping[i] >= slots) {
+        throw std::out_of_range("decoder_stack: slot_mapping[" + std::to_string(i) + "] = " +
+                                std::to_string(slot_mapping[i]) + " (group " +
+                                std::to_string(g) + ") is outside the cache's " +
+                                std::to_string(slots) + " slots");
+      }
     }
   }
 }
@@ -100,8 +104,9 @@ void write_cache_as(const StackArgs& a, int layer, const float* k, const float* 
   const int64_t row = static_cast<int64_t>(a.num_kv_heads) * a.head_dim;
   auto* kc = static_cast<ST*>(a.key_caches[layer]);
   auto* vc = static_cast<ST*>(a.value_caches[layer]);
+  const int32_t* slot_mapping = a.slot_mappings[a.layer_groups[layer]];
   for (int64_t i = 0; i < a.t; ++i) {
-    const int64_t slot = a.slot_mapping[i];
+    const int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
     if constexpr (std::is_same_v<T, F32>) {
       std::memcpy(kc + slot * row, k + i * row, row * sizeof(float));
@@ -162,10 +167,83 @@ void silu_mul_range(float* g, const float* u, int64_t n) {
   silu_mul_span(g, u, n);
 }
 
-void silu_mul(float* g, const float* u, int64_t n) {
+// g = gelu_tanh(g) * u, gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
+// (MLX's gelu_approx); tanh(y) = sign(y) (1 - e) / (1 + e) with e = exp(-2 |y|) <= 1.
+VLLM_METAL_INLINE void gelu_mul_span(float* __restrict g, const float* __restrict u,
+                                     int64_t n) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    const float y = kC * (x + 0.044715f * x * x * x);
+    const float e = exp2_nonpositive(-2.0f * std::fabs(y) * kLog2e);
+    const float th = std::copysign((1.0f - e) / (1.0f + e), y);
+    g[i] = 0.5f * x * (1.0f + th) * u[i];
+  }
+}
+
+// g = gelu(g) * u, gelu(x) = x / 2 * (1 + erf(x / sqrt(2))), erf by Abramowitz and
+// Stegun 7.1.26 (absolute error <= 1.5e-7, below float32's step near 1), whose
+// exp(-z^2) <= 1 takes the vectorizable exp2.
+VLLM_METAL_INLINE void erf_gelu_mul_span(float* __restrict g, const float* __restrict u,
+                                         int64_t n) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  constexpr float kRsqrt2 = 0.7071067811865476f;
+  constexpr float p = 0.3275911f, a1 = 0.254829592f, a2 = -0.284496736f,
+                  a3 = 1.421413741f, a4 = -1.453152027f, a5 = 1.061405429f;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = g[i];
+    const float z = std::fabs(x) * kRsqrt2;
+    const float t = 1.0f / (1.0f + p * z);
+    const float poly = t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5))));
+    const float erf_abs = 1.0f - poly * exp2_nonpositive(-z * z * kLog2e);
+    const float erf = std::copysign(erf_abs, x);
+    g[i] = 0.5f * x * (1.0f + erf) * u[i];
+  }
+}
+
+#if VLLM_METAL_X86_DISPATCH
+VLLM_METAL_TARGET_AVX512 void gelu_mul_avx512(float* g, const float* u, int64_t n, bool erf) {
+  erf ? erf_gelu_mul_span(g, u, n) : gelu_mul_span(g, u, n);
+}
+VLLM_METAL_TARGET_AVX2 void gelu_mul_avx2(float* g, const float* u, int64_t n, bool erf) {
+  erf ? erf_gelu_mul_span(g, u, n) : gelu_mul_span(g, u, n);
+}
+#endif
+
+void gelu_mul_range(float* g, const float* u, int64_t n, bool erf) {
+#if VLLM_METAL_X86_DISPATCH
+  switch (active_isa()) {
+    case Isa::Avx512: return gelu_mul_avx512(g, u, n, erf);
+    case Isa::Avx2: return gelu_mul_avx2(g, u, n, erf);
+    default: break;
+  }
+#endif
+  erf ? erf_gelu_mul_span(g, u, n) : gelu_mul_span(g, u, n);
+}
+
+// g = act(g) * u over n values.
+void gated(StackActivation act, float* g, const float* u, int64_t n) {
   constexpr int64_t kParallel = 1 << 16;  // a prefill chunk's MLP, not a decode step's
   parallel_ranges(n, n >= kParallel ? 2 * ThreadPool::instance().size() : 1,
-                  [&](int64_t a, int64_t b) { silu_mul_range(g + a, u + a, b - a); });
+                  [&](int64_t a, int64_t b) {
+                    if (act != StackActivation::Silu) {
+                      gelu_mul_range(g + a, u + a, b - a, act == StackActivation::Gelu);
+                    } else {
+                      silu_mul_range(g + a, u + a, b - a);
+                    }
+                  });
+}
+
+// h += s * y over n values.
+void add_residual(float* h, const float* y, float s, int64_t n) {
+  if (s == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) h[i] += y[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) h[i] += s * y[i];
+  }
 }
 
 } // namespace
@@ -190,7 +268,6 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   pa.kv_dtype = a.kv_type == Elem::F32 ? mlx::core::float32
       : a.kv_type == Elem::BF16        ? mlx::core::bfloat16
                                        : mlx::core::float16;
-  pa.block_tables = a.block_tables;
   pa.seq_lens = a.seq_lens;
   pa.cu_seqlens_q = a.cu_seqlens_q;
   pa.sinks = nullptr;
@@ -202,36 +279,49 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   pa.num_blocks = a.num_blocks;
   pa.block_size = a.block_size;
   pa.num_seqs = a.num_seqs;
-  pa.max_blocks_per_seq = a.max_blocks_per_seq;
-  // Every layer reads the same metadata: check and decide once (again only
-  // when a layer's sliding window differs from the last one planned).
+  // Layers read the same metadata: check and decide once (again only when a
+  // layer's sliding window or KV cache group differs from the last one planned).
   dispatch::PagedDispatch route{};
-  int planned_window = -1;
+  int planned_window = -1, planned_group = -1;
   ScratchVector<float> angles;
   const StackLayer* angles_of = nullptr;
   for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
     const StackLayer& l = layers[li];
-    if (l.sliding_window != planned_window) {  // before this layer writes its cache
+    const int group = a.layer_groups[li];
+    if (l.sliding_window != planned_window || group != planned_group) {
+      // Before this layer writes its cache.
       pa.sliding_window = l.sliding_window;
+      pa.block_tables = a.block_tables[group];
+      pa.max_blocks_per_seq = a.max_blocks_per_seq[group];
       route = plan_paged_attention_cpu(pa);
       planned_window = l.sliding_window;
+      planned_group = group;
     }
-    norm(l.input_norm, h.data(), t, hidden, xn.data());
-    linears<3>({&l.q, &l.k, &l.v}, xn.data(), t, {q.data(), k.data(), v.data()});
-    if (l.qk_norm) {
+    const float* attn_in = h.data();
+    if (l.norms & kPreAttention) {
+      norm(l.input_norm, h.data(), t, hidden, xn.data());
+      attn_in = xn.data();
+    }
+    linears<3>({&l.q, &l.k, &l.v}, attn_in, t, {q.data(), k.data(), v.data()});
+    if (l.qk_norm == StackQkNorm::PerHead) {
       norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
       norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
+    } else if (l.qk_norm == StackQkNorm::AcrossHeads) {
+      norm(l.q_norm, q.data(), t, q_width, q.data());
+      norm(l.k_norm, k.data(), t, kv_width, k.data());
     }
-    // Every layer rotates q and k at the same positions: the angles (in
-    // double, then cos/sin) are formed once per step, not 2 x layers times.
-    const RopeArgs rope = rope_args(l, a.positions, t, a.head_dim);
-    if (angles_of == nullptr || !same_angles(*angles_of, l)) {
-      angles.resize(2 * t * (l.rope_dims / 2));
-      rope_table_cpu(rope, angles.data(), angles.data() + angles.size() / 2);
-      angles_of = &l;
+    if (l.rope_dims > 0) {
+      // Every layer rotates q and k at the same positions: the angles (in
+      // double, then cos/sin) are formed once per step, not 2 x layers times.
+      const RopeArgs rope = rope_args(l, a.positions, t, a.head_dim);
+      if (angles_of == nullptr || !same_angles(*angles_of, l)) {
+        angles.resize(2 * t * (l.rope_dims / 2));
+        rope_table_cpu(rope, angles.data(), angles.data() + angles.size() / 2);
+        angles_of = &l;
+      }
+      rotate(rope, angles, q.data(), a.num_heads);
+      rotate(rope, angles, k.data(), a.num_kv_heads);
     }
-    rotate(rope, angles, q.data(), a.num_heads);
-    rotate(rope, angles, k.data(), a.num_kv_heads);
     write_cache(a, li, k.data(), v.data());
 
     pa.key_cache = a.key_caches[li];
@@ -241,14 +331,20 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     run_paged_attention_cpu(pa, route);
 
     linear(l.o, attn.data(), t, tmp.data());
-    for (int64_t i = 0; i < t * hidden; ++i) h[i] += tmp[i];
+    if (l.norms & kPostAttention) norm(l.post_attn_norm, tmp.data(), t, hidden, tmp.data());
+    add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
 
-    norm(l.post_norm, h.data(), t, hidden, xn.data());
+    const float* mlp_in = h.data();
+    if (l.norms & kPreMlp) {
+      norm(l.post_norm, h.data(), t, hidden, xn.data());
+      mlp_in = xn.data();
+    }
     const int64_t width = l.gate.out_features();
-    linears<2>({&l.gate, &l.up}, xn.data(), t, {gate.data(), up.data()});
-    silu_mul(gate.data(), up.data(), t * width);
+    linears<2>({&l.gate, &l.up}, mlp_in, t, {gate.data(), up.data()});
+    gated(l.activation, gate.data(), up.data(), t * width);
     linear(l.down, gate.data(), t, tmp.data());
-    for (int64_t i = 0; i < t * hidden; ++i) h[i] += tmp[i];
+    if (l.norms & kPostMlp) norm(l.post_mlp_norm, tmp.data(), t, hidden, tmp.data());
+    add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
   }
   norm(a.final_norm, h.data(), t, hidden, a.out);
   return route;

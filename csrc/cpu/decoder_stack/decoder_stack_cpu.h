@@ -34,17 +34,41 @@ struct StackNorm {
   float eps;
 };
 
-// x -> x + attn(input_norm(x)); x -> x + mlp(post_norm(x)), with
-// mlp(y) = down(silu(gate(y)) * up(y)) and attention on paged caches (fp32,
-// or fp16/bf16: keys and values are rounded once, when written).
+// Which RMSNorms a block applies (StackLayer::norms), as families place them:
+// llama pre-attention and pre-MLP; Gemma 2/3 and GLM-4 also after each sublayer
+// (on its output, before the residual add); OLMo 2 only after.
+enum StackNorms : int {
+  kPreAttention = 1,
+  kPostAttention = 2,
+  kPreMlp = 4,
+  kPostMlp = 8,
+};
+
+// Gated MLP: down(act(gate(y)) * up(y)); GELU exact (erf) or its tanh approximation.
+enum class StackActivation : int { Silu = 0, GeluTanh = 1, Gelu = 2 };
+
+// q/k RMSNorm: none, per head (over head_dim), or across heads (over the whole
+// projection, as OLMo 2 does).
+enum class StackQkNorm : int { None = 0, PerHead = 1, AcrossHeads = 2 };
+
+// x -> x + s * post_attn(attn(pre_attn(x))); x -> x + s * post_mlp(mlp(pre_mlp(x))),
+// each norm present or not (`norms`), s the residual scale (Granite's
+// residual_multiplier, else 1), attention on paged caches (fp32, or fp16/bf16:
+// keys and values are rounded once, when written).
 struct StackLayer {
-  StackNorm input_norm;
+  int norms = kPreAttention | kPreMlp;
+  StackNorm input_norm{};      // pre-attention
   StackLinear q, k, v, o;
-  bool qk_norm = false;
-  StackNorm q_norm{}, k_norm{}; // per head, over head_dim
-  StackNorm post_norm;
+  StackQkNorm qk_norm = StackQkNorm::None;
+  StackNorm q_norm{}, k_norm{}; // [head_dim] per head, or [heads * head_dim] across
+  StackNorm post_attn_norm{};
+  StackNorm post_norm{};        // pre-MLP
   StackLinear gate, up, down;
-  // RoPE (see RopeArgs): inv_freq from base or freqs (float32 [dims / 2]).
+  StackNorm post_mlp_norm{};
+  StackActivation activation = StackActivation::Silu;
+  float residual_scale = 1.0f;
+  // RoPE (see RopeArgs): inv_freq from base or freqs (float32 [dims / 2]);
+  // rope_dims 0: the layer has no positional rotation (NoPE).
   int rope_dims;
   bool rope_traditional;
   double rope_base;
@@ -67,12 +91,16 @@ struct StackArgs {
   int block_size;
   Elem kv_type = Elem::F32;    // of every layer's caches
   const int32_t* positions;    // [t]
-  const int32_t* slot_mapping; // [t]; negative = padding, not cached
-  const int32_t* block_tables; // [num_seqs, max_blocks_per_seq]
   const int32_t* seq_lens;     // [num_seqs]
   const int32_t* cu_seqlens_q; // [num_seqs + 1]
   int num_seqs;
-  int max_blocks_per_seq;
+  // Per KV cache group (vLLM's: full-attention and sliding-window layers keep
+  // separate block tables): slot_mapping [t] (negative = padding, not cached),
+  // block_tables [num_seqs, max_blocks_per_seq[g]]; layer_groups[layer] = g.
+  std::vector<const int32_t*> slot_mappings;
+  std::vector<const int32_t*> block_tables;
+  std::vector<int> max_blocks_per_seq;
+  std::vector<int> layer_groups;
   StackNorm final_norm;
   // The model's layers (held by its DecoderStackWeights, not copied per step)
   // and each layer's caches [num_blocks, block_size, num_kv_heads, head_dim]
