@@ -201,3 +201,79 @@ def test_half_precision_caches_match_the_module_path(cache_dtype):
     ulp = 2.0**-10 if cache_dtype == mx.float16 else 2.0**-7
     np.testing.assert_allclose(got_k, want_k, rtol=ulp, atol=1e-6)
     np.testing.assert_allclose(got_v, want_v, rtol=ulp, atol=1e-6)
+
+
+# Families whose blocks the stack computes (norm layouts, fused projections, NoPE
+# layers, GELU, multipliers), and families it must decline, each for its reason.
+TAKEN = ["gemma", "gemma2", "gemma3_text", "glm4", "granite", "minicpm", "olmo2", "phi3",
+         "smollm3", "exaone4"]
+DECLINED = {
+    "hunyuan_v1_dense": "off by",   # q/k norms after RoPE: the probe step differs
+    "ministral3": "off by",         # query scale grows with position: differs near 70000
+    "cohere": "not an RMSNorm",     # LayerNorm
+    "gpt_neox": "no list of layers",
+    "gemma4_text": "share KV entries",
+}
+
+
+def load_family(family: str):
+    from tests.family_models import cached_family_model
+
+    return load_cpu(str(cached_family_model(family, quantize_bits=4)))
+
+
+@pytest.mark.parametrize("family", TAKEN)
+def test_family_runs_as_the_stack_and_matches_the_module_path(family):
+    loaded = load_family(family)
+    assert loaded.backbone.stack is not None
+    got, got_k, got_v = _run(loaded, STEPS, seed=4)
+    want, want_k, want_v = _run(module_path(loaded), STEPS, seed=4)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+    np.testing.assert_allclose(got_k, want_k, rtol=1e-3, atol=1e-4 * np.abs(want_k).max())
+
+
+@pytest.mark.parametrize("family,why", sorted(DECLINED.items()))
+def test_family_the_stack_does_not_compute_keeps_the_module_path(family, why, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="vllm_metal"):
+        loaded = load_family(family)
+    assert loaded.backbone.stack is None
+    assert any(why in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_layers_of_two_kv_cache_groups_share_buffers_as_the_runner_lays_them_out():
+    # gemma3_text: sliding and full layers in separate groups (own block tables and
+    # slot mappings), one buffer shared by a sliding and a full layer, as vLLM's hybrid
+    # KV manager lays them out (a block id belongs to one group at a time).
+    loaded = load_family("gemma3_text")
+    d = loaded.dims
+    groups = [0 if e.window is None else 1 for e in loaded.adapter.entries]
+    i32 = lambda v: mx.array(v, dtype=mx.int32)  # noqa: E731
+
+    def run(backbone_of):
+        keys = [mx.zeros((8, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers // 2)]
+        values = [mx.zeros((8, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers // 2)]
+        kc = [keys[i // 2] for i in range(d.num_layers)]
+        vc = [values[i // 2] for i in range(d.num_layers)]
+        rng, outs = np.random.default_rng(5), []
+        for cached, new in ((0, 20), (20, 1), (21, 1)):
+            pos = list(range(cached, cached + new))
+            meta = AttentionMetadata(
+                i32(pos), i32([0, new]), i32([cached + new]), [i32([[1, 2]]), i32([[4, 5]])],
+                [i32([BLOCK + p for p in pos]), i32([4 * BLOCK + p for p in pos])])
+            ctx = ForwardContext(meta, kc, vc, groups=groups)
+            ids = mx.array(rng.integers(0, d.vocab_size, (1, new)), dtype=mx.int32)
+            with forward_context(ctx):
+                h = backbone_of(ids)
+            mx.async_eval(h)   # the next step is built before this one runs, as the runner does
+            kc, vc = ctx.key_caches, ctx.value_caches
+            outs.append(h)
+        return [np.array(o) for o in outs]
+
+    assert loaded.backbone.stack is not None
+    got = run(loaded.backbone)
+    want = run(module_path(loaded).backbone)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())

@@ -134,13 +134,18 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
         # Verified in fp32 arithmetic on both sides (int8-rounded activations would
         # land on other steps at rounding edges and blur the comparison); the plan
         # kept has the same layout.
-        plan = _build(adapter, norms, names, final, embed_scale, False)
-        error = probe.error(plan)
+        layout = "+".join(n for n in names if n)
+        try:
+            plan = _build(adapter, norms, names, final, embed_scale, False)
+            error = probe.error(plan)
+        except (ValueError, RuntimeError) as e:  # the extension refused the spec or step
+            tried.append(f"{layout}: {e}")
+            continue
         if error <= _PROBE_RTOL:
             if int8_activations:
                 plan = _build(adapter, norms, names, final, embed_scale, True)
             return plan
-        tried.append(f"{plan.layout}: off by {error:.2g}")
+        tried.append(f"{layout}: off by {error:.2g}")
     if not tried:
         raise Unsupported(f"{_qualname(layers[0])} has none of the norm layouts the stack runs")
     raise Unsupported(f"{_qualname(layers[0])} is not computed by any stack layout "
