@@ -5,6 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def assert_close_logits(ours, ref, rtol: float) -> None:
+    """float [T, vocab] twice: within rtol of ref's largest logit, same argmax rows."""
+    import numpy as np
+
+    scale = np.abs(ref).max()
+    assert np.abs(ours - ref).max() <= rtol * scale, (np.abs(ours - ref).max(), scale)
+    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
+
+
 def transformers_gguf_model(path: Path):
     """transformers' own float32 load of a GGUF (it dequantizes every tensor)."""
     import torch

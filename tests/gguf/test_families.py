@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.gguf.reference import mlx_lm_with_gguf_values
+from tests.gguf.reference import assert_close_logits, mlx_lm_with_gguf_values
 from tests.gguf_models import FAMILY_ARCHS, family_source, make_family_gguf, recipe_types
 from vllm_metal.gguf.config import hf_config_from_gguf
 from vllm_metal.gguf.header import read_header
@@ -49,19 +49,13 @@ def logits(model) -> np.ndarray:
     return np.array(model(mx.array([PROMPT]))[0].astype(mx.float32))
 
 
-def assert_close(ours: np.ndarray, ref: np.ndarray, rtol: float) -> None:
-    scale = np.abs(ref).max()
-    assert np.abs(ours - ref).max() <= rtol * scale, (np.abs(ours - ref).max(), scale)
-    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
-
-
 @pytest.mark.parametrize("family", FAMILIES)
 def test_float_file_reproduces_the_source_checkpoint(family_gguf, family):
     from mlx_lm.utils import load_model
 
     source, _ = load_model(family_source(family))
     model, _ = load_gguf_model(family_gguf(family))
-    assert_close(logits(model), logits(source), rtol=1e-5)
+    assert_close_logits(logits(model), logits(source), rtol=1e-5)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q5_K", "Q4_K_M"])
@@ -69,14 +63,14 @@ def test_float_file_reproduces_the_source_checkpoint(family_gguf, family):
 def test_quantized_file_matches_its_dequantized_values(family_gguf, family, qtype):
     path = family_gguf(family, qtype)
     model, _ = load_gguf_model(path)
-    assert_close(logits(model), logits(mlx_lm_with_gguf_values(path, family)), rtol=2e-5)
+    assert_close_logits(logits(model), logits(mlx_lm_with_gguf_values(path, family)), rtol=2e-5)
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q6_K"])
 def test_every_block_type_loads(family_gguf, qtype):
     path = family_gguf("qwen3", qtype)
     model, _ = load_gguf_model(path)
-    assert_close(logits(model), logits(mlx_lm_with_gguf_values(path, "qwen3")), rtol=2e-5)
+    assert_close_logits(logits(model), logits(mlx_lm_with_gguf_values(path, "qwen3")), rtol=2e-5)
 
 
 @pytest.mark.parametrize("family,qtype,bits", [("llama", "Q4_K", 4), ("gemma3_text", "Q5_K", 8),
@@ -138,7 +132,7 @@ def test_phi3_partial_rotary_and_longrope(family_gguf):
     assert config["original_max_position_embeddings"] == 1024
     source, _ = load_model(family_source("phi3", **overrides))
     model, _ = load_gguf_model(path)
-    assert_close(logits(model), logits(source), rtol=1e-5)
+    assert_close_logits(logits(model), logits(source), rtol=1e-5)
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "phi3", "starcoder2"])
@@ -171,7 +165,7 @@ def test_k_quant_logits_match_transformers(family_gguf, family):
     ref = transformers_logits(transformers_gguf_model(path), PROMPT)
     # transformers' starcoder2 GELU is not MLX's tanh approximation bit for bit (the float
     # file differs by 2e-4 too); a wrong block decode would differ by far more.
-    assert_close(logits(model), ref, rtol=1e-3 if family == "starcoder2" else 2e-5)
+    assert_close_logits(logits(model), ref, rtol=1e-3 if family == "starcoder2" else 2e-5)
 
 
 @pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "IQ4_XS", "IQ2_XXS", "TQ1_0"])

@@ -6,7 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.gguf.reference import transformers_gguf_model, transformers_logits
+from tests.gguf.reference import (
+    assert_close_logits, transformers_gguf_model, transformers_logits,
+)
 from tests.gguf_models import hf_dir_for
 from vllm_metal.gguf.loader import load_gguf_model
 
@@ -18,12 +20,6 @@ PROMPT_IDS = [0, 5, 17, 33, 90, 200, 301, 7, 64, 128, 255, 399]
 def our_logits(path, dtype=mx.float32) -> np.ndarray:
     model, _ = load_gguf_model(path, dtype)
     return np.array(model(mx.array([PROMPT_IDS]))[0].astype(mx.float32))
-
-
-def assert_close_logits(ours: np.ndarray, ref: np.ndarray, rtol: float) -> None:
-    scale = np.abs(ref).max()
-    assert np.abs(ours - ref).max() <= rtol * scale, (np.abs(ours - ref).max(), scale)
-    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
