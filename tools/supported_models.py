@@ -72,7 +72,24 @@ def _mark(results: dict[str, str], test: str, params: str) -> str:
     return {"passed": "yes", None: "-"}.get(status, "no" if status == "failed" else "-")
 
 
-def render(results: dict[str, dict[str, str]], refused: dict[str, str]) -> str:
+def cpu_paths() -> dict[str, str]:
+    """Family -> how its MLX 4-bit checkpoint decodes on the CPU backend."""
+    import mlx.core as mx
+
+    from tests.family_models import FAMILIES, cached_family_model
+    from vllm_metal.cpu.backend import CpuBackend
+    from vllm_metal.v1.model_lifecycle import load_model
+
+    paths = {}
+    for family in FAMILIES:
+        loaded = load_model(str(cached_family_model(family, quantize_bits=4)), mx.float32,
+                            CpuBackend())
+        paths[family] = "one node" if loaded.backbone.stack is not None else "module path"
+    return paths
+
+
+def render(results: dict[str, dict[str, str]], refused: dict[str, str],
+           paths: dict[str, str]) -> str:
     from tests.family_models import FAMILIES
     from tests.gguf_models import FAMILY_ARCHS
     from vllm_metal.gguf.quants import NEAREST_TYPES, SUPPORTED_TYPES
@@ -94,15 +111,21 @@ def render(results: dict[str, dict[str, str]], refused: dict[str, str]) -> str:
         "Sliding-window layers are declared to vLLM as sliding-window KV: blocks that left",
         "the window go back to the pool.",
         "",
-        "| family (`model_type`) | HF architecture | float32 via vLLM | MLX 4-bit | MLX 8-bit |",
-        "|---|---|---|---|---|",
+        "The last column is how a decode step runs on Linux's CPU backend: as one",
+        "decoder-stack node, or module by module (docs/benchmarks.md, \"Model families",
+        "on the CPU path\", has the speeds and why).",
+        "",
+        "| family (`model_type`) | HF architecture | float32 via vLLM | MLX 4-bit | MLX 8-bit "
+        "| CPU decode |",
+        "|---|---|---|---|---|---|",
     ]
     for family in sorted(FAMILIES):
         arch = FAMILIES[family][0]
         lines.append(f"| {family} | {arch} | "
                      f"{_mark(parity, 'test_family_matches_mlx_lm', family)} | "
                      f"{_mark(quantized, 'test_quantized_family_matches_mlx_lm', f'{family}-4')} | "
-                     f"{_mark(quantized, 'test_quantized_family_matches_mlx_lm', f'{family}-8')} |")
+                     f"{_mark(quantized, 'test_quantized_family_matches_mlx_lm', f'{family}-8')} | "
+                     f"{paths.get(family, '-')} |")
     sweep = {re.sub(r"^.*\[(.*)\]$", r"\1", k): v for k, v in sweep.items()}
     others = sorted(f for f, s in sweep.items() if s == "passed"
                     and f not in FAMILIES and f not in refused)
@@ -160,7 +183,7 @@ def render(results: dict[str, dict[str, str]], refused: dict[str, str]) -> str:
         "are groups of 32 weights with one scale and one offset. "
         f"{', '.join(NEAREST_TYPES)} has a scale per 16 weights, which no MLX group size",
         "holds: it is re-quantized to 8 bits per 32 weights, each weight moving at most",
-        "half an 8-bit step (see the measured error below). Every other type (Q2_K, Q3_K,",
+        "half an 8-bit step (measured error: docs/gguf.md). Every other type (Q2_K, Q3_K,",
         "the IQ and TQ types, MXFP4) is refused by name.",
         "",
     ]
@@ -171,7 +194,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "docs" / "supported_models.md"))
     args = parser.parse_args()
-    Path(args.out).write_text(render(run_matrix(), refusals()))
+    Path(args.out).write_text(render(run_matrix(), refusals(), cpu_paths()))
     print(f"wrote {args.out}")
 
 
