@@ -2,12 +2,15 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from vllm_metal.cli import main
 from vllm_metal.cli.bundled import DEFAULT_MODEL
 from vllm_metal.cli.serve import build_command
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cli(*args):
@@ -55,5 +58,11 @@ def test_doctor_reports_a_healthy_setup():
     out = _cli("doctor")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "healthy" in out.stdout and "FAIL" not in out.stdout
-    for part in ("platform", "mlx", "extension", "kernels", "memory", "default model"):
+    for part in ("platform", "mlx", "build", "extension", "kernels", "memory", "default model"):
         assert part in out.stdout
+    # This checkout is installed editable by install.sh: the doctor says so, with the
+    # kernels' stamp and the MLX the extension was built against.
+    build = next(line for line in out.stdout.splitlines() if "] build" in line)
+    assert "built from source (editable" in build and str(REPO) in build
+    extension = next(line for line in out.stdout.splitlines() if "] extension" in line)
+    assert "kernels_v2 stamp" in extension and "built against mlx" in extension

@@ -19,16 +19,23 @@ def free_port() -> int:
 
 
 class VllmServer:
-    def __init__(self, model: str, *args: str, timeout: float = 240.0) -> None:
+    """``command`` (default: this venv's ``vllm serve MODEL``) with ARGS, host and port;
+    ``env`` replaces the environment, ``cwd`` the working directory."""
+
+    def __init__(self, model: str | None, *args: str, timeout: float = 240.0,
+                 command: list[str] | None = None, env: dict[str, str] | None = None,
+                 cwd: str | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        vllm = Path(sys.executable).with_name("vllm")
-        env = dict(os.environ)
+        if command is None:
+            command = [str(Path(sys.executable).with_name("vllm")), "serve"]
+        env = dict(os.environ if env is None else env)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the real, default process layout
         self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-serve-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
-            [str(vllm), "serve", model, "--host", "127.0.0.1", "--port", str(self.port), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            [*command, *([model] if model else []), "--host", "127.0.0.1", "--port",
+             str(self.port), *args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         self._wait_healthy(timeout)
 
     def _wait_healthy(self, timeout: float) -> None:

@@ -64,8 +64,44 @@ def _extension() -> str:
     from vllm_metal.native import get_ops
 
     ops = get_ops()
-    return (f"built against mlx {ops.mlx_build_version}, CPU ISA {ops.cpu_isa()}, "
-            f"{ops.cpu_threads()} threads")
+    return (f"built against mlx {ops.mlx_build_version}, kernels_v2 stamp "
+            f"{ops.kernels_hash[:12]}; CPU ISA {ops.cpu_isa()}, {ops.cpu_threads()} threads; "
+            f"{kernels_loaded()}")
+
+
+def build_kind() -> str:
+    """How this vllm-metal was installed: a wheel, or a build from a source tree."""
+    import importlib.metadata as md
+    import json
+
+    import vllm_metal
+
+    dist = md.distribution("vllm-metal")
+    origin = json.loads(dist.read_text("direct_url.json") or "{}")
+    version = f"vllm-metal {vllm_metal.__version__}"
+    if "dir_info" not in origin:
+        return f"{version} from a wheel"
+    where = origin.get("url", "").removeprefix("file://")
+    editable = origin["dir_info"].get("editable", False)
+    return f"{version} built from source ({'editable, ' if editable else ''}{where})"
+
+
+def kernels_loaded() -> str:
+    """Where the Metal kernels come from on this machine."""
+    import sys
+
+    import mlx.core as mx
+
+    from vllm_metal import envs
+    from vllm_metal.native import METALLIB_NAME, get_ops
+
+    if not (sys.platform == "darwin" and mx.metal.is_available()):
+        return "Metal kernels not used (no Metal device; the CPU kernels serve)"
+    if envs.VLLM_METAL_BUILD_FROM_SOURCE:
+        return "Metal kernels JIT-compiled from kernels_v2/ (VLLM_METAL_BUILD_FROM_SOURCE=1)"
+    from pathlib import Path
+
+    return f"Metal kernels from the prebuilt {Path(get_ops().__file__).parent / METALLIB_NAME}"
 
 
 def _kernels() -> str:
@@ -114,6 +150,7 @@ CHECKS = [
     ("vllm", FIX_REINSTALL, _vllm),
     ("platform", "set VLLM_METAL_PLATFORM=force if another accelerator plugin wins, "
                  "or " + FIX_REINSTALL, _platform),
+    ("build", FIX_REINSTALL, build_kind),
     ("extension", "rebuild it: pip install --no-build-isolation -e . (or " + FIX_REINSTALL + ")",
      _extension),
     ("kernels", "rebuild the extension; if it persists, report a bug with this output", _kernels),

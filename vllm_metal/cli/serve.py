@@ -47,9 +47,12 @@ def main(args: list[str]) -> int:
         print(USAGE)
         return 0
     argv = build_command(args)
-    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
-    if not os.path.exists(vllm):
-        raise SystemExit(f"vllm-metal serve: vLLM is not installed next to {sys.executable}; "
-                         "run ./install.sh")
-    os.execv(vllm, [vllm, *argv])
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise SystemExit(f"vllm-metal serve: vLLM is not installed for {sys.executable}; "
+                         "run ./install.sh") from None
+    # vLLM's own CLI in this interpreter (its `vllm` script may not sit next to it, e.g.
+    # in a venv that got vLLM as a library).
+    os.execv(sys.executable, [sys.executable, "-m", "vllm.entrypoints.cli.main", *argv])
     return 0  # not reached
