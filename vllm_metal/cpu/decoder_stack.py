@@ -134,7 +134,7 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
         # Verified in fp32 arithmetic on both sides (int8-rounded activations would
         # land on other steps at rounding edges and blur the comparison); the plan
         # kept has the same layout.
-        layout = "+".join(n for n in names if n)
+        layout = _layout_name(names)
         try:
             plan = _build(adapter, norms, names, final, embed_scale, False)
             error = probe.error(plan)
@@ -211,10 +211,13 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
     hidden = int(final[0].shape[0])
-    layout = "+".join(n for n in names if n) or "no norms"
     return DecoderStackPlan(get_ops().DecoderStackWeights(
         arrays, ints, floats, final[0], final[1], hidden, num_heads, num_kv_heads, head_dim,
-        int8_activations), embed_scale, layout)
+        int8_activations), embed_scale, _layout_name(names))
+
+
+def _layout_name(names: tuple) -> str:
+    return "+".join(n for n in names if n)
 
 
 def _qualname(obj) -> str:
@@ -284,14 +287,6 @@ class _Rows:
     @property
     def arrays(self) -> list[mx.array]:
         return [a for a in (self.weight, self.scales, self.biases, self.bias) if a is not None]
-
-    def __call__(self, x: mx.array) -> mx.array:
-        if self.bits:
-            y = mx.quantized_matmul(x, self.weight, self.scales, self.biases, transpose=True,
-                                    group_size=self.group_size, bits=self.bits)
-        else:
-            y = x @ self.weight.T
-        return y if self.bias is None else y + self.bias
 
 
 def _norm_weight(module: nn.Module | None, where: str) -> tuple[mx.array, float]:
