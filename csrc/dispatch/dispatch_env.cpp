@@ -6,7 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#ifdef __APPLE__
+#include "platform.h"
+
+#if VLLM_METAL_APPLE()
 #include <CoreFoundation/CoreFoundation.h>
 #include <IOKit/IOKitLib.h>
 #endif
@@ -15,7 +17,7 @@ namespace vllm_metal::dispatch {
 
 namespace {
 
-#ifdef __APPLE__
+#if VLLM_METAL_APPLE()
 int probe_gpu_cores() {
   int cores = 0;
   io_iterator_t it = 0;
@@ -56,7 +58,7 @@ bool gqa_decode_disabled() {
 }
 
 int gpu_core_count() {
-#ifdef __APPLE__
+#if VLLM_METAL_APPLE()
   static const int cores = [] {
     int probed = probe_gpu_cores();
     return probed > 0 ? probed : kFallbackGpuCores;

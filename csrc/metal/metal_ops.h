@@ -2,7 +2,9 @@
 // planned by dispatch/metal_launch_plan.h through MLX's Metal command encoder.
 #pragma once
 
-#ifdef __APPLE__
+#include "platform.h"
+
+#if VLLM_METAL_APPLE()
 
 #include <vector>
 

@@ -15,6 +15,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
+#include "platform.h"
 
 namespace vllm_metal {
 
@@ -232,7 +233,7 @@ void PagedAttention::eval_cpu(
 void PagedAttention::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-#ifdef __APPLE__
+#if VLLM_METAL_APPLE()
   const auto& q = inputs[0];
   const auto& kc = inputs[1];
   dispatch::PagedProblem problem;

@@ -12,6 +12,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
+#include "platform.h"
 
 namespace vllm_metal {
 
@@ -140,7 +141,7 @@ void ReshapeAndCache::eval_cpu(
 void ReshapeAndCache::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-#ifdef __APPLE__
+#if VLLM_METAL_APPLE()
   metal::reshape_and_cache_gpu(stream(), inputs, outputs);
 #else
   (void)inputs;
