@@ -8,6 +8,7 @@ import pytest
 
 from vllm_metal.cli import main
 from vllm_metal.cli.bundled import DEFAULT_MODEL
+from tests.vllm_cli import serve_parser
 from vllm_metal.cli.serve import build_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,6 +34,23 @@ def test_serve_with_a_model_passes_everything_through():
 def test_user_served_name_is_kept():
     argv = build_command(["--served-model-name", "mine"])
     assert argv.count("--served-model-name") == 1 and "mine" in argv
+
+
+def test_a_config_file_model_is_served_not_the_bundled_one(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("host: 127.0.0.1\nport: 8123\nmodel: /srv/model\n"
+                      "served-model-name: mine\n")
+    args = serve_parser().parse_args(build_command(["--config", str(config)]))
+    assert (args.model_tag, args.model, args.port) == (None, "/srv/model", 8123)
+    assert args.served_model_name == ["mine"]
+
+
+def test_a_config_file_without_model_serves_the_bundled_one(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("# only where to listen\nhost: 127.0.0.1\nport: 8124\n")
+    args = serve_parser().parse_args(build_command(["--config", str(config), "--port", "9"]))
+    assert args.model_tag == str(DEFAULT_MODEL.path()) and args.port == 9
+    assert args.served_model_name == [DEFAULT_MODEL.name]
 
 
 @pytest.mark.parametrize("command", [[], ["serve"], ["models"], ["doctor"]])

