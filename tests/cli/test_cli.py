@@ -84,3 +84,15 @@ def test_doctor_reports_a_healthy_setup():
     assert "built from source (editable" in build and str(REPO) in build
     extension = next(line for line in out.stdout.splitlines() if "] extension" in line)
     assert "kernels_v2 stamp" in extension and "built against mlx" in extension
+
+
+@pytest.mark.parametrize("prefix, brew", [
+    ("/opt/homebrew/Cellar/vllm-metal/0.2.0/libexec", True),
+    ("/opt/homebrew/opt/vllm-metal/libexec", True),
+    ("/opt/vllm-metal/.venv", False),  # a clone in /opt is install.sh's, not Homebrew's
+    (str(REPO / ".venv"), False),
+])
+def test_doctor_tells_homebrew_users_to_reinstall_with_brew(prefix, brew):
+    from vllm_metal.cli.doctor import homebrew_keg
+
+    assert homebrew_keg(prefix) is brew

