@@ -24,6 +24,7 @@
 #include "cpu/sampling/sample_cpu.h"
 #include "ops/rope.h"
 #include "ops/decoder_stack.h"
+#include "ops/eval_layout.h"
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -236,5 +237,7 @@ runs (read them only through work enqueued after it on the same stream).)");
             "Use a narrower instruction set than detected.");
   debug.def("pool_run", &vllm_metal::pool_run, "sleep_us"_a,
             "One pool job whose item i sleeps sleep_us[i] us: (runs per item, blocked joins).");
+  debug.def("require_row_contiguous", &vllm_metal::require_row_contiguous, "op"_a, "inputs"_a, "names"_a,
+            "eval_gpu's layout check of its inputs (raises ValueError naming the first strided one).");
   vllm_metal::bind_dispatch_debug(debug);
 }

@@ -27,6 +27,7 @@ target_compile_definitions(_ext PRIVATE "VLLM_METAL_KERNELS_HASH=\"${VLLM_METAL_
 install(FILES ${_vllm_metal_kernel_paths} DESTINATION vllm_metal/kernels_v2)
 
 if(APPLE)
+  include(${CMAKE_CURRENT_LIST_DIR}/metallib_commands.cmake)
   target_sources(_ext PRIVATE metal/paged_attention_metal.cpp)
   target_link_libraries(_ext PRIVATE "-framework IOKit" "-framework CoreFoundation")
 
@@ -40,10 +41,11 @@ if(APPLE)
     if(_file MATCHES "\\.metal$")
       get_filename_component(_stem "${_file}" NAME_WE)
       set(_air "${CMAKE_CURRENT_BINARY_DIR}/kernels_v2/${_stem}.air")
+      vllm_metal_air_command(_compile "${VLLM_METAL_KERNELS_DIR}/${_file}" "${_air}" ${_metal_flags})
       add_custom_command(
         OUTPUT "${_air}"
         COMMAND "${CMAKE_COMMAND}" -E make_directory "${CMAKE_CURRENT_BINARY_DIR}/kernels_v2"
-        COMMAND xcrun -sdk macosx metal ${_metal_flags} -c "${VLLM_METAL_KERNELS_DIR}/${_file}" -o "${_air}"
+        COMMAND ${_compile}
         DEPENDS ${_vllm_metal_kernel_paths}
         COMMENT "Compiling kernels_v2/${_file}"
         VERBATIM)
@@ -51,9 +53,10 @@ if(APPLE)
     endif()
   endforeach()
   set(VLLM_METAL_METALLIB "${CMAKE_CURRENT_BINARY_DIR}/vllm_metal_kernels.metallib")
+  vllm_metal_link_command(_link "${VLLM_METAL_METALLIB}" ${_airs})
   add_custom_command(
     OUTPUT "${VLLM_METAL_METALLIB}"
-    COMMAND xcrun -sdk macosx metallib ${_airs} -o "${VLLM_METAL_METALLIB}"
+    COMMAND ${_link}
     DEPENDS ${_airs}
     COMMENT "Linking vllm_metal_kernels.metallib"
     VERBATIM)

@@ -1,6 +1,7 @@
 #include "dispatch/dispatch_bindings.h"
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -15,6 +16,7 @@
 #include "dispatch/dispatch_env.h"
 #include "dispatch/metal_launch_plan.h"
 #include "dispatch/paged_dispatch.h"
+#include "dispatch/paged_metadata.h"
 #include "metal/kernel_library.h"
 
 namespace nb = nanobind;
@@ -303,6 +305,35 @@ void bind_dispatch_debug(nb::module_& m) {
       },
       "route"_a.none(), "partition_size"_a = kPartitionSize,
       "The CPU backend takes this route instead of deciding (None: decide again).");
+
+  m.def(
+      "check_threadgroup_size",
+      [](const std::string& kernel, const std::array<uint32_t, 3>& threads, uint64_t max_total_threads) {
+        dispatch::KernelLaunch launch{kernel, {1, 1, 1}, threads, {}};
+        dispatch::check_threadgroup_size(launch, max_total_threads);
+      },
+      "kernel"_a, "threads"_a, "max_total_threads"_a,
+      "eval_gpu's check of a launch's threads per threadgroup against its pipeline's maximum (raises RuntimeError).");
+
+  m.def(
+      "check_paged_metadata",
+      [](const std::vector<int32_t>& cu_seqlens_q, const std::vector<int32_t>& seq_lens, int64_t total_q,
+         int64_t capacity) {
+        if (cu_seqlens_q.size() != seq_lens.size() + 1) {
+          throw std::invalid_argument("cu_seqlens_q must have len(seq_lens) + 1 entries");
+        }
+        dispatch::check_paged_metadata(
+            {cu_seqlens_q.data(), seq_lens.data(), static_cast<int>(seq_lens.size()), total_q, capacity});
+      },
+      "cu_seqlens_q"_a, "seq_lens"_a, "total_q"_a, "capacity"_a,
+      "The metadata check both backends run (the CPU kernels at evaluation, the Metal route as the op is "
+      "built); raises ValueError.");
+
+  m.def("metal_library_name", &metal::library_name, "kind"_a, "text"_a,
+        "The name MLX caches the Metal library under, for a 'metallib' path or JIT 'source' text.");
+  m.def(
+      "configured_metal_library", [] { return metal::configured_library().name; },
+      "The cache name of the configured Metal library (RuntimeError if none is configured).");
 
   m.def("time_cpu_paged_attention", &time_cpu_paged_attention, "query"_a, "key_cache"_a, "value_cache"_a,
         "block_tables"_a, "seq_lens"_a, "cu_seqlens_q"_a, "scale"_a, "rounds"_a = 1,

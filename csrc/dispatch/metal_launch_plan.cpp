@@ -123,4 +123,13 @@ ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, in
   return plan;
 }
 
+void check_threadgroup_size(const KernelLaunch& launch, uint64_t max_total_threads) {
+  const uint64_t threads = uint64_t(launch.threads[0]) * launch.threads[1] * launch.threads[2];
+  if (threads > max_total_threads) {
+    throw std::runtime_error("vllm-metal: kernel " + launch.kernel + " is launched with " + std::to_string(threads) +
+                             " threads per threadgroup, but its pipeline allows at most " +
+                             std::to_string(max_total_threads) + " on this device");
+  }
+}
+
 }  // namespace vllm_metal::dispatch

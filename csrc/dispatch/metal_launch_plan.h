@@ -64,4 +64,11 @@ PagedAttentionPlan plan_paged_attention(
 
 ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, int row_elems, int num_slots);
 
+// Throws std::runtime_error naming the kernel and both counts if `launch` asks
+// for more threads per threadgroup than its pipeline allows. The limit
+// (maxTotalThreadsPerThreadgroup) depends on the compiled kernel's register and
+// threadgroup memory use, so only the device knows it, and a launch beyond it
+// is invalid Metal usage with undefined results.
+void check_threadgroup_size(const KernelLaunch& launch, uint64_t max_total_threads);
+
 }  // namespace vllm_metal::dispatch

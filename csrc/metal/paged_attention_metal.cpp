@@ -1,7 +1,8 @@
 // eval_gpu of PagedAttention and ReshapeAndCache (compiled on Apple only).
 #include "metal/metal_ops.h"
 
-#include <stdexcept>
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "metal/kernel_library.h"
@@ -14,20 +15,14 @@ namespace mx = mlx::core;
 
 namespace {
 
-constexpr const char* kLibraryName = "vllm_metal_kernels_v2";
-
 MTL::Library* kernels_library(mx::metal::Device& device) {
-  const std::string path = library_path();
-  if (!path.empty()) return device.get_library(kLibraryName, path);
-  const std::string source = library_source();
-  if (source.empty()) {
-    throw std::runtime_error("vllm-metal: the Metal kernels were not loaded (vllm_metal.native.get_ops())");
-  }
-  return device.get_library(kLibraryName, [source] { return source; });
+  const KernelLibrary library = configured_library();
+  if (!library.path.empty()) return device.get_library(library.name, library.path);
+  return device.get_library(library.name, [source = library.source] { return *source; });
 }
 
 // Pipeline of one planned launch, specialized by its function constants.
-MTL::ComputePipelineState* pipeline(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
+MTL::ComputePipelineState* specialized_pipeline(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
   if (!launch.specialized) return device.get_kernel(launch.kernel, kernels_library(device));
   static const bool kFalse = false;
   static const bool kTrue = true;
@@ -38,6 +33,13 @@ MTL::ComputePipelineState* pipeline(mx::metal::Device& device, const dispatch::K
     hash += launch.constants[i] ? "1" : "0";
   }
   return device.get_kernel(launch.kernel, kernels_library(device), hash, constants);
+}
+
+// The pipeline, once the device confirms it can run the launch's threadgroups.
+MTL::ComputePipelineState* pipeline(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
+  MTL::ComputePipelineState* state = specialized_pipeline(device, launch);
+  dispatch::check_threadgroup_size(launch, state->maxTotalThreadsPerThreadgroup());
+  return state;
 }
 
 void dispatch_launch(mx::metal::CommandEncoder& enc, const dispatch::KernelLaunch& launch) {
@@ -92,7 +94,7 @@ void reshape_and_cache_gpu(
     const mx::Stream& stream,
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
-  // The outputs are the caches themselves (row-contiguous: checked by the op).
+  // The outputs are the caches themselves (row-contiguous: checked by eval_gpu).
   outputs[0].copy_shared_buffer(inputs[2]);
   outputs[1].copy_shared_buffer(inputs[3]);
   const int num_tokens = inputs[0].shape(0);

@@ -1,6 +1,7 @@
 #include "ops/cpu_inputs.h"
 
 #include "mlx/allocator.h"
+#include "ops/eval_layout.h"
 
 namespace vllm_metal {
 
@@ -21,27 +22,23 @@ void RowContiguous::fill() const {
 }
 
 RowContiguous row_contiguous(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
-  RowContiguous r{a, std::nullopt, nullptr};
-  if (a.flags().row_contiguous) return r;
+  RowContiguous r{a, strided_layout(a), nullptr};
+  if (!r.copy_from) return r;
   r.view = mx::array(a.shape(), a.dtype(), nullptr, {});
   r.view.set_data(mx::allocator::malloc(r.view.nbytes()));
   encoder.add_temporary(r.view);
-  r.copy_from = cpu::StridedLayout{
-      {a.shape().begin(), a.shape().end()}, {a.strides().begin(), a.strides().end()}, a.itemsize()};
   r.src = a.data<char>();
   return r;
 }
 
 std::optional<cpu::StridedLayout> alias_cache(const mx::array& cache, mx::array& out) {
-  if (cache.flags().row_contiguous) {
+  auto layout = strided_layout(cache);
+  if (layout) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+  } else {
     out.copy_shared_buffer(cache);
-    return std::nullopt;
   }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  return cpu::StridedLayout{
-      {cache.shape().begin(), cache.shape().end()},
-      {cache.strides().begin(), cache.strides().end()},
-      cache.itemsize()};
+  return layout;
 }
 
 cpu::LinearIO linear_io(const std::vector<RowContiguous>& in, int bias_index, void* dst,

@@ -10,8 +10,10 @@
 #include "dispatch/diagnostics.h"
 #include "dispatch/dispatch_env.h"
 #include "dispatch/metal_launch_plan.h"
+#include "dispatch/paged_metadata.h"
 #include "metal/kernel_library.h"
 #include "metal/metal_ops.h"
+#include "ops/eval_layout.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
@@ -45,17 +47,15 @@ std::optional<cpu::StridedLayout> readable_cache(
     const mx::array& cache,
     mx::array& view,
     mx::cpu::CommandEncoder& encoder) {
-  if (cache.flags().row_contiguous) {
+  auto layout = strided_layout(cache);
+  if (!layout) {
     view = cache;
     return std::nullopt;
   }
   view = mx::array(cache.shape(), cache.dtype(), nullptr, {});
   view.set_data(mx::allocator::malloc(view.nbytes()));
   encoder.add_temporary(view);
-  return cpu::StridedLayout{
-      {cache.shape().begin(), cache.shape().end()},
-      {cache.strides().begin(), cache.strides().end()},
-      cache.itemsize()};
+  return layout;
 }
 
 dispatch::KernelDtype kernel_dtype(mx::Dtype t) {
@@ -79,10 +79,15 @@ std::optional<std::vector<int32_t>> host_values(const mx::array& a) {
   return v;
 }
 
-std::optional<HostLengths> host_lengths(const mx::array& seq_lens, const mx::array& cu_seqlens_q) {
+// The Metal route's lengths, when the metadata is already evaluated. They are
+// checked here as the CPU kernels check them in their task: a GPU kernel
+// cannot raise, and this is the last point that can.
+std::optional<HostLengths> host_lengths(const mx::array& seq_lens, const mx::array& cu_seqlens_q,
+                                        int64_t total_q, int64_t capacity) {
   auto lens = host_values(seq_lens);
   auto cu = host_values(cu_seqlens_q);
   if (!lens || !cu || cu->size() != lens->size() + 1) return std::nullopt;
+  dispatch::check_paged_metadata({cu->data(), lens->data(), static_cast<int>(lens->size()), total_q, capacity});
   HostLengths h;
   h.seq_lens = std::move(*lens);
   h.query_lens.resize(h.seq_lens.size());
@@ -91,7 +96,8 @@ std::optional<HostLengths> host_lengths(const mx::array& seq_lens, const mx::arr
 }
 
 // The GPU runs the op only with the Metal kernels loaded and a shape they
-// cover (row-contiguous caches, one dtype); anything else runs on the CPU.
+// cover (row-contiguous caches, one dtype); anything else runs on the CPU. A
+// cache not yet evaluated passes the layout test here; eval_gpu tests it again.
 bool runs_on_gpu(const mx::Stream& s, const mx::array& q, const mx::array& kc, const mx::array& vc) {
   if (s.device != mx::Device::gpu || !metal::kernels_configured()) return false;
   if (!kc.flags().row_contiguous || !vc.flags().row_contiguous) return false;
@@ -150,7 +156,8 @@ mx::array paged_attention(
   std::optional<HostLengths> lengths;
   if (stream.device == mx::Device::gpu) {
     if (runs_on_gpu(stream, query, key_cache, value_cache)) {
-      lengths = host_lengths(seq_lens, cu_seqlens_q);
+      lengths = host_lengths(seq_lens, cu_seqlens_q, query.shape(0),
+                             static_cast<int64_t>(block_tables.shape(1)) * key_cache.shape(1));
     } else {
       stream = mx::default_stream(mx::Device::cpu);  // fallback: never fail on a shape
     }
@@ -234,6 +241,10 @@ void PagedAttention::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
 #if VLLM_METAL_APPLE()
+  // The caches go in as they are, and the op was routed here on flags read when
+  // it was built: a cache not yet evaluated then shows up as row-contiguous.
+  require_row_contiguous("paged_attention", inputs,
+                         {"query", "key_cache", "value_cache", "block_tables", "seq_lens", "cu_seqlens_q", "sinks"});
   const auto& q = inputs[0];
   const auto& kc = inputs[1];
   dispatch::PagedProblem problem;

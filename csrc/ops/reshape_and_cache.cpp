@@ -7,6 +7,7 @@
 
 #include "cpu/runtime/strided_copy.h"
 #include "ops/cpu_inputs.h"
+#include "ops/eval_layout.h"
 #include "metal/kernel_library.h"
 #include "metal/metal_ops.h"
 #include "mlx/allocator.h"
@@ -81,7 +82,8 @@ std::pair<mx::array, mx::array> reshape_and_cache(
   }
   auto stream = mx::to_stream(s);
   // The Metal kernel writes row-contiguous caches of a kernel dtype in place;
-  // anything else (or no loaded kernels) runs on the CPU.
+  // anything else (or no loaded kernels) runs on the CPU. A cache not yet
+  // evaluated passes the layout test here; eval_gpu tests it again.
   const bool gpu_ok = metal::kernels_configured() && key_cache.flags().row_contiguous &&
       value_cache.flags().row_contiguous &&
       (key_cache.dtype() == mx::float16 || key_cache.dtype() == mx::bfloat16 || key_cache.dtype() == mx::float32);
@@ -142,6 +144,9 @@ void ReshapeAndCache::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
 #if VLLM_METAL_APPLE()
+  // The kernel writes the caches in place as row-contiguous: checked now, as the
+  // flags read when the op was built describe a cache not yet evaluated as such.
+  require_row_contiguous("reshape_and_cache", inputs, {"key", "value", "key_cache", "value_cache", "slot_mapping"});
   metal::reshape_and_cache_gpu(stream(), inputs, outputs);
 #else
   (void)inputs;

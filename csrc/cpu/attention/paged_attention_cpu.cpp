@@ -16,6 +16,7 @@
 #include "cpu/runtime/thread_pool.h"
 #include "cpu/runtime/tile_math.h"
 #include "dispatch/dispatch_env.h"
+#include "dispatch/paged_metadata.h"
 
 namespace vllm_metal::cpu {
 
@@ -251,38 +252,8 @@ dispatch::PagedDispatch forced_dispatch(const PagedAttentionArgs& p, dispatch::P
 } // namespace
 
 void check_paged_metadata(const PagedAttentionArgs& p) {
-  const int32_t* cu = p.cu_seqlens_q;
-  if (cu[0] != 0) {
-    throw std::invalid_argument(
-        "paged_attention: cu_seqlens_q[0] must be 0, got " + std::to_string(cu[0]));
-  }
-  if (cu[p.num_seqs] != p.total_q) {
-    throw std::invalid_argument(
-        "paged_attention: cu_seqlens_q[-1] must equal query.shape[0] = " +
-        std::to_string(p.total_q) + ", got " + std::to_string(cu[p.num_seqs]));
-  }
-  const int64_t capacity = static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size;
-  for (int s = 0; s < p.num_seqs; ++s) {
-    const int q_len = cu[s + 1] - cu[s];
-    if (q_len < 0) {
-      throw std::invalid_argument(
-          "paged_attention: cu_seqlens_q must be non-decreasing (index " +
-          std::to_string(s) + ")");
-    }
-    const int ctx = p.seq_lens[s];
-    if (ctx < q_len) {
-      throw std::invalid_argument(
-          "paged_attention: seq_lens[" + std::to_string(s) + "] = " +
-          std::to_string(ctx) + " is smaller than its " + std::to_string(q_len) +
-          " query tokens");
-    }
-    if (ctx > capacity) {
-      throw std::invalid_argument(
-          "paged_attention: seq_lens[" + std::to_string(s) + "] = " +
-          std::to_string(ctx) + " exceeds block_tables capacity " +
-          std::to_string(capacity) + " (max_blocks * block_size)");
-    }
-  }
+  dispatch::check_paged_metadata(
+      {p.cu_seqlens_q, p.seq_lens, p.num_seqs, p.total_q, static_cast<int64_t>(p.max_blocks_per_seq) * p.block_size});
 }
 
 dispatch::PagedProblem describe_problem(const PagedAttentionArgs& p) {

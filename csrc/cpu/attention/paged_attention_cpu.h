@@ -35,7 +35,8 @@ struct PagedAttentionArgs {
 };
 
 // Throws std::invalid_argument naming the problem if cu_seqlens_q / seq_lens
-// are inconsistent with each other or with block_tables.
+// are inconsistent with each other or with block_tables
+// (dispatch::check_paged_metadata, which the Metal route runs too).
 void check_paged_metadata(const PagedAttentionArgs& args);
 
 // The dispatch inputs of this call (reads seq_lens and cu_seqlens_q).
