@@ -1,15 +1,40 @@
 #!/usr/bin/env bash
-# Fresh machine -> working vllm-metal venv (Linux CPU or macOS Apple silicon).
+# Fresh machine -> working vllm-metal venv (Linux CPU or macOS on Apple silicon).
 #
-#   ./install.sh          runtime stack in ./.venv (VENV=/path overrides)
-#   ./install.sh --dev    plus the test dependencies
+#   ./install.sh            runtime stack in ./.venv (VENV=/path overrides)
+#   ./install.sh --dev      plus the test dependencies
+#   ./install.sh --dry-run  change nothing: print each command that would change the
+#                           machine ("would run: ...", "would write: ..."); with --dev too
 #
 # Re-running skips every step whose result is already there at the right version.
-# PYTHON picks the interpreter (default python3); TORCH_PIP_ARGS adds pip arguments
-# for the torch step only (e.g. "--index-url https://download.pytorch.org/whl/cpu").
+# PYTHON picks the interpreter. Without it: python3 on Linux; on a Mac the first
+# CPython 3.11-3.14 arm64 build among python3, Homebrew's python3.12, 3.13, 3.11,
+# 3.14 and python3 (under $HOMEBREW_PREFIX, default /opt/homebrew), then those names
+# on PATH. TORCH_PIP_ARGS adds pip arguments for the torch step only
+# (e.g. "--index-url https://download.pytorch.org/whl/cpu").
+#
+# Test-only (tests/packaging/test_install_sh.py runs the macOS branch on Linux): in a
+# dry run, and never otherwise, VLLM_METAL_FAKE_<FACT> replaces what the machine says.
+#   UNAME_S, UNAME_M  uname -s, uname -m
+#   ROSETTA           sysctl -n sysctl.proc_translated (1: this shell runs under Rosetta)
+#   MACOS_VERSION     sw_vers -productVersion
+#   CLT               1 if xcode-select -p and xcrun --find clang++ succeed, else 0
+#   METAL             1 if xcrun's metal and metallib build a Metal 3.1 kernel, else 0
+#   CXX               1 if c++ is on PATH, else 0
+#   CMAKE_VERSION     the version `cmake --version` prints; empty: no cmake
+#   PYTHONS           "PATH=X.Y:MACHINE ..." (version, platform.machine()) of the
+#                     interpreters at those paths; any other interpreter counts as absent
 set -Eeuo pipefail
 
+# Written for macOS's /bin/bash 3.2 as well: no bash 4 syntax; no "${a[@]}" of an
+# array that may be empty (set -u calls it unbound there); and every $(...) ends in
+# success, because bash 3.2 runs the ERR trap inside a failing command substitution
+# even where the caller tests its status.
+
 TORCH_VERSION=2.13.0
+# On macOS, vLLM's setup.py builds its CPU target whatever VLLM_TARGET_DEVICE says,
+# and that target's requirements pin this torch on Darwin.
+TORCH_VERSION_MACOS=2.14.0
 MLX_VERSION=0.32.4
 MLX_LM_VERSION=0.32.2
 NANOBIND_VERSION=3.1.0
@@ -17,22 +42,26 @@ VLLM_VERSION=0.33.0
 SMOLLM2_VERSION=0.1.2
 BUILD_TOOLS=("scikit-build-core>=0.10" "setuptools>=77.0.3,<81" "setuptools-scm>=8"
              "setuptools-rust>=1.9" wheel jinja2 ninja "packaging>=24.2" numpy)
+# Satisfies csrc/ (3.24) and vLLM's CMake build on macOS (3.26).
+CMAKE_SPEC="cmake>=3.26,<4"
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${VENV:-$REPO/.venv}"
 case "$VENV" in /*) ;; *) VENV="$PWD/$VENV" ;; esac
-PYTHON="${PYTHON:-python3}"
 LOG="$REPO/build/install.log"
 VPY="$VENV/bin/python"
 
 DEV=0
+DRY_RUN=0
 for arg in "$@"; do
   case "$arg" in
     --dev) DEV=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "install.sh: unknown argument '$arg' (expected --dev)" >&2; exit 2 ;;
+    --dry-run) DRY_RUN=1 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown argument '$arg' (expected --dev or --dry-run)" >&2; exit 2 ;;
   esac
 done
+[ $DRY_RUN = 0 ] || LOG=/dev/null
 
 TOTAL=8
 STEP="startup"
@@ -44,8 +73,10 @@ on_error() {
   local code=$?
   echo >&2
   echo "install.sh: step $STEP failed (exit $code)." >&2
-  echo "Full output of that step is in $LOG; its last lines:" >&2
-  tail -n 25 "$LOG" >&2 || true
+  if [ $DRY_RUN = 0 ]; then
+    echo "Full output of that step is in $LOG; its last lines:" >&2
+    tail -n 25 "$LOG" >&2 || true
+  fi
   exit "$code"
 }
 trap on_error ERR
@@ -53,18 +84,155 @@ trap on_error ERR
 die() { echo >&2; echo "install.sh: $*" >&2; exit 1; }
 
 # One progress line per step: "[n/N] what ... done (12s)" or "... already there".
+# A dry run ends the line at once: its "would run" lines follow.
+announce() {
+  if [ $DRY_RUN = 1 ]; then printf '%s\n' "$1"; else printf '%s ... ' "$1"; fi
+}
 begin() {
   STEP="[$1/$TOTAL] $2"
   STEP_START=$SECONDS
-  printf '%s ... ' "$STEP"
+  announce "$STEP"
   echo "==== $STEP" >>"$LOG"
 }
-done_step() { echo "done ($((SECONDS - STEP_START))s)"; }
-skip_step() { echo "${1:-already there}"; }
+done_step() { [ $DRY_RUN = 1 ] || echo "done ($((SECONDS - STEP_START))s)"; }
+skip_step() {
+  if [ $DRY_RUN = 1 ]; then echo "  ${1:-already there}"; else echo "${1:-already there}"; fi
+}
 
-pip_install() {
-  "$VPY" -m pip install --disable-pip-version-check --progress-bar off \
-    -c "$VENV/vllm-metal-constraints.txt" "$@" >>"$LOG" 2>&1
+# run CMD...: a command that changes the machine, its output into the log. A dry run
+# prints it instead, each word quoted as the shell would need it.
+run() {
+  if [ $DRY_RUN = 1 ]; then
+    printf 'would run:'; printf ' %q' "$@"; printf '\n'
+  else
+    "$@" >>"$LOG" 2>&1
+  fi
+}
+
+# write_file PATH LINE...: PATH holds the LINEs (a dry run prints them on one line).
+write_file() {
+  local path="$1"
+  shift
+  if [ $DRY_RUN = 1 ]; then
+    printf 'would write: %s:' "$path"; printf ' %s' "$@"; printf '\n'
+  else
+    printf '%s\n' "$@" >"$path"
+  fi
+}
+
+# ---------------------------------------------------------------- machine facts
+# Each fact comes from one probe, which prints a value and always succeeds; a dry
+# run takes VLLM_METAL_FAKE_<NAME> instead when that is set (see the header).
+fact() {
+  local fake="VLLM_METAL_FAKE_$1"
+  if [ $DRY_RUN = 1 ] && [ -n "${!fake+set}" ]; then
+    printf '%s\n' "${!fake}"
+  else
+    "probe_$1"
+  fi
+}
+probe_UNAME_S() { uname -s; }
+probe_UNAME_M() { uname -m; }
+# 1 in a process Rosetta translates, 0 natively on Apple silicon, absent on Intel.
+probe_ROSETTA() { sysctl -n sysctl.proc_translated 2>/dev/null || echo 0; }
+probe_MACOS_VERSION() { sw_vers -productVersion 2>/dev/null || true; }
+# xcode-select -p first: it answers quietly, while without the tools xcrun and the
+# /usr/bin developer shims (python3 among them) may open an install dialog.
+probe_CLT() {
+  if xcode-select -p >/dev/null 2>&1 && xcrun --find clang++ >/dev/null 2>&1; then
+    echo 1
+  else
+    echo 0
+  fi
+}
+# What the build does to kernels_v2/: compile with -std=metal3.1, link a .metallib.
+# The Command Line Tools have no Metal compiler; Xcode 26 downloads it separately.
+probe_METAL() {
+  local dir ok=0
+  dir="$(mktemp -d "${TMPDIR:-/tmp}/vllm-metal-probe.XXXXXX" 2>/dev/null || true)"
+  if [ -n "$dir" ]; then
+    printf 'kernel void probe(device float *x [[buffer(0)]]) { x[0] = 1.0f; }\n' >"$dir/probe.metal"
+    if xcrun -sdk macosx metal -std=metal3.1 -c "$dir/probe.metal" -o "$dir/probe.air" >/dev/null 2>&1 &&
+       xcrun -sdk macosx metallib "$dir/probe.air" -o "$dir/probe.metallib" >/dev/null 2>&1; then
+      ok=1
+    fi
+    rm -rf "$dir"
+  fi
+  echo "$ok"
+}
+probe_CXX() { if command -v c++ >/dev/null 2>&1; then echo 1; else echo 0; fi; }
+probe_CMAKE_VERSION() { { cmake --version 2>/dev/null || true; } | awk 'NR == 1 { print $3 }'; }
+
+# The path of interpreter $1 (a name looked up on PATH, or a path), or nothing.
+python_path() {
+  local path
+  path="$(command -v "$1" 2>/dev/null || true)"
+  if [ -n "$path" ] && [ $DRY_RUN = 1 ] && [ -n "${VLLM_METAL_FAKE_PYTHONS+set}" ]; then
+    case " $VLLM_METAL_FAKE_PYTHONS " in *" $path="*) ;; *) path="" ;; esac
+  fi
+  printf '%s\n' "$path"
+}
+
+# "X.Y MACHINE" of the interpreter at path $1, or nothing if it does not run.
+python_facts() {
+  if [ $DRY_RUN = 1 ] && [ -n "${VLLM_METAL_FAKE_PYTHONS+set}" ]; then
+    local entry facts
+    # shellcheck disable=SC2086  # a list of words on purpose
+    for entry in $VLLM_METAL_FAKE_PYTHONS; do
+      case "$entry" in
+        "$1="*) facts="${entry#*=}"; printf '%s %s\n' "${facts%%:*}" "${facts#*:}"; return 0 ;;
+      esac
+    done
+    return 0
+  fi
+  "$1" -c 'import platform, sys; print("%d.%d %s" % (sys.version_info[0], sys.version_info[1], platform.machine()))' \
+    2>/dev/null || true
+}
+
+# True when version $1 (X[.Y[...]]) is at least X.Y given as $2.
+version_at_least() {
+  local have_major="${1%%.*}" have_minor=0 want_major="${2%%.*}" want_minor="${2#*.}"
+  case "$1" in *.*) have_minor="${1#*.}"; have_minor="${have_minor%%.*}" ;; esac
+  have_minor="${have_minor%%[!0-9]*}"
+  case "$have_major" in ''|*[!0-9]*) return 1 ;; esac
+  case "$have_minor" in '') return 1 ;; esac
+  [ "$have_major" -gt "$want_major" ] ||
+    { [ "$have_major" -eq "$want_major" ] && [ "$have_minor" -ge "$want_minor" ]; }
+}
+
+# CPython 3.11 (tomllib, and vllm-metal's floor) to 3.14 (vLLM 0.33 wants < 3.15).
+python_supported() { version_at_least "$1" 3.11 && ! version_at_least "$1" 3.15; }
+
+# Sets PYTHON to the first candidate that runs, is a supported version and, on a Mac,
+# an arm64 build; else dies naming each interpreter found and why it was passed over.
+pick_python() {
+  local cand path facts version machine seen=" " tried=""
+  for cand in "$@"; do
+    path="$(python_path "$cand")"
+    [ -n "$path" ] || continue
+    case "$seen" in *" $path "*) continue ;; esac
+    seen="$seen$path "
+    facts="$(python_facts "$path")"
+    version="${facts%% *}"
+    machine="${facts#* }"
+    if [ -z "$facts" ]; then
+      tried="$tried
+  $path does not run"
+    elif ! python_supported "$version"; then
+      tried="$tried
+  $path is Python $version: vllm-metal needs 3.11 to 3.14"
+    elif [ "$OS" = Darwin ] && [ "$machine" != arm64 ]; then
+      tried="$tried
+  $path is an $machine build: MLX's Metal backend needs a native arm64 Python"
+    else
+      PYTHON="$path"
+      return 0
+    fi
+  done
+  [ -n "$tried" ] ||
+    die "no Python found (looked for: $*). Install Python 3.11+ (Debian/Ubuntu: apt-get install python3 python3-venv; macOS: brew install python@3.12) or set PYTHON=/path/to/python3.11+."
+  die "no usable Python:$tried
+Install one (Debian/Ubuntu: apt-get install python3.11 python3.11-venv; macOS: brew install python@3.12) and re-run, with PYTHON=/path/to/it if it is not found first."
 }
 
 # Installed version of a distribution in the venv, or nothing.
@@ -89,8 +257,9 @@ EOF
 
 # Hash of what the compiled extension and the package metadata are built from
 # (Python sources are live in an editable install), to skip an unchanged rebuild.
+# Standard library only: it runs before the venv has anything.
 source_fingerprint() {
-  "$VPY" - "$REPO" <<'EOF'
+  "$PYTHON" - "$REPO" <<'EOF'
 import hashlib, pathlib, sys
 root = pathlib.Path(sys.argv[1])
 h = hashlib.sha256()
@@ -104,42 +273,63 @@ print(h.hexdigest())
 EOF
 }
 
-# True when `cmake` on PATH is at least 3.24 (what csrc/CMakeLists.txt asks for).
-cmake_recent() {
-  local v
-  v="$(cmake --version 2>/dev/null | head -n1 | awk '{print $3}')" || return 1
-  "$VPY" -c 'import sys; v = sys.argv[1].split("."); sys.exit(len(v) < 2 or (int(v[0]), int(v[1])) < (3, 24))' "$v"
+# pyproject.toml's dev extra, one requirement a line: the one list of test dependencies.
+dev_requirements() {
+  "$PYTHON" - "$REPO/pyproject.toml" <<'EOF'
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    print("\n".join(tomllib.load(f)["project"]["optional-dependencies"]["dev"]))
+EOF
 }
 
 # ---------------------------------------------------------------- 1. platform
 begin 1 "Checking platform and Python"
-OS="$(uname -s)"
-command -v "$PYTHON" >/dev/null 2>&1 ||
-  die "'$PYTHON' not found. Install Python 3.11+ (Debian/Ubuntu: apt-get install python3 python3-venv; macOS: brew install python@3.12) or set PYTHON=/path/to/python3.11+."
-"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' ||
-  die "$("$PYTHON" -V 2>&1) is too old: vllm-metal needs Python >= 3.11. Install a newer one (apt-get install python3.11 python3.11-venv, or brew install python@3.12) and re-run with PYTHON=python3.11."
+OS="$(fact UNAME_S)"
 case "$OS" in
   Linux)
-    MLX_SPECS=("mlx[cpu]==$MLX_VERSION")
-    command -v c++ >/dev/null 2>&1 ||
+    if [ -n "${PYTHON:-}" ]; then pick_python "$PYTHON"; else pick_python python3; fi
+    [ "$(fact CXX)" = 1 ] ||
       die "no C++ compiler (c++) found: the extension in csrc/ needs one. Debian/Ubuntu: apt-get install g++"
+    MLX_SPECS=("mlx[cpu]==$MLX_VERSION")
+    VLLM_TARGET=empty
+    CMAKE_MIN=3.24
     ;;
   Darwin)
-    machine="$("$PYTHON" -c 'import platform; print(platform.machine())')"
-    if [ "$(sysctl -n sysctl.proc_translated 2>/dev/null || echo 0)" = "1" ]; then
-      die "this shell runs under Rosetta (x86_64 emulation). MLX needs native arm64: open a native terminal (arch -arm64 zsh) and use an arm64 Python such as /opt/homebrew/bin/python3."
+    # Under Rosetta uname -m says x86_64 too: ask Rosetta first, for the right advice.
+    [ "$(fact ROSETTA)" != 1 ] ||
+      die "this shell runs under Rosetta (x86_64 emulation); MLX's Metal backend needs native arm64. Re-run from a native shell (arch -arm64 /bin/bash ./install.sh), or untick 'Open using Rosetta' for your terminal app."
+    machine="$(fact UNAME_M)"
+    [ "$machine" = arm64 ] ||
+      die "this Mac has an Intel ($machine) processor: vllm-metal needs Apple silicon (M1 or later), the only Macs MLX's Metal backend runs on."
+    macos="$(fact MACOS_VERSION)"
+    version_at_least "$macos" 14.0 ||
+      die "macOS ${macos:-of unknown version} is too old: MLX $MLX_VERSION and torch ship wheels for macOS 14 (Sonoma) or later, and the kernels are Metal 3.1. Update macOS."
+    [ "$(fact CLT)" = 1 ] ||
+      die "no Xcode Command Line Tools (the C++ compiler for csrc/ and vLLM): run xcode-select --install, then re-run. If Xcode is installed and selected, accept its license first: sudo xcodebuild -license accept"
+    if [ -n "${PYTHON:-}" ]; then
+      pick_python "$PYTHON"
+    else
+      brew_bin="${HOMEBREW_PREFIX:-/opt/homebrew}/bin"
+      pick_python python3 "$brew_bin/python3.12" "$brew_bin/python3.13" "$brew_bin/python3.11" \
+        "$brew_bin/python3.14" "$brew_bin/python3" python3.12 python3.13 python3.11 python3.14
     fi
-    [ "$machine" = "arm64" ] ||
-      die "$PYTHON is an $machine build; MLX's Metal backend needs an arm64 Python on Apple silicon (e.g. /opt/homebrew/bin/python3). Re-run with PYTHON=/path/to/arm64/python3."
-    xcrun --find clang++ >/dev/null 2>&1 ||
-      die "no Xcode command line tools: run xcode-select --install"
-    xcrun -sdk macosx metal --version >/dev/null 2>&1 ||
-      die "the Metal compiler is missing (needed for the kernels' metallib): install Xcode, then run xcodebuild -downloadComponent MetalToolchain"
-    MLX_SPECS=("mlx==$MLX_VERSION")
+    [ "$(fact METAL)" = 1 ] ||
+      die "no Metal compiler that builds Metal 3.1 (xcrun metal and metallib): the kernels' .metallib needs one, and the Command Line Tools lack it. Install Xcode 15 or later and select it (sudo xcode-select -s /Applications/Xcode.app); with Xcode 26 or later also run xcodebuild -downloadComponent MetalToolchain"
+    TORCH_VERSION="$TORCH_VERSION_MACOS"
+    MLX_SPECS=("mlx==$MLX_VERSION")   # pulls mlx-metal, the Metal backend
+    VLLM_TARGET=cpu
+    CMAKE_MIN=3.26
     ;;
   *) die "unsupported OS '$OS': vllm-metal installs on Linux (CPU) and macOS on Apple silicon." ;;
 esac
 done_step
+
+PIP=("$VPY" -m pip install --disable-pip-version-check --progress-bar off
+     -c "$VENV/vllm-metal-constraints.txt")
+pip_install() { run "${PIP[@]}" "$@"; }
+# The builds find the tools step 4 puts in the venv (cmake, ninja) on PATH, as in an
+# activated venv: vLLM's setup.py runs `cmake` and looks for `ninja` there.
+BUILD_PATH="PATH=$VENV/bin:$PATH"
 
 # ---------------------------------------------------------------- 2. venv
 begin 2 "Creating the virtual environment at $VENV"
@@ -147,19 +337,16 @@ if [ -x "$VPY" ] && "$VPY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'
   skip_step
 else
   [ ! -e "$VENV" ] || die "$VENV exists but holds no Python >= 3.11: remove it or set VENV to another path."
-  "$PYTHON" -m venv "$VENV" >>"$LOG" 2>&1 ||
+  run "$PYTHON" -m venv "$VENV" ||
     die "'$PYTHON -m venv' failed (see $LOG). Debian/Ubuntu: apt-get install python3-venv (or python3.11-venv)."
-  "$VPY" -m pip install --progress-bar off --upgrade pip >>"$LOG" 2>&1
+  run "$VPY" -m pip install --progress-bar off --upgrade pip
   done_step
 fi
 # Pins every later pip call: no step may swap torch (a CUDA build) or MLX underneath.
-{
-  echo "torch==$TORCH_VERSION"
-  echo "mlx==$MLX_VERSION"
-  [ "$OS" = Linux ] && echo "mlx-cpu==$MLX_VERSION"
-  echo "mlx-lm==$MLX_LM_VERSION"
-  echo "nanobind==$NANOBIND_VERSION"
-} >"$VENV/vllm-metal-constraints.txt"
+constraints=("torch==$TORCH_VERSION" "mlx==$MLX_VERSION")
+[ "$OS" != Linux ] || constraints+=("mlx-cpu==$MLX_VERSION")
+constraints+=("mlx-lm==$MLX_LM_VERSION" "nanobind==$NANOBIND_VERSION")
+write_file "$VENV/vllm-metal-constraints.txt" "${constraints[@]}"
 
 # ---------------------------------------------------------------- 3. torch
 begin 3 "Installing torch $TORCH_VERSION"
@@ -174,7 +361,7 @@ fi
 # ---------------------------------------------------------------- 4. MLX + build tools
 begin 4 "Installing MLX $MLX_VERSION, mlx-lm $MLX_LM_VERSION, nanobind $NANOBIND_VERSION and build tools"
 need_cmake=0
-cmake_recent || need_cmake=1  # then the pip wheel brings one
+version_at_least "$(fact CMAKE_VERSION)" "$CMAKE_MIN" || need_cmake=1  # then the pip wheel brings one
 if [ "$(version_of mlx)" = "$MLX_VERSION" ] && [ "$(version_of mlx-lm)" = "$MLX_LM_VERSION" ] &&
    [ "$(version_of nanobind)" = "$NANOBIND_VERSION" ] &&
    { [ "$OS" != Linux ] || [ "$(version_of mlx-cpu)" = "$MLX_VERSION" ]; } &&
@@ -182,37 +369,47 @@ if [ "$(version_of mlx)" = "$MLX_VERSION" ] && [ "$(version_of mlx-lm)" = "$MLX_
   skip_step
 else
   cmake_spec=()
-  [ $need_cmake = 0 ] || cmake_spec=("cmake>=3.25,<4")
-  # ${a[@]+...}: bash 3.2 (macOS /bin/bash) treats an empty array as unset under set -u.
+  [ $need_cmake = 0 ] || cmake_spec=("$CMAKE_SPEC")
   pip_install "${MLX_SPECS[@]}" "mlx-lm==$MLX_LM_VERSION" "nanobind==$NANOBIND_VERSION" \
     "${BUILD_TOOLS[@]}" ${cmake_spec[@]+"${cmake_spec[@]}"}
   done_step
 fi
 
 # ---------------------------------------------------------------- 5. vLLM
-begin 5 "Building vLLM $VLLM_VERSION (CPU-free 'empty' target)"
+# Linux: 'empty' builds vLLM without kernels and without a torch requirement (the way
+# platform plugins install it); the plain wheel would pull CUDA torch. macOS: vLLM
+# ships no wheel, and its setup.py builds the CPU target there whatever is asked
+# (CMake, Apple clang, requirements/cpu.txt); asking for it keeps that visible.
+if [ "$VLLM_TARGET" = cpu ]; then
+  begin 5 "Building vLLM $VLLM_VERSION (its CPU target, the one vLLM builds on macOS)"
+else
+  begin 5 "Building vLLM $VLLM_VERSION (CPU-free 'empty' target)"
+fi
 if [ "$(version_of vllm)" = "$VLLM_VERSION" ]; then
   skip_step
 else
-  # 'empty' builds vLLM without kernels and without a torch requirement (the way
-  # platform plugins install it); the plain wheel would pull CUDA torch.
-  VLLM_TARGET_DEVICE=empty VLLM_SKIP_VERSION_SUFFIX=1 \
-    pip_install --no-build-isolation --no-binary vllm "vllm==$VLLM_VERSION"
+  # No version suffix (+empty, +cpu): the skip check above compares the bare version.
+  run env "$BUILD_PATH" "VLLM_TARGET_DEVICE=$VLLM_TARGET" VLLM_SKIP_VERSION_SUFFIX=1 \
+    "${PIP[@]}" --no-build-isolation --no-binary vllm "vllm==$VLLM_VERSION"
   done_step
 fi
 
 # ---------------------------------------------------------------- 6. vllm-metal
-begin 6 "Building vllm-metal (compiles csrc/)"
+if [ "$OS" = Darwin ]; then
+  begin 6 "Building vllm-metal (compiles csrc/ and the kernels' metallib)"
+else
+  begin 6 "Building vllm-metal (compiles csrc/)"
+fi
 stamp="$VENV/vllm-metal-source.sha256"
 fingerprint="$(source_fingerprint)"
 if [ -n "$(version_of vllm-metal)" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$fingerprint" ]; then
   skip_step "unchanged since the last build"
 else
-  rm -f "$stamp"
+  run rm -f "$stamp"
   # Editable: pytest runs from the repo root, whose vllm_metal/ shadows an installed
   # copy; scikit-build-core's redirect then still finds the compiled _ext.
-  pip_install --no-build-isolation -e "$REPO"
-  echo "$fingerprint" >"$stamp"
+  run env "$BUILD_PATH" "${PIP[@]}" --no-build-isolation -e "$REPO"
+  write_file "$stamp" "$fingerprint"
   done_step
 fi
 
@@ -230,14 +427,11 @@ fi
 # ---------------------------------------------------------------- 8. dev deps
 if [ $DEV = 1 ]; then
   begin 8 "Installing test dependencies"
-  # pyproject.toml's dev extra is the one list of test dependencies.
   dev_deps=()
-  while IFS= read -r dep; do dev_deps+=("$dep"); done < <("$VPY" - "$REPO/pyproject.toml" <<'EOF'
-import sys, tomllib
-with open(sys.argv[1], "rb") as f:
-    print("\n".join(tomllib.load(f)["project"]["optional-dependencies"]["dev"]))
-EOF
-)
+  while IFS= read -r dep; do
+    [ -z "$dep" ] || dev_deps+=("$dep")
+  done < <(dev_requirements)
+  [ ${#dev_deps[@]} -gt 0 ] || die "no dev extra read from $REPO/pyproject.toml"
   if all_installed "${dev_deps[@]}"; then
     skip_step
   else
@@ -250,15 +444,19 @@ else
 fi
 
 STEP="verify"
-printf 'Verifying: import vllm_metal, vllm ... '
+announce "Verifying: import vllm_metal, vllm"
 # From / so the check sees the installed package, compiled extension included.
-(cd / && "$VPY" -c "import importlib.util, vllm_metal, vllm
-assert importlib.util.find_spec('vllm_metal._ext'), 'vllm_metal._ext was not built'") >>"$LOG" 2>&1
-echo "ok"
+cd /
+run "$VPY" -c "import importlib.util, vllm_metal, vllm; assert importlib.util.find_spec('vllm_metal._ext'), 'vllm_metal._ext was not built'"
+[ $DRY_RUN = 1 ] || echo "ok"
 
+echo
+if [ $DRY_RUN = 1 ]; then
+  echo "Dry run: nothing was changed. After a real run, from $REPO:"
+else
+  echo "vllm-metal is installed in $VENV. Next, from $REPO:"
+fi
 cat <<EOF
-
-vllm-metal is installed in $VENV. Next, from $REPO:
   $VENV/bin/vllm-metal serve --host 127.0.0.1 --port 8000   # the bundled SmolLM2
   $VENV/bin/vllm-metal doctor
   $VENV/bin/python -m pytest -q                              # needs ./install.sh --dev
