@@ -19,7 +19,7 @@
 #   ROSETTA           sysctl -n sysctl.proc_translated (1: this shell runs under Rosetta)
 #   MACOS_VERSION     sw_vers -productVersion
 #   CLT               1 if xcode-select -p and xcrun --find clang++ succeed, else 0
-#   METAL             1 if xcrun's metal and metallib build a Metal 3.1 kernel, else 0
+#   METAL             1 if xcrun's metal builds a Metal 3.1 kernel into a .metallib, else 0
 #   CXX               1 if c++ is on PATH, else 0
 #   CMAKE_VERSION     the version `cmake --version` prints; empty: no cmake
 #   PYTHONS           "PATH=X.Y:MACHINE ..." (version, platform.machine()) of the
@@ -145,15 +145,18 @@ probe_CLT() {
     echo 0
   fi
 }
-# What the build does to kernels_v2/: compile with -std=metal3.1, link a .metallib.
-# The Command Line Tools have no Metal compiler; Xcode 26 downloads it separately.
+# What the build does to kernels_v2/ (csrc/cmake/metallib_commands.cmake): compile
+# Metal 3.1 for macOS 14 to AIR, link a .metallib, both with `metal`. The Command
+# Line Tools have no Metal compiler; Xcode 26 downloads it as a separate component.
 probe_METAL() {
   local dir ok=0
   dir="$(mktemp -d "${TMPDIR:-/tmp}/vllm-metal-probe.XXXXXX" 2>/dev/null || true)"
   if [ -n "$dir" ]; then
     printf 'kernel void probe(device float *x [[buffer(0)]]) { x[0] = 1.0f; }\n' >"$dir/probe.metal"
-    if xcrun -sdk macosx metal -std=metal3.1 -c "$dir/probe.metal" -o "$dir/probe.air" >/dev/null 2>&1 &&
-       xcrun -sdk macosx metallib "$dir/probe.air" -o "$dir/probe.metallib" >/dev/null 2>&1; then
+    if xcrun -sdk macosx metal -std=metal3.1 -mmacosx-version-min=14.0 -c "$dir/probe.metal" \
+         -o "$dir/probe.air" >/dev/null 2>&1 &&
+       xcrun -sdk macosx metal -mmacosx-version-min=14.0 "$dir/probe.air" \
+         -o "$dir/probe.metallib" >/dev/null 2>&1; then
       ok=1
     fi
     rm -rf "$dir"
@@ -314,7 +317,7 @@ case "$OS" in
         "$brew_bin/python3.14" "$brew_bin/python3" python3.12 python3.13 python3.11 python3.14
     fi
     [ "$(fact METAL)" = 1 ] ||
-      die "no Metal compiler that builds Metal 3.1 (xcrun metal and metallib): the kernels' .metallib needs one, and the Command Line Tools lack it. Install Xcode 15 or later and select it (sudo xcode-select -s /Applications/Xcode.app); with Xcode 26 or later also run xcodebuild -downloadComponent MetalToolchain"
+      die "no Metal compiler that builds Metal 3.1 (xcrun metal): the kernels' .metallib needs one, and the Command Line Tools lack it. Install Xcode 15 or later and select it (sudo xcode-select -s /Applications/Xcode.app); with Xcode 26 or later also run xcodebuild -downloadComponent MetalToolchain"
     TORCH_VERSION="$TORCH_VERSION_MACOS"
     MLX_SPECS=("mlx==$MLX_VERSION")   # pulls mlx-metal, the Metal backend
     VLLM_TARGET=cpu

@@ -196,6 +196,45 @@ def test_macos_refusals(tmp_path, facts, pythons, message):
     assert run.commands == [] and run.writes == {}
 
 
+def _stand_in(path: Path, body: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("select_ok, xcrun_fails, message", [
+    (True, "", None),
+    (False, "", "xcode-select --install"),
+    (True, "--find clang++", "xcode-select --install"),
+    (True, "-c ", "xcodebuild -downloadComponent MetalToolchain"),
+    (True, "probe.metallib", "xcodebuild -downloadComponent MetalToolchain"),
+], ids=["all-there", "no-developer-dir", "no-clang", "no-metal-compile", "no-metal-link"])
+def test_macos_developer_tool_probes(tmp_path, select_ok, xcrun_fails, message):
+    """The Command Line Tools and Metal probes themselves (not faked), against stand-in
+    xcode-select and xcrun that log their arguments."""
+    calls = tmp_path / "xcrun.log"
+    _stand_in(tmp_path / "bin/xcode-select",
+              "echo /Library/Developer/CommandLineTools\n" if select_ok else "exit 2\n")
+    _stand_in(tmp_path / "bin/xcrun", f'echo "$*" >>"{calls}"\n'
+              f'case "$*" in *"{xcrun_fails or "never"}"*) exit 1 ;; esac\n')
+    facts = {k: v for k, v in MAC.items() if k not in ("CLT", "METAL")}
+    run = dry_run(tmp_path, facts, MAC_PYTHONS)
+    logged = calls.read_text().splitlines() if calls.exists() else []
+    if not select_ok:
+        assert logged == []   # xcrun is not run without a developer directory
+    if message:
+        assert run.code == 1 and message in run.err and run.commands == []
+        return
+    assert run.code == 0, run.err
+    compile_, link = (shlex.split(line) for line in logged[1:])
+    assert logged[0] == "--find clang++"
+    # The flags csrc/cmake's metallib build uses, and a link by `metal` into a .metallib.
+    assert compile_[:5] == ["-sdk", "macosx", "metal", "-std=metal3.1",
+                            "-mmacosx-version-min=14.0"] and "-c" in compile_
+    assert link[:4] == ["-sdk", "macosx", "metal", "-mmacosx-version-min=14.0"]
+    assert link[-1].endswith("probe.metallib") and link[-3].endswith("probe.air")
+
+
 def test_linux_install_commands(tmp_path):
     run = dry_run(tmp_path, LINUX, LINUX_PYTHONS, "--dev")
     assert run.code == 0, run.err
