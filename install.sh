@@ -32,9 +32,6 @@ set -Eeuo pipefail
 # even where the caller tests its status.
 
 TORCH_VERSION=2.13.0
-# On macOS, vLLM's setup.py builds its CPU target whatever VLLM_TARGET_DEVICE says,
-# and that target's requirements pin this torch on Darwin.
-TORCH_VERSION_MACOS=2.14.0
 MLX_VERSION=0.32.4
 MLX_LM_VERSION=0.32.2
 NANOBIND_VERSION=3.1.0
@@ -42,8 +39,18 @@ VLLM_VERSION=0.33.0
 SMOLLM2_VERSION=0.1.2
 BUILD_TOOLS=("scikit-build-core>=0.10" "setuptools>=77.0.3,<81" "setuptools-scm>=8"
              "setuptools-rust>=1.9" wheel jinja2 ninja "packaging>=24.2" numpy)
-# Satisfies csrc/ (3.24) and vLLM's CMake build on macOS (3.26).
-CMAKE_SPEC="cmake>=3.26,<4"
+# csrc/ needs CMake 3.24 or newer.
+CMAKE_MIN=3.24
+CMAKE_SPEC="cmake>=3.24,<4"
+# vLLM's setup.py turns every macOS build into its CPU target (C++ kernels, OpenMP,
+# a torch pin of its own) whatever VLLM_TARGET_DEVICE asks. A platform plugin needs
+# only vLLM's Python package, so on macOS install.sh (like the formula) lets an
+# explicit 'empty' through that override; if a vLLM release rewords it, this stops.
+VLLM_MACOS_OVERRIDE='if sys.platform.startswith("darwin") and VLLM_TARGET_DEVICE != "cpu":'
+VLLM_MACOS_EMPTY='if sys.platform.startswith("darwin") and VLLM_TARGET_DEVICE not in ("cpu", "empty"):'
+# FILE OLD NEW: FILE's line OLD becomes NEW, or it stops naming FILE (one line, so a
+# dry run prints it as it runs).
+REPLACE_LINE='import pathlib, sys; f, old, new = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]; t = f.read_text(); sys.exit(f"{f}: no line {old!r}; vLLM changed how it picks the macOS target") if old not in t else f.write_text(t.replace(old, new))'
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VENV="${VENV:-$REPO/.venv}"
@@ -294,8 +301,6 @@ case "$OS" in
     [ "$(fact CXX)" = 1 ] ||
       die "no C++ compiler (c++) found: the extension in csrc/ needs one. Debian/Ubuntu: apt-get install g++"
     MLX_SPECS=("mlx[cpu]==$MLX_VERSION")
-    VLLM_TARGET=empty
-    CMAKE_MIN=3.24
     ;;
   Darwin)
     # Under Rosetta uname -m says x86_64 too: ask Rosetta first, for the right advice.
@@ -318,10 +323,7 @@ case "$OS" in
     fi
     [ "$(fact METAL)" = 1 ] ||
       die "no Metal compiler that builds Metal 3.1 (xcrun metal): the kernels' .metallib needs one, and the Command Line Tools lack it. Install Xcode 15 or later and select it (sudo xcode-select -s /Applications/Xcode.app); with Xcode 26 or later also run xcodebuild -downloadComponent MetalToolchain"
-    TORCH_VERSION="$TORCH_VERSION_MACOS"
     MLX_SPECS=("mlx==$MLX_VERSION")   # pulls mlx-metal, the Metal backend
-    VLLM_TARGET=cpu
-    CMAKE_MIN=3.26
     ;;
   *) die "unsupported OS '$OS': vllm-metal installs on Linux (CPU) and macOS on Apple silicon." ;;
 esac
@@ -330,8 +332,8 @@ done_step
 PIP=("$VPY" -m pip install --disable-pip-version-check --progress-bar off
      -c "$VENV/vllm-metal-constraints.txt")
 pip_install() { run "${PIP[@]}" "$@"; }
-# The builds find the tools step 4 puts in the venv (cmake, ninja) on PATH, as in an
-# activated venv: vLLM's setup.py runs `cmake` and looks for `ninja` there.
+# The build finds the tools step 4 puts in the venv (cmake, ninja) on PATH, as in an
+# activated venv.
 BUILD_PATH="PATH=$VENV/bin:$PATH"
 
 # ---------------------------------------------------------------- 2. venv
@@ -379,21 +381,28 @@ else
 fi
 
 # ---------------------------------------------------------------- 5. vLLM
-# Linux: 'empty' builds vLLM without kernels and without a torch requirement (the way
-# platform plugins install it); the plain wheel would pull CUDA torch. macOS: vLLM
-# ships no wheel, and its setup.py builds the CPU target there whatever is asked
-# (CMake, Apple clang, requirements/cpu.txt); asking for it keeps that visible.
-if [ "$VLLM_TARGET" = cpu ]; then
-  begin 5 "Building vLLM $VLLM_VERSION (its CPU target, the one vLLM builds on macOS)"
-else
-  begin 5 "Building vLLM $VLLM_VERSION (CPU-free 'empty' target)"
-fi
+# 'empty' builds vLLM's Python package without kernels and without a torch
+# requirement (the way platform plugins install it): the plain wheel would pull CUDA
+# torch, and there is no macOS wheel. On macOS from its sdist, unpacked, with the
+# override above opened for 'empty'.
+begin 5 "Building vLLM $VLLM_VERSION (CPU-free 'empty' target)"
 if [ "$(version_of vllm)" = "$VLLM_VERSION" ]; then
   skip_step
 else
-  # No version suffix (+empty, +cpu): the skip check above compares the bare version.
-  run env "$BUILD_PATH" "VLLM_TARGET_DEVICE=$VLLM_TARGET" VLLM_SKIP_VERSION_SUFFIX=1 \
-    "${PIP[@]}" --no-build-isolation --no-binary vllm "vllm==$VLLM_VERSION"
+  vllm_spec="vllm==$VLLM_VERSION"
+  if [ "$OS" = Darwin ]; then
+    src="$REPO/build/vllm-sdist"
+    run rm -rf "$src"
+    run "$VPY" -m pip download --disable-pip-version-check --progress-bar off --no-deps \
+      --no-binary vllm --no-build-isolation -d "$src" "$vllm_spec"
+    run tar -xzf "$src/vllm-$VLLM_VERSION.tar.gz" -C "$src"
+    run "$VPY" -c "$REPLACE_LINE" "$src/vllm-$VLLM_VERSION/setup.py" \
+      "$VLLM_MACOS_OVERRIDE" "$VLLM_MACOS_EMPTY"
+    vllm_spec="$src/vllm-$VLLM_VERSION"
+  fi
+  # No version suffix (+empty): the skip check above compares the bare version.
+  run env VLLM_TARGET_DEVICE=empty VLLM_SKIP_VERSION_SUFFIX=1 \
+    "${PIP[@]}" --no-build-isolation --no-binary vllm "$vllm_spec"
   done_step
 fi
 

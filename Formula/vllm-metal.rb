@@ -822,20 +822,27 @@ class VllmMetal < Formula
            "--no-deps", "--no-index", "--no-compile", "--disable-pip-version-check"]
 
     # pip reads a wheel's tags from its file name; Homebrew caches downloads under
-    # hashed names, so each resource is staged under the name it was published as.
-    downloads = buildpath/"resources"
-    downloads.mkpath
-    staged = resources.to_h do |r|
-      name = File.basename(URI.parse(r.url).path)
-      cp r.cached_download, downloads/name
-      [r.name, downloads/name]
-    end
+    # hashed names, so each wheel is staged under the name it was published as.
+    wheels = buildpath/"wheels"
+    wheels.mkpath
+    resources.each do |r|
+      next if r.name == "vllm"
 
-    system(*pip, *staged.except("vllm").values)
-    # vLLM without device kernels: its Python package only (the way platform
-    # plugins install it); the pinned torch above is the one it runs on.
-    with_env(VLLM_TARGET_DEVICE: "empty", VLLM_SKIP_VERSION_SUFFIX: "1") do
-      system(*pip, "--no-build-isolation", staged.fetch("vllm"))
+      cp r.cached_download, wheels/File.basename(URI.parse(r.url).path)
+    end
+    system(*pip, *wheels.children)
+
+    # vLLM's Python package only, without device kernels (the way platform plugins
+    # install it): its setup.py makes every macOS build its CPU target (C++ kernels,
+    # OpenMP, a torch of its own), so that override is opened for 'empty', as
+    # install.sh does.
+    resource("vllm").stage do
+      inreplace "setup.py",
+                'if sys.platform.startswith("darwin") and VLLM_TARGET_DEVICE != "cpu":',
+                'if sys.platform.startswith("darwin") and VLLM_TARGET_DEVICE not in ("cpu", "empty"):'
+      with_env(VLLM_TARGET_DEVICE: "empty", VLLM_SKIP_VERSION_SUFFIX: "1") do
+        system(*pip, "--no-build-isolation", ".")
+      end
     end
     if build.head?
       system(*pip, "--no-build-isolation", buildpath)

@@ -121,9 +121,15 @@ def test_python_is_the_one_the_release_wheel_is_built_for():
     assert f'virtualenv_create(libexec, "python{py}"' in FORMULA
 
 
-def test_minimum_macos_is_the_release_wheels_deployment_target():
-    target = RELEASE["jobs"]["wheels"]["env"]["MACOSX_DEPLOYMENT_TARGET"]
-    assert tuple(int(x) for x in target.split(".")) == TARGET.macos
+def test_minimum_macos_is_the_same_everywhere():
+    """The formula's, the release wheel's, the metallib's and install.sh's."""
+    want = "{}.{}".format(*TARGET.macos)
+    assert RELEASE["jobs"]["wheels"]["env"]["MACOSX_DEPLOYMENT_TARGET"] == want
+    cmake = (REPO / "csrc" / "cmake" / "metallib_commands.cmake").read_text()
+    assert re.search(r'set\(VLLM_METAL_MACOS_MIN "([\d.]+)"', cmake).group(1) == want
+    script = (REPO / "install.sh").read_text()
+    assert re.search(r'version_at_least "\$macos" ([\d.]+)', script).group(1) == want
+    assert set(re.findall(r"-mmacosx-version-min=([\d.]+)", script)) == {want}
 
 
 def test_every_resource_is_a_target_wheel_named_as_homebrew_audits_it():
@@ -152,6 +158,15 @@ def test_resources_carry_install_sh_pins_and_satisfy_pyproject():
             continue
         name = canonicalize_name(req.name)
         assert name in found and found[name] in req.specifier, f"{spec} vs {found.get(name)}"
+
+
+def test_vllm_is_built_as_install_sh_builds_it_on_macos():
+    """Both open vLLM's macOS override for the kernel-less 'empty' target, alike."""
+    script = (REPO / "install.sh").read_text()
+    for var in ("VLLM_MACOS_OVERRIDE", "VLLM_MACOS_EMPTY"):
+        line = re.search(rf"^{var}='(.+)'$", script, re.M).group(1)
+        assert f"'{line}'" in FORMULA, var
+    assert 'with_env(VLLM_TARGET_DEVICE: "empty"' in FORMULA
 
 
 def test_service_runs_the_documented_config_and_restarts_on_failure():

