@@ -14,6 +14,7 @@ class VllmMetal < Formula
   end
 
   depends_on arch: :arm64
+  # macOS only, 14 or newer (MLX's and torch's wheels; Metal 3.1 kernels).
   depends_on macos: :sonoma
   depends_on "python@3.12"
 
