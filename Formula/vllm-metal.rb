@@ -906,7 +906,7 @@ class VllmMetal < Formula
 
     # A tiny generation: the bundled model through vLLM's OpenAI server.
     port = free_port
-    server = spawn({ "HF_HUB_OFFLINE" => "1" }, bin/"vllm-metal", "serve",
+    server = spawn({ "HF_HUB_OFFLINE" => "1" }, "#{bin}/vllm-metal", "serve",
                    "--host", "127.0.0.1", "--port", port.to_s,
                    "--max-model-len", "512", "--gpu-memory-utilization", "0.2")
     begin

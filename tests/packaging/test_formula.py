@@ -1,11 +1,14 @@
 """Formula/vllm-metal.rb: Ruby syntax, Homebrew's conventions, and agreement with the
 project (version, repository, Python, minimum macOS, every pin), checked without a
-Mac; tools/formula_resources.py's choices of wheel checked on a fake index."""
+Mac; its install, service and test blocks run against stand-ins of Homebrew's calls
+(formula_harness.rb); tools/formula_resources.py's choices of wheel checked on a
+fake index."""
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -31,6 +34,7 @@ sys.path.insert(0, str(REPO / "tools"))
 import formula_resources as fr  # noqa: E402
 
 FORMULA = (REPO / "Formula" / "vllm-metal.rb").read_text()
+HARNESS = Path(__file__).with_name("formula_harness.rb")
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 RELEASE = yaml.safe_load((REPO / ".github" / "workflows" / "release.yml").read_text())
 TARGET = fr.Target.of_formula(FORMULA)
@@ -45,12 +49,17 @@ ORDER = ["include", "desc", "homepage", "url", "mirror", "version", "sha256", "l
          "patch", "def install", "def post_install", "def caveats", "test"]
 
 
-def ruby_check(text: str, tmp_path: Path) -> None:
+def _ruby() -> str:
     ruby = shutil.which("ruby")
     if ruby is None:
         if os.environ.get("CI"):
             pytest.fail("ruby is missing (.ci/run installs Debian's ruby)")
         pytest.skip("ruby is not installed (apt-get install ruby)")
+    return ruby
+
+
+def ruby_check(text: str, tmp_path: Path) -> None:
+    ruby = _ruby()
     path = tmp_path / "vllm-metal.rb"
     path.write_text(text)
     out = subprocess.run([ruby, "-c", str(path)], capture_output=True, text=True)
@@ -169,20 +178,71 @@ def test_vllm_is_built_as_install_sh_builds_it_on_macos():
     assert 'with_env(VLLM_TARGET_DEVICE: "empty"' in FORMULA
 
 
-def test_service_runs_the_documented_config_and_restarts_on_failure():
-    service = FORMULA[FORMULA.index("  service do"):FORMULA.index("  test do")]
-    assert 'run [opt_bin/"vllm-metal", "serve", "--config", etc/"vllm-metal/serve.yaml"]' in service
-    assert "keep_alive successful_exit: false" in service
-    assert 'log_path var/"log/vllm-metal.log"' in service
+def run_formula(text: str, mode: str, tmp_path: Path) -> dict:
+    """FORMULA's install, post_install, service and test blocks, run by
+    formula_harness.rb against stand-ins of Homebrew's calls (pip is recorded)."""
+    ruby = _ruby()
+    path, work = tmp_path / "vllm-metal.rb", tmp_path / "work"
+    path.write_text(text)
+    work.mkdir()
+    out = subprocess.run([ruby, str(HARNESS), str(path), str(work), mode], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    run = json.loads(out.stdout)
+    run["work"] = work
+    return run
 
 
-def test_the_config_the_formula_writes_serves_the_bundled_model(tmp_path):
-    heredoc = re.search(r"config\.write <<~YAML\n(.*?)\n\s*YAML\n", FORMULA, re.S).group(1)
-    config = tmp_path / "serve.yaml"
-    config.write_text("\n".join(line.strip() for line in heredoc.splitlines()) + "\n")
-    args = serve_parser().parse_args(build_command(["--config", str(config)]))
+def _pip_installs(run: dict) -> list[tuple[list[str], str, str | None]]:
+    python = "/opt/homebrew/opt/python@3.12/bin/python3.12"
+    venv_python = f"--python={run['work']}/Cellar/vllm-metal/1.0/libexec/bin/python"
+    calls = [e for e in run["events"] if e[0] == "system"]
+    for _, argv, _, _ in calls:
+        assert argv[:5] == [python, "-m", "pip", venv_python, "install"], argv
+        assert {"--no-deps", "--no-index"} <= set(argv), argv
+    return [(argv[5:], cwd, target) for _, argv, cwd, target in calls]
+
+
+def test_formula_runs_head_install_service_and_test(tmp_path):
+    run = run_formula(FORMULA, "head", tmp_path)
+    work = run["work"]
+    assert ["virtualenv_create", f"{work}/Cellar/vllm-metal/1.0/libexec", "python3.12",
+            False] in run["events"]
+    wheels, vllm, project = _pip_installs(run)
+    # Every wheel resource, staged under the name it was published as.
+    published = sorted(url.rsplit("/", 1)[1] for name, (url, _) in resources(FORMULA).items()
+                       if name != "vllm")
+    assert run["wheels"] == published
+    assert sorted(Path(a).name for a in wheels[0] if a.endswith(".whl")) == published
+    # vLLM from its sdist as 'empty', the macOS override opened first.
+    assert vllm[0][-2:] == ["--no-build-isolation", "."] and vllm[2] == "empty"
+    assert vllm[1] == f"{work}/stage/vllm"
+    assert 'VLLM_TARGET_DEVICE not in ("cpu", "empty")' in run["setup_py"]
+    # HEAD: this tree, compiled.
+    assert project[0][-2:] == ["--no-build-isolation", f"{work}/buildpath"] and project[2] is None
+    assert run["links"] == ["vllm", "vllm-metal"]
+    # The service serves the config post_install wrote, and restarts on failure.
+    config = f"{work}/etc/vllm-metal/serve.yaml"
+    assert ["run", [f"{work}/opt/vllm-metal/bin/vllm-metal", "serve", "--config", config],
+            {}] in run["service"]
+    assert ["keep_alive", {"successful_exit": "false"}] in run["service"]
+    assert ["log_path", f"{work}/var/log/vllm-metal.log", {}] in run["service"]
+    args = serve_parser().parse_args(build_command(["--config", config]))
     assert args.model_tag == str(DEFAULT_MODEL.path())
     assert (args.host, args.port) == ("127.0.0.1", 8000)
+    assert config in run["caveats"]
+    # The test block: the doctor, then a chat answer from the served bundled model.
+    shell = [e[1] for e in run["events"] if e[0] == "shell_output"]
+    assert shell[0].endswith("/bin/vllm-metal doctor") and "/v1/chat/completions" in shell[1]
+
+
+def test_released_formula_installs_its_wheel(tmp_path):
+    repo = PYPROJECT["project"]["urls"]["Repository"]
+    url = fr.release_wheel_url(repo, vllm_metal.__version__, TARGET)
+    run = run_formula(fr.with_release(FORMULA, vllm_metal.__version__, url, "0" * 64),
+                      "stable", tmp_path)
+    *_, project = _pip_installs(run)
+    assert project[0][-1] == f"{run['work']}/buildpath/{url.rsplit('/', 1)[1]}"
 
 
 def test_a_release_bump_gives_a_valid_formula(tmp_path):
