@@ -56,7 +56,8 @@ def test_homebrew_job_checks_installs_tests_and_serves_the_formula():
     job = _load("ci.yml")["jobs"]["homebrew"]
     assert job["runs-on"].startswith("macos-15")
     runs = _runs(job)
-    for needed in ("brew style", "brew audit --strict", "brew install --HEAD", "brew test",
+    for needed in ("brew style", "brew audit --strict", "brew install --build-from-source --HEAD",
+                   "brew test",
                    "brew services start", "/v1/models"):
         assert needed in runs, needed
     # The HEAD build must be of the commit under test, not of the repository's main.
