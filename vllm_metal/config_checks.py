@@ -33,9 +33,11 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
         raise UnsupportedConfigError(
             "speculative decoding is not supported by vllm-metal yet; "
             "remove --speculative-config")
-    if vllm_config.lora_config is not None:
+    lora = vllm_config.lora_config
+    if lora is not None and str(lora.lora_dtype) not in ("auto", str(vllm_config.model_config.dtype)):
         raise UnsupportedConfigError(
-            "LoRA adapters are not supported by vllm-metal yet; remove --enable-lora")
+            f"--lora-dtype {lora.lora_dtype} is not supported: adapters run in the model's "
+            f"dtype ({vllm_config.model_config.dtype}); use --lora-dtype auto")
 
     from vllm_metal.v1.param_support import check_sampling_config
 

@@ -23,6 +23,7 @@ class RequestState:
     sampling_params: SamplingParams
     block_ids: list[list[int]]   # per KV cache group
     num_computed_tokens: int
+    lora_id: int = 0             # vLLM's lora_int_id of its adapter; 0: the base model
     sampling: RequestSamplingState = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

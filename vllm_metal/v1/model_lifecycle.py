@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,17 +56,22 @@ class LoadedModel:
         return greedy(hidden, vocab_size)
 
 
-def load_model(model_path: str, dtype: mx.Dtype, backend: Backend) -> LoadedModel:
+def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
+               wrap: Callable[[nn.Module], None] | None = None) -> LoadedModel:
     """Load a local HF-format model directory (float or MLX-quantized) with mlx-lm,
     or a GGUF file, and prepare it for ``backend``.
 
     Floating parameters (including quantization scales/biases) are cast to ``dtype``.
+    ``wrap`` changes the model's modules (LoRA) once its weights are the backend's and
+    before the backend plans its backbone, which then sees the modules that run.
     """
     model = _load_mlx_model(model_path, dtype)
     backend.prepare_weights(model)
     mx.eval(model.parameters())
     adapter = ModelAdapter(model)
     dims = derive_dims(adapter)
+    if wrap is not None:
+        wrap(model)
     backbone = backend.prepare_backbone(model, adapter, dims)
     logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB; %s",
                 adapter.family, dims.num_layers, dims.num_heads,

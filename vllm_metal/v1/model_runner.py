@@ -16,6 +16,7 @@ from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
+from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
@@ -77,12 +78,20 @@ class MetalModelRunner:
         self._pipeline = envs.VLLM_METAL_DECODE_PIPELINE
         self.pending_tokens = PendingTokens(self.input_batch)
         self._sampling_batches = SamplingBatchCache()
+        self.lora: LoRAManager | None = None  # with --enable-lora
 
     # -- setup -------------------------------------------------------------
 
     def load_model(self) -> None:
         dtype = mlx_dtype_from_torch(self.model_config.dtype)
-        self.loaded = load_model(self.model_config.model, dtype, self.backend)
+        lora_config = self.vllm_config.lora_config
+        wrap = None
+        if lora_config is not None:
+            max_positions = getattr(self.model_config.hf_config, "max_position_embeddings", None)
+
+            def wrap(model):
+                self.lora = LoRAManager(model, lora_config, dtype, max_positions)
+        self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap)
         vocab = self.loaded.dims.vocab_size
         kernels = self.backend.sampling_kernels
         self.sampler = Sampler(vocab, self.logprobs_mode, cpu_kernel=kernels)
@@ -172,6 +181,10 @@ class MetalModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         self.pending_tokens.resolve_stale()
         step = self.input_batch.prepare_inputs(scheduler_output)
+        if self.lora is not None:
+            requests = self.input_batch.requests
+            per_request = np.array([requests[r].lora_id for r in step.req_ids], dtype=np.int64)
+            self.lora.prepare_step(np.repeat(per_request, np.diff(step.cu_seqlens_q)))
         hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step))
         logits = rows = None
         if not len(step.logits_indices):
@@ -234,7 +247,8 @@ class MetalModelRunner:
         for req_id in (*scheduler_output.finished_req_ids, *cached.resumed_req_ids,
                        *(scheduler_output.preempted_req_ids or ())):
             self.pending_tokens.forget(req_id)
-        apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs)
+        lora_id = self.lora.note if self.lora is not None else (lambda request: 0)
+        apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs, lora_id)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
         copies = getattr(scheduler_output, "kv_cache_block_copies", None)

@@ -139,16 +139,21 @@ class MetalWorker(WorkerBase):
         return None
 
     def add_lora(self, lora_request) -> bool:
-        raise ValueError("LoRA is not supported by vllm-metal")
+        return self._lora().add(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
-        return False
+        return self._lora().remove(lora_id)
 
     def pin_lora(self, lora_id: int) -> bool:
-        return False
+        return self._lora().pin(lora_id)
 
     def list_loras(self) -> set[int]:
-        return set()
+        return self._lora().list()
+
+    def _lora(self):
+        if self.model_runner is None or self.model_runner.lora is None:
+            raise ValueError("LoRA adapters need --enable-lora")
+        return self.model_runner.lora
 
     def shutdown(self) -> None:
         self.model_runner = None

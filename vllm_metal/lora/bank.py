@@ -1,0 +1,163 @@
+"""LoRABank: the adapters resident for the forward, and each step's row -> adapter map.
+
+--max-loras slots. A slot holds one adapter; for every module an adapter targets,
+the module's stack holds A [L, r_max, in] and B [L, out, r_max] (ranks padded with
+zeros to --max-lora-rank) and scale [L]. A step's rows name their adapter by slot
+(-1: the base model), so one batch mixes adapters and base requests, and a module
+no row's adapter targets costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from vllm_metal.lora.adapter_files import ModuleUpdate
+
+
+@dataclass
+class _Stack:
+    a: mx.array       # [L, r_max, in]
+    b: mx.array       # [L, out, r_max]
+    scale: mx.array   # float32 [L]
+    filled: np.ndarray  # bool [L]: the slot's adapter targets this module
+
+
+class LoRABank:
+    def __init__(self, num_slots: int, max_rank: int, dtype: mx.Dtype) -> None:
+        self.num_slots = num_slots
+        self.max_rank = max_rank
+        self.dtype = dtype
+        self._stacks: dict[str, _Stack] = {}
+        self._slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU first
+        self._rows: np.ndarray | None = None   # int32 [T]: slot per row, -1 base
+        self._module_rows: dict[bytes, mx.array | None] = {}
+
+    # -- slots ---------------------------------------------------------------
+
+    def resident(self) -> set[int]:
+        return set(self._slot_of)
+
+    def evict(self, adapter_id: int) -> None:
+        slot = self._slot_of.pop(adapter_id, None)
+        if slot is not None:
+            self._clear(slot)
+
+    def prepare_step(self, row_adapters: np.ndarray,
+                     load: callable) -> None:
+        """ROW_ADAPTERS int [T] (0: base) -> the step's row slots. Adapters not resident
+        are placed with LOAD(adapter_id) -> {module: ModuleUpdate}, into free slots or
+        those of adapters this step does not use (least recently used first)."""
+        wanted = [int(i) for i in np.unique(row_adapters) if i != 0]
+        self._module_rows.clear()
+        if not wanted:
+            self._rows = None
+            return
+        if len(wanted) > self.num_slots:
+            raise RuntimeError(f"a step uses {len(wanted)} adapters but --max-loras is "
+                               f"{self.num_slots}")  # vLLM's scheduler never does this
+        for adapter_id in wanted:
+            if adapter_id in self._slot_of:
+                self._slot_of.move_to_end(adapter_id)
+        for adapter_id in wanted:
+            if adapter_id not in self._slot_of:
+                self._place(adapter_id, load(adapter_id), keep=set(wanted))
+        lut = np.full(max(wanted) + 1, -1, dtype=np.int32)
+        for adapter_id in wanted:
+            lut[adapter_id] = self._slot_of[adapter_id]
+        self._rows = lut[np.asarray(row_adapters, dtype=np.int64)]
+
+    def _place(self, adapter_id: int, updates: dict[str, ModuleUpdate], keep: set[int]) -> None:
+        used = set(self._slot_of.values())
+        free = [s for s in range(self.num_slots) if s not in used]
+        if free:
+            slot = free[0]
+        else:
+            victim = next(a for a in self._slot_of if a not in keep)
+            slot = self._slot_of.pop(victim)
+            self._clear(slot)
+        for name, update in updates.items():
+            self._write(name, slot, update)
+        self._slot_of[adapter_id] = slot
+
+    def _write(self, name: str, slot: int, update: ModuleUpdate) -> None:
+        stack = self._stacks.get(name)
+        out, rank = update.b.shape
+        inp = update.a.shape[1]
+        if stack is None:
+            stack = _Stack(mx.zeros((self.num_slots, self.max_rank, inp), self.dtype),
+                           mx.zeros((self.num_slots, out, self.max_rank), self.dtype),
+                           mx.zeros((self.num_slots,), mx.float32),
+                           np.zeros(self.num_slots, dtype=bool))
+            self._stacks[name] = stack
+        a = mx.zeros((self.max_rank, inp), self.dtype)
+        a[:rank] = update.a.astype(self.dtype)
+        b = mx.zeros((out, self.max_rank), self.dtype)
+        b[:, :rank] = update.b.astype(self.dtype)
+        stack.a[slot] = a
+        stack.b[slot] = b
+        stack.scale[slot] = update.scale
+        stack.filled[slot] = True
+        mx.eval(stack.a, stack.b, stack.scale)
+
+    def _clear(self, slot: int) -> None:
+        for stack in self._stacks.values():
+            if stack.filled[slot]:
+                stack.a[slot] = 0
+                stack.b[slot] = 0
+                stack.scale[slot] = 0
+                stack.filled[slot] = False
+                mx.eval(stack.a, stack.b, stack.scale)
+
+    # -- the forward -----------------------------------------------------------
+
+    def apply(self, name: str, x: mx.array, y: mx.array) -> mx.array:
+        """y + this module's updates of the step's rows. x [..., T, in], y [..., T, out]."""
+        if self._rows is None:
+            return y
+        stack = self._stacks.get(name)
+        if stack is None:
+            return y
+        rows = self._rows_for(stack.filled)
+        if rows is None:
+            return y
+        flat = x.reshape(-1, x.shape[-1])
+        delta = lora_delta(flat, rows, self._rows_host(stack.filled), stack.a, stack.b,
+                           stack.scale)
+        return y + delta.reshape(y.shape).astype(y.dtype)
+
+    def _rows_host(self, filled: np.ndarray) -> np.ndarray:
+        return np.where(filled[np.maximum(self._rows, 0)] & (self._rows >= 0), self._rows, -1)
+
+    def _rows_for(self, filled: np.ndarray) -> mx.array | None:
+        """The step's row slots with -1 where the row's adapter does not target the
+        module; None when no row's adapter does."""
+        key = filled.tobytes()
+        if key not in self._module_rows:
+            rows = self._rows_host(filled)
+            self._module_rows[key] = mx.array(rows) if (rows >= 0).any() else None
+        return self._module_rows[key]
+
+
+def lora_delta(x: mx.array, rows: mx.array, rows_host: np.ndarray, a: mx.array, b: mx.array,
+               scale: mx.array) -> mx.array:
+    """x [T, in], rows int32 [T] (slot, -1 none), a [L, r, in], b [L, out, r],
+    scale [L] -> [T, out]: scale[s] * b[s] @ a[s] @ x[t] for each row t of slot s.
+
+    One shrink and one expand matmul per adapter in the step, over its rows only."""
+    out = None
+    for slot in np.unique(rows_host[rows_host >= 0]):
+        picked = np.nonzero(rows_host == slot)[0]
+        whole = len(picked) == len(rows_host)
+        xs = x if whole else x[mx.array(picked)]
+        part = (xs.astype(mx.float32) @ a[int(slot)].T.astype(mx.float32))
+        part = (part @ b[int(slot)].T.astype(mx.float32)) * scale[int(slot)]
+        if whole:
+            return part
+        if out is None:
+            out = mx.zeros((x.shape[0], b.shape[1]), mx.float32)
+        out[mx.array(picked)] = part
+    return out if out is not None else mx.zeros((x.shape[0], b.shape[1]), mx.float32)
