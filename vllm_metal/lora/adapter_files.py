@@ -25,8 +25,16 @@ if TYPE_CHECKING:
     from vllm.config import LoRAConfig
 
 
+# Leads every refusal's message, so the API server can tell a refused adapter (a
+# 400 for its client) from a failure of the server (vllm_metal/lora/http_errors.py).
+REFUSED = "LoRA adapter refused: "
+
+
 class AdapterError(ValueError):
     """An adapter this server cannot apply; the message says what is wrong with it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(REFUSED + message)
 
 
 @dataclass(frozen=True)
