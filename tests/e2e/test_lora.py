@@ -145,3 +145,18 @@ def test_adapter_on_a_4bit_base_matches_mlx_lms_lora_layers(llama_dir, tmp_path)
     finally:
         del llm
         gc.collect()
+
+
+def test_lora_target_modules_limits_the_adapters(llama_dir, tmp_path):
+    updates = lora_adapters.random_updates(llama_dir, ("q_proj", "down_proj"), rank=4)
+    path = lora_adapters.write_peft(tmp_path / "a", updates, 4, alpha=4)
+    llm = make_llm(llama_dir, enable_lora=True, max_lora_rank=8,
+                   lora_target_modules=["q_proj", "v_proj"])
+    try:
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        assert {n.rsplit(".", 1)[-1] for n in runner.lora.modules} == {"q_proj", "v_proj"}
+        with pytest.raises(Exception, match="down_proj, outside --lora-target-modules"):
+            llm.llm_engine.add_lora(LoRARequest("a", 1, str(path)))
+    finally:
+        del llm
+        gc.collect()

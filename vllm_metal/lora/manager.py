@@ -100,6 +100,10 @@ class LoRAManager:
         where = f"LoRA adapter {request.lora_name!r} ({request.lora_path})"
         for name, update in updates.items():
             module = self.modules.get(name)
+            targets = self.config.target_modules
+            if module is None and targets and name.rsplit(".", 1)[-1] not in targets:
+                raise AdapterError(f"{where} targets {name}, outside --lora-target-modules "
+                                   f"{list(targets)}")
             if module is None:
                 raise AdapterError(
                     f"{where} targets {name}, which is not a linear layer of this model's "
