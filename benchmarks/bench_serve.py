@@ -38,7 +38,9 @@ def tokenizer_for(model: Path) -> str:
     return str(materialize_hf_dir(model, cache_root=envs.VLLM_METAL_GGUF_CACHE))
 
 
-def run_level(base_url: str, name: str, tokenizer: str, concurrency: int, args, out_dir: Path):
+def run_level(base_url: str, name: str, tokenizer: str, concurrency: int, args, out_dir: Path,
+              extra: tuple[str, ...] = ()):
+    """EXTRA: more `vllm bench serve` flags (e.g. --lora-modules)."""
     num_prompts = args.num_prompts or REQUESTS_PER_LEVEL.get(concurrency, 4 * concurrency)
     result = out_dir / f"c{concurrency}.json"
     vllm = Path(sys.executable).with_name("vllm")
@@ -49,7 +51,8 @@ def run_level(base_url: str, name: str, tokenizer: str, concurrency: int, args, 
            "--num-prompts", str(num_prompts), "--max-concurrency", str(concurrency),
            "--request-rate", "inf", "--temperature", "0", "--ignore-eos",
            "--seed", str(1000 + concurrency), "--num-warmups", "1", "--disable-tqdm",
-           "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name]
+           "--save-result", "--result-dir", str(out_dir), "--result-filename", result.name,
+           *extra]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     return json.loads(result.read_text()), cmd

@@ -1,0 +1,111 @@
+"""LoRA serving benchmark: decode throughput with 0, 1 and 4 adapters active.
+
+    python benchmarks/bench_lora.py [--model PATH] [--concurrency 1 16] [--rank 16]
+
+Random rank-R adapters on every attention and MLP projection of the model (PEFT
+format, written to a temporary directory) are served with --enable-lora
+--max-loras 4. The workload is bench_serve.py's (random 256-token prompts, 128
+output tokens, greedy, --ignore-eos). Rows:
+- base, no --enable-lora: the model as it is served without LoRA;
+- 0 active: --enable-lora, every request to the base model;
+- 1 active: every request to one adapter;
+- 4 active: each request to one of four adapters at random (vllm bench's
+  --lora-modules).
+Prints a markdown table of output tok/s and median TPOT per concurrency level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_serve import run_level, tokenizer_for  # noqa: E402
+from tests.e2e.server import VllmServer  # noqa: E402
+from tests.lora_adapters import write_peft  # noqa: E402
+from vllm_metal.cli.bundled import DEFAULT_MODEL  # noqa: E402
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_adapters(model: Path, rank: int, count: int, root: Path) -> list[Path]:
+    """COUNT random adapters shaped to MODEL's decoder linears."""
+    import mlx.core as mx
+
+    from vllm_metal.lora.layer import linear_features
+    from vllm_metal.v1.model_lifecycle import _load_mlx_model
+
+    modules = {}
+    for path, module in _load_mlx_model(str(model), mx.float32).named_modules():
+        features = linear_features(module)
+        if features and ".layers." in f".{path}" and path.rsplit(".", 1)[-1] in TARGETS:
+            modules[path] = features
+    rng = np.random.default_rng(0)
+    adapters = []
+    for i in range(count):
+        updates = {name: (rng.normal(0, 0.02, (rank, n_in)).astype(np.float32),
+                          rng.normal(0, 0.02, (n_out, rank)).astype(np.float32))
+                   for name, (n_in, n_out) in modules.items()}
+        adapters.append(write_peft(root / f"a{i}", updates, rank, alpha=rank))
+    return adapters
+
+
+def serve_and_measure(model: Path, server_args: list[str], cases: list[tuple[str, str, tuple]],
+                      args, tmp: Path) -> list[dict]:
+    server = VllmServer(str(model), "--served-model-name", "base", *server_args, timeout=900)
+    rows = []
+    try:
+        for label, name, extra in cases:
+            for c in args.concurrency:
+                result, cmd = run_level(server.base_url, name, tokenizer_for(model), c, args,
+                                        tmp, extra)
+                rows.append(dict(case=label, concurrency=c, command=" ".join(cmd),
+                                 result=result))
+    finally:
+        server.stop()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL.path())
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--num-prompts", type=int, default=None)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--server-args", default="--max-model-len 2048 --max-num-seqs 16")
+    args = parser.parse_args()
+
+    common = args.server_args.split()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        adapters = write_adapters(args.model, args.rank, 4, root)
+        lora = ["--enable-lora", "--max-loras", "4", "--max-lora-rank", str(args.rank),
+                "--lora-modules", *(f"a{i}={p}" for i, p in enumerate(adapters))]
+        rows = serve_and_measure(args.model, common, [("base, no --enable-lora", "base", ())],
+                                 args, root)
+        rows += serve_and_measure(args.model, common + lora, [
+            ("0 active", "base", ()),
+            ("1 active", "a0", ()),
+            ("4 active", "base", ("--lora-modules", "a0", "a1", "a2", "a3")),
+        ], args, root)
+
+    print(f"\nrank {args.rank}, every attention and MLP projection\n")
+    print("| case | concurrency | output tok/s | median TPOT (ms) |")
+    print("|---|---|---|---|")
+    for row in rows:
+        r = row["result"]
+        print(f"| {row['case']} | {row['concurrency']} | {r['output_throughput']:.1f} | "
+              f"{r['median_tpot_ms']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
