@@ -13,6 +13,7 @@
 #include "debug.h"
 #include "host_info.h"
 #include "dispatch/dispatch_bindings.h"
+#include "dispatch/lora_bindings.h"
 #include "ops/paged_attention.h"
 #include "ops/reshape_and_cache.h"
 #include "ops/quantized_matmul.h"
@@ -25,6 +26,7 @@
 #include "ops/rope.h"
 #include "ops/decoder_stack.h"
 #include "ops/eval_layout.h"
+#include "ops/lora_matmul.h"
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -216,6 +218,37 @@ group, layer_groups the group of each layer.
 Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
 
+  m.def(
+      "lora_delta",
+      &vllm_metal::lora_delta,
+      "x"_a,
+      "idx"_a,
+      "lora_a"_a,
+      "lora_b"_a,
+      "scale"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(The LoRA update of each row: x [..., in] (T rows), idx int [T] in [-1, L)
+(-1: no adapter), lora_a [L, r, in] and lora_b [L, out, r] in x's dtype, scale
+float [L]. Returns [..., out] in x's dtype: scale[a] * B[a] @ (A[a] @ x[t]) for
+a = idx[t], zero where idx is -1 (fp32 accumulation, one rounding).)");
+
+  m.def(
+      "lora_apply",
+      &vllm_metal::lora_apply,
+      "y"_a,
+      "x"_a,
+      "idx"_a,
+      "lora_a"_a,
+      "lora_b"_a,
+      "scale"_a,
+      nb::kw_only(),
+      "column_offset"_a = 0,
+      "stream"_a = nb::none(),
+      R"(y [..., out_cols] plus the LoRA update of lora_delta in columns
+[column_offset, column_offset + out), rounded once; y's shape and dtype (x's).
+y's buffer holds the result when nothing else holds y.)");
+
   m.def("data_ptr", &vllm_metal::data_ptr, "array"_a,
         "Address of an evaluated array's first element (huge-page advice; tests).");
   m.def("cpu_isa", &vllm_metal::cpu_isa,
@@ -240,4 +273,5 @@ runs (read them only through work enqueued after it on the same stream).)");
   debug.def("require_row_contiguous", &vllm_metal::require_row_contiguous, "op"_a, "inputs"_a, "names"_a,
             "eval_gpu's layout check of its inputs (raises ValueError naming the first strided one).");
   vllm_metal::bind_dispatch_debug(debug);
+  vllm_metal::bind_lora_debug(debug);
 }

@@ -148,3 +148,42 @@ def embedding_gather_ref(ids: mx.array, table: mx.array, scales: mx.array | None
                              mx.take(biases, flat, axis=0), group_size=group_size, bits=bits)
         rows = rows.astype(scales.dtype)
     return rows.reshape(*ids.shape, rows.shape[-1])
+
+
+def lora_delta_ref(x: mx.array, idx: mx.array, lora_a: mx.array, lora_b: mx.array,
+                   scale: mx.array) -> mx.array:
+    """Each row's LoRA update: x [..., in] (T rows), idx [T] in [-1, L) (-1: none),
+    lora_a [L, r, in], lora_b [L, out, r], scale [L]; returns [..., out] in x's dtype.
+
+    Per adapter slot in use: its rows of x, through A then B, in float32.
+    Raises ValueError for an idx outside [-1, L) (checked on the host).
+    """
+    slots, out = lora_a.shape[0], lora_b.shape[1]
+    rows = x.reshape(-1, x.shape[-1]).astype(mx.float32)
+    values = idx.tolist()
+    bad = [v for v in values if not -1 <= v < slots]
+    if bad:
+        raise ValueError(f"idx {bad} are outside [-1, {slots})")
+    delta = mx.zeros((rows.shape[0], out), dtype=mx.float32)
+    for slot in sorted(set(values) - {-1}):
+        mine = mx.array([t for t, v in enumerate(values) if v == slot])
+        a, b = lora_a[slot].astype(mx.float32), lora_b[slot].astype(mx.float32)
+        delta[mine] = scale[slot].astype(mx.float32) * ((rows[mine] @ a.T) @ b.T)
+    return delta.reshape(*x.shape[:-1], out).astype(x.dtype)
+
+
+def lora_apply_ref(y: mx.array, x: mx.array, idx: mx.array, lora_a: mx.array, lora_b: mx.array,
+                   scale: mx.array, column_offset: int = 0) -> mx.array:
+    """y [..., out_cols] with lora_delta_ref's update (in float32, before rounding)
+    added to columns [column_offset, column_offset + out); rows with idx -1 and
+    the other columns keep y's values. Returns y's shape and dtype."""
+    out = lora_b.shape[1]
+    update = lora_delta_ref(x.astype(mx.float32), idx, lora_a, lora_b, scale)
+    rows = [t for t, v in enumerate(idx.tolist()) if v != -1]
+    flat = y.reshape(-1, y.shape[-1])
+    result = flat.astype(mx.float32)
+    if rows:
+        picked = mx.array(rows)
+        columns = slice(column_offset, column_offset + out)
+        result[picked, columns] = result[picked, columns] + update.reshape(-1, out)[picked]
+    return result.astype(y.dtype).reshape(y.shape)  # untouched entries: y's own bits

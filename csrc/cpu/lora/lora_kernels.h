@@ -1,0 +1,73 @@
+// Per-instruction-set kernels of the LoRA op.
+//
+// lora_kernels.inc holds the bodies, written against the linear ops' `Simd`
+// vocabulary (cpu/linear/simd_*.inc); lora_{avx512,avx2,generic}.cpp compile
+// them once per ISA and export a table each. Every sum is accumulated in fp32
+// in one fixed order per output, so the rows processed together never change
+// a row's result.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/linear/linear_cpu.h"
+#include "cpu/runtime/isa.h"
+
+namespace vllm_metal::cpu {
+
+// Rows of one adapter, gathered by the driver (indices into x and out).
+struct LoraRows {
+  const int32_t* rows;
+  int64_t count;
+};
+
+// u[i * ldu + j] = scale * (x[rows[i], :] . a[j, :]) for i < count, j < rank_rows.
+struct LoraShrink {
+  const void* x;      // rows in_features elements apart
+  LoraRows rows;
+  const void* a;      // rank_rows rows of in_features elements
+  int64_t rank_rows;
+  int64_t in_features;
+  float scale;
+  float* u;
+  int64_t ldu;
+  Elem type;          // of x and a
+};
+
+// For i < count and segment columns c in [c0, c1), at o = rows[i] * ldo + offset + c:
+// out[o] = (y[o] +) sum over j < rank, in order, of u[i * ldu + j] * b[c * rank + j].
+struct LoraExpand {
+  const float* u;
+  int64_t ldu;
+  LoraRows rows;
+  const void* b;      // one adapter's [out_features, rank]
+  int64_t rank;
+  int64_t c0, c1;
+  const void* y;      // null: no base output
+  void* out;
+  int64_t ldo;        // of out and y
+  int64_t offset;
+  Elem type;          // of b, y and out
+  float* panel;       // scratch: lora_panel_floats(rank) floats
+};
+
+struct LoraKernels {
+  void (*shrink)(const LoraShrink& s);
+  void (*expand)(const LoraExpand& e);
+  int width;  // fp32 lanes per vector: the expand's column tile
+};
+
+const LoraKernels& lora_kernels_generic();
+#if VLLM_METAL_X86_DISPATCH
+const LoraKernels& lora_kernels_avx2();
+const LoraKernels& lora_kernels_avx512();
+#endif
+
+// The table of the active ISA (cpu/runtime/isa.h).
+const LoraKernels& lora_kernels();
+
+// Scratch floats an expand call needs for `rank`: one tile of B, transposed.
+inline int64_t lora_panel_floats(int64_t rank, int width) {
+  return (rank + width - 1) / width * width * width;
+}
+
+}  // namespace vllm_metal::cpu
