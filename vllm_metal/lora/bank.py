@@ -4,7 +4,8 @@
 the module's stack holds A [L, r_max, in] and B [L, out, r_max] (ranks padded with
 zeros to --max-lora-rank) and scale [L]. A step's rows name their adapter by slot
 (-1: the base model), so one batch mixes adapters and base requests, and a module
-no row's adapter targets costs nothing.
+no row's adapter targets costs nothing. The update itself is one op per module
+(vllm_metal.ops.lora), which groups the rows by slot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from vllm_metal.lora.adapter_files import ModuleUpdate
+from vllm_metal.ops.lora import lora_apply, lora_delta
 
 
 @dataclass
@@ -124,10 +126,13 @@ class LoRABank:
         rows = self._rows_for(stack.filled)
         if rows is None:
             return y
-        flat = x.reshape(-1, x.shape[-1])
-        delta = lora_delta(flat, rows, self._rows_host(stack.filled), stack.a, stack.b,
-                           stack.scale)
-        return y + delta.reshape(y.shape).astype(y.dtype)
+        if x.dtype == y.dtype == stack.a.dtype:
+            return lora_apply(y, x, rows, stack.a, stack.b, stack.scale, validate=False)
+        # Activations in another dtype than the adapters' (a family that casts):
+        # the update in the adapters' dtype, added in y's.
+        delta = lora_delta(x.astype(stack.a.dtype), rows, stack.a, stack.b, stack.scale,
+                           validate=False)
+        return y + delta.astype(y.dtype)
 
     def _rows_host(self, filled: np.ndarray) -> np.ndarray:
         return np.where(filled[np.maximum(self._rows, 0)] & (self._rows >= 0), self._rows, -1)
@@ -141,23 +146,3 @@ class LoRABank:
             self._module_rows[key] = mx.array(rows) if (rows >= 0).any() else None
         return self._module_rows[key]
 
-
-def lora_delta(x: mx.array, rows: mx.array, rows_host: np.ndarray, a: mx.array, b: mx.array,
-               scale: mx.array) -> mx.array:
-    """x [T, in], rows int32 [T] (slot, -1 none), a [L, r, in], b [L, out, r],
-    scale [L] -> [T, out]: scale[s] * b[s] @ a[s] @ x[t] for each row t of slot s.
-
-    One shrink and one expand matmul per adapter in the step, over its rows only."""
-    out = None
-    for slot in np.unique(rows_host[rows_host >= 0]):
-        picked = np.nonzero(rows_host == slot)[0]
-        whole = len(picked) == len(rows_host)
-        xs = x if whole else x[mx.array(picked)]
-        part = (xs.astype(mx.float32) @ a[int(slot)].T.astype(mx.float32))
-        part = (part @ b[int(slot)].T.astype(mx.float32)) * scale[int(slot)]
-        if whole:
-            return part
-        if out is None:
-            out = mx.zeros((x.shape[0], b.shape[1]), mx.float32)
-        out[mx.array(picked)] = part
-    return out if out is not None else mx.zeros((x.shape[0], b.shape[1]), mx.float32)
