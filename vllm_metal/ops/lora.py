@@ -8,9 +8,10 @@ stacked in slots, ranks padded with zeros to the largest:
 
     lora_a [L, r, in], lora_b [L, out, r], scale [L] (alpha / rank per slot)
 
-and ``idx [T]`` names each row's slot, -1 for no adapter. Rows are grouped by
-slot inside the kernel, so each adapter's A and B are read once per step; a
-row's result is the same bits whichever rows share the step.
+and ``idx [T]`` names each row's slot, -1 for no adapter. The CPU kernel groups
+the rows by slot, so each adapter's A and B are read once per step (on the GPU
+the caches serve the repeated reads); a row's result is the same bits
+whichever rows share the step.
 
 Both validate their arguments (ValueError/TypeError naming the bad one) and
 return unevaluated arrays. An idx outside [-1, L) raises at evaluation on the
