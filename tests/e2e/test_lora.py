@@ -160,3 +160,22 @@ def test_lora_target_modules_limits_the_adapters(llama_dir, tmp_path):
     finally:
         del llm
         gc.collect()
+
+
+def test_an_adapter_removed_mid_request_still_serves_that_request(llm, llama_dir, adapters):
+    engine = llm.llm_engine
+    request = _request(adapters, "attn", 7)
+    engine.add_lora(request)
+    prompt_ids = mlx_reference.tokenize(llama_dir, PROMPTS[1])
+    engine.add_request("mid", TokensPrompt(prompt_token_ids=prompt_ids),
+                       SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+                       lora_request=request)
+    tokens, steps = [], 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = list(out.outputs[0].token_ids)
+        steps += 1
+        if steps == 3:
+            assert engine.remove_lora(7)
+            assert 7 not in engine.list_loras()
+    assert tokens == mlx_reference.greedy_tokens(adapters["attn"][1], prompt_ids, MAX_TOKENS)

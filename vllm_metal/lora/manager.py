@@ -74,26 +74,22 @@ class LoRAManager:
     def list(self) -> set[int]:
         return set(self._requests)
 
-    def note(self, request: LoRARequest | None) -> int:
-        """A new request's adapter id (0: none), remembered so it can be read again."""
-        if request is None:
-            return 0
-        self._requests.setdefault(request.lora_int_id, request)
-        return request.lora_int_id
-
     # -- the step -------------------------------------------------------------------
 
-    def prepare_step(self, row_adapters: np.ndarray) -> None:
-        """ROW_ADAPTERS int [T]: each packed row's adapter id (0: base)."""
-        self.bank.prepare_step(row_adapters, self._updates)
+    def prepare_step(self, row_adapters: np.ndarray, requests: dict[int, LoRARequest]) -> None:
+        """ROW_ADAPTERS int [T]: each packed row's adapter id (0: base); REQUESTS: the
+        step's adapters by id, where one no longer read (evicted, or removed while a
+        request using it still runs) is read again from."""
 
-    def _updates(self, adapter_id: int) -> dict[str, ModuleUpdate]:
-        if adapter_id in self._read:
-            self._read.move_to_end(adapter_id)
-            return self._read[adapter_id]
-        updates = self._load(self._requests[adapter_id])
-        self._keep(adapter_id, updates)
-        return updates
+        def updates(adapter_id: int) -> dict[str, ModuleUpdate]:
+            if adapter_id in self._read:
+                self._read.move_to_end(adapter_id)
+                return self._read[adapter_id]
+            found = self._load(self._requests.get(adapter_id) or requests[adapter_id])
+            self._keep(adapter_id, found)
+            return found
+
+        self.bank.prepare_step(row_adapters, updates)
 
     def _load(self, request: LoRARequest) -> dict[str, ModuleUpdate]:
         updates = read_adapter(request.lora_path, self.config, self.max_position_embeddings)

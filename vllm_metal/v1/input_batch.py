@@ -10,6 +10,7 @@ import numpy as np
 from vllm_metal.v1.sampling_batch import RequestSamplingState
 
 if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.output import SchedulerOutput
 
@@ -23,7 +24,7 @@ class RequestState:
     sampling_params: SamplingParams
     block_ids: list[list[int]]   # per KV cache group
     num_computed_tokens: int
-    lora_id: int = 0             # vLLM's lora_int_id of its adapter; 0: the base model
+    lora_request: LoRARequest | None = None  # its adapter; None: the base model
     sampling: RequestSamplingState = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -37,6 +38,11 @@ class RequestState:
     @output_token_ids.setter
     def output_token_ids(self, tokens: list[int]) -> None:
         self.sampling.output_token_ids = tokens
+
+    @property
+    def lora_id(self) -> int:
+        """vLLM's lora_int_id of its adapter; 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_tokens(self) -> int:

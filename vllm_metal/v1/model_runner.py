@@ -182,9 +182,10 @@ class MetalModelRunner:
         self.pending_tokens.resolve_stale()
         step = self.input_batch.prepare_inputs(scheduler_output)
         if self.lora is not None:
-            requests = self.input_batch.requests
-            per_request = np.array([requests[r].lora_id for r in step.req_ids], dtype=np.int64)
-            self.lora.prepare_step(np.repeat(per_request, np.diff(step.cu_seqlens_q)))
+            states = [self.input_batch.requests[r] for r in step.req_ids]
+            per_request = np.array([s.lora_id for s in states], dtype=np.int64)
+            self.lora.prepare_step(np.repeat(per_request, np.diff(step.cu_seqlens_q)),
+                                   {s.lora_id: s.lora_request for s in states if s.lora_id})
         hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step))
         logits = rows = None
         if not len(step.logits_indices):
@@ -247,8 +248,7 @@ class MetalModelRunner:
         for req_id in (*scheduler_output.finished_req_ids, *cached.resumed_req_ids,
                        *(scheduler_output.preempted_req_ids or ())):
             self.pending_tokens.forget(req_id)
-        lora_id = self.lora.note if self.lora is not None else (lambda request: 0)
-        apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs, lora_id)
+        apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
         copies = getattr(scheduler_output, "kv_cache_block_copies", None)

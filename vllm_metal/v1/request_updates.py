@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vllm_metal.v1.input_batch import InputBatch, RequestState
@@ -14,10 +13,8 @@ if TYPE_CHECKING:
 
 
 def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
-                           prompt_logprobs: PromptLogprobsTracker,
-                           lora_id: Callable[[object], int] = lambda request: 0) -> None:
-    """Finished requests leave; new ones arrive; running ones get blocks and counts.
-    ``lora_id`` turns a new request's lora_request into its adapter id (0: none)."""
+                           prompt_logprobs: PromptLogprobsTracker) -> None:
+    """Finished requests leave; new ones arrive; running ones get blocks and counts."""
     for req_id in out.finished_req_ids:
         batch.remove_request(req_id)
         prompt_logprobs.remove_request(req_id)
@@ -34,7 +31,7 @@ def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
             sampling_params=new.sampling_params,
             block_ids=[list(group) for group in new.block_ids],
             num_computed_tokens=new.num_computed_tokens,
-            lora_id=lora_id(new.lora_request),
+            lora_request=new.lora_request,
         )
         batch.reset_row(new.req_id)
         batch.add_request(state)
