@@ -208,13 +208,18 @@ resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
       "seq_lens"_a,
       "cu_seqlens_q"_a,
       "layer_groups"_a,
+      "lora_table"_a = std::vector<int>{},
+      "lora_arrays"_a = std::vector<mlx::core::array>{},
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
 [1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,
 num_kv_heads, head_dim], row-contiguous, one key and one value per layer;
 slot_mappings int32 [T] and block_tables int32 [S, max_blocks] per KV cache
-group, layer_groups the group of each layer.
+group, layer_groups the group of each layer. lora_table (layer, projection
+0-6 for q k v o gate up down, b_row0 per update) and lora_arrays (idx int32 [T],
+a float32 [L, r, in], b [L, rows, r], scale [L] per update): LoRA updates added
+after those projections (none by default).
 Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
 

@@ -170,6 +170,51 @@ mx::array materialized(const mx::array& a) {
   return out;
 }
 
+const cpu::StackLinear& projection(const cpu::StackLayer& l, int p) {
+  const cpu::StackLinear* all[kStackLinears] = {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down};
+  return *all[p];
+}
+
+// The LoRA updates' table and arrays against the weights and the step's T rows.
+void check_lora(const DecoderStackWeights& w, const std::vector<int>& table,
+                const std::vector<mx::array>& arrays, int t) {
+  if (table.size() % kStackLoraInts != 0 || arrays.size() != table.size() / kStackLoraInts * 4) {
+    fail("lora_table holds " + std::to_string(kStackLoraInts) +
+         " ints per update and lora_arrays four arrays (idx, a, b, scale)");
+  }
+  int last = -1;
+  for (size_t u = 0; u < table.size() / kStackLoraInts; ++u) {
+    const int* e = table.data() + u * kStackLoraInts;
+    const std::string where = "LoRA update " + std::to_string(u);
+    if (e[0] < 0 || e[0] >= w.num_layers() || e[1] < 0 || e[1] >= kStackLinears) {
+      fail(where + ": no layer " + std::to_string(e[0]) + " projection " + std::to_string(e[1]));
+    }
+    const int order = e[0] * kStackLinears + e[1];
+    if (order < last) fail(where + ": updates must be ordered by (layer, projection)");
+    last = order;
+    const cpu::StackLinear& lin = projection(w.layers()[e[0]], e[1]);
+    const mx::array &idx = arrays[4 * u], &a = arrays[4 * u + 1], &b = arrays[4 * u + 2],
+                    &scale = arrays[4 * u + 3];
+    if (idx.ndim() != 1 || idx.shape(0) != t || !mx::issubdtype(idx.dtype(), mx::integer)) {
+      fail(where + ": idx must be integer [T]");
+    }
+    if (a.dtype() != mx::float32 || b.dtype() != mx::float32 || scale.dtype() != mx::float32) {
+      fail(where + ": a, b and scale must be float32 (the stack computes in float32)");
+    }
+    if (a.ndim() != 3 || a.shape(2) != lin.in_features() || b.ndim() != 3 ||
+        b.shape(0) != a.shape(0) || b.shape(2) != a.shape(1) || a.shape(0) < 1 ||
+        a.shape(1) < 1 || scale.ndim() != 1 || scale.shape(0) != a.shape(0)) {
+      fail(where + ": a [L, r, " + std::to_string(lin.in_features()) +
+           "], b [L, rows, r] and scale [L] disagree");
+    }
+    if (e[2] < 0 || e[2] + lin.out_features() > b.shape(1)) {
+      fail(where + ": rows [" + std::to_string(e[2]) + ", " +
+           std::to_string(e[2] + lin.out_features()) + ") are outside b's " +
+           std::to_string(b.shape(1)));
+    }
+  }
+}
+
 } // namespace
 
 DecoderStackWeights::DecoderStackWeights(
@@ -289,6 +334,8 @@ mx::array decoder_stack(
     const mx::array& seq_lens,
     const mx::array& cu_seqlens_q,
     const std::vector<int>& layer_groups,
+    const std::vector<int>& lora_table,
+    const std::vector<mx::array>& lora_arrays,
     mx::StreamOrDevice s) {
   if (!weights) fail("weights must be given");
   if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1 ||
@@ -340,6 +387,7 @@ mx::array decoder_stack(
       fail("block tables must be [S, max_blocks] with S = len(seq_lens)");
     }
   }
+  check_lora(*weights, lora_table, lora_arrays, t);
   // The caches ride in the primitive (see decoder_stack.h), so they must have
   // their buffers before the node is built: evaluate any that are still lazy.
   std::vector<mx::array> caches(key_caches);
@@ -359,9 +407,12 @@ mx::array decoder_stack(
                                    as_int32(cu_seqlens_q, stream)};
   for (const auto& m : slot_mappings) inputs.push_back(as_int32(m, stream));
   for (const auto& table : block_tables) inputs.push_back(as_int32(table, stream));
+  for (size_t i = 0; i < lora_arrays.size(); ++i) {
+    inputs.push_back(i % 4 == 0 ? as_int32(lora_arrays[i], stream) : lora_arrays[i]);
+  }
   return mx::array(x.shape(), mx::float32,
                    std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches),
-                                                  layer_groups),
+                                                  layer_groups, lora_table),
                    std::move(inputs));
 }
 
@@ -374,7 +425,8 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
 
   std::vector<RowContiguous> in;
   for (const auto& i : inputs) in.push_back(row_contiguous(i, encoder));
-  const int groups = (static_cast<int>(inputs.size()) - kFixedInputs) / 2;
+  const int updates = static_cast<int>(lora_table_.size()) / kStackLoraInts;
+  const int groups = (static_cast<int>(inputs.size()) - kFixedInputs - 4 * updates) / 2;
 
   cpu::StackArgs a;
   const auto& x = in[0].view;
@@ -407,6 +459,25 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
     a.key_caches.push_back(const_cast<void*>(caches[li].data<void>()));
     a.value_caches.push_back(const_cast<void*>(caches[layers + li].data<void>()));
   }
+  const int first_lora = kFixedInputs + 2 * groups;
+  for (int u = 0; u < updates; ++u) {
+    const int* e = lora_table_.data() + u * kStackLoraInts;
+    const auto& lora_a = in[first_lora + 4 * u + 1].view;
+    const auto& lora_b = in[first_lora + 4 * u + 2].view;
+    cpu::StackLora l;
+    l.layer = e[0];
+    l.projection = e[1];
+    l.idx = in[first_lora + 4 * u].view.data<int32_t>();
+    l.a = lora_a.data<float>();
+    l.rank = lora_a.shape(1);
+    l.b = lora_b.data<float>() + static_cast<int64_t>(e[2]) * l.rank;
+    l.scale = in[first_lora + 4 * u + 3].view.data<float>();
+    l.num_slots = lora_a.shape(0);
+    l.in_features = lora_a.shape(2);
+    l.out_features = projection(weights_->layers()[e[0]], e[1]).out_features();
+    l.b_rows = lora_b.shape(1);
+    a.lora.push_back(l);
+  }
 
   for (const auto& i : inputs) encoder.set_input_array(i);
   for (auto& o : outputs) encoder.set_output_array(o);
@@ -420,7 +491,7 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
   if (weights_ != o.weights_ || caches_->size() != o.caches_->size() ||
-      layer_groups_ != o.layer_groups_) {
+      layer_groups_ != o.layer_groups_ || lora_table_ != o.lora_table_) {
     return false;
   }
   for (size_t i = 0; i < caches_->size(); ++i) {

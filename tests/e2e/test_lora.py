@@ -56,6 +56,16 @@ def _request(adapters, name, int_id):
     return LoRARequest(name, int_id, str(adapters[name][0]))
 
 
+def _runner(llm):
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+def test_the_decoder_stack_serves_with_lora(llm):
+    # The tests below then run through the one-node stack with its LoRA updates.
+    stack = _runner(llm).loaded.backbone.stack
+    assert stack is not None and stack.lora is not None
+
+
 def test_adapters_and_base_in_one_batch_match_merged_checkpoints(llm, llama_dir, adapters):
     names = ["both", None, "attn", "both", None, "attn", "both", None]
     ids_of = {"both": 1, "attn": 2}
@@ -179,3 +189,13 @@ def test_an_adapter_removed_mid_request_still_serves_that_request(llm, llama_dir
             assert engine.remove_lora(7)
             assert 7 not in engine.list_loras()
     assert tokens == mlx_reference.greedy_tokens(adapters["attn"][1], prompt_ids, MAX_TOKENS)
+
+
+def test_a_request_alone_and_in_a_mixed_batch_gives_the_same_tokens(llm, llama_dir, adapters):
+    ids_of = {"both": 1, "attn": 2}
+    ids, alone = _generate(llm, llama_dir, PROMPTS[2:3], [_request(adapters, "attn", 2)])
+    names = ["both", None, "attn", "both", None]
+    _, mixed = _generate(llm, llama_dir, PROMPTS[:5],
+                         [_request(adapters, n, ids_of[n]) if n else None for n in names])
+    assert mixed[2] == alone[0]
+    assert alone[0] == mlx_reference.greedy_tokens(adapters["attn"][1], ids[0], MAX_TOKENS)

@@ -11,7 +11,8 @@ attribute names mlx-lm's families use), and keeps the plan only if one probe ste
 through it equals the module path's: a family whose block does anything else
 (parallel residuals, other activations, extra arguments) fails the probe and keeps
 the module path. Only for float32 activations (the caches may be float32, float16
-or bfloat16).
+or bfloat16). Linears wrapped for LoRA adapters are read through to their base
+weights; the stack adds each step's updates itself (vllm_metal.cpu.stack_lora).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import mlx.nn as nn
 
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.cpu.fast_linears import FastLinear, FastQuantizedLinear
+from vllm_metal.cpu.stack_lora import Site, StackLoRA
+from vllm_metal.lora.layer import LoRALinear
 from vllm_metal.models.adapter import ModelAdapter
 from vllm_metal.native import get_ops
 
@@ -74,6 +77,7 @@ class DecoderStackPlan:
     weights: object   # vllm_metal._ext.DecoderStackWeights
     embed_scale: float | None = None
     layout: str = ""
+    lora: StackLoRA | None = None   # the LoRA layers' sites (--enable-lora)
 
     def __call__(self, x: mx.array, ctx: ForwardContext) -> mx.array:
         """x float32 [1, T, hidden] embeddings -> final-norm hidden [1, T, hidden].
@@ -85,9 +89,11 @@ class DecoderStackPlan:
             x = x * self.embed_scale
         meta = ctx.metadata
         groups = [ctx.group_of(layer) for layer in range(len(ctx.key_caches))]
+        table, arrays = self.lora.step() if self.lora is not None else ([], [])
         return get_ops().decoder_stack(
             self.weights, x, ctx.key_caches, ctx.value_caches, meta.positions,
-            meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, groups)
+            meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, groups,
+            table, arrays)
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
         return x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
@@ -158,6 +164,8 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
     ints: list[int] = []
     floats: list[float] = []
     heads: set[tuple[int, int, int]] = set()
+    sites: list[Site] = []
+    bank = None
     for index, layer in enumerate(adapter.backbone.layers):
         where = f"layer {index}"
         facts = adapter.entries[index]
@@ -183,8 +191,11 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
             gate_up = _projections(mlp, ("gate_proj", "up_proj"), "", (), where)
         linears = [*attn, _Rows.of(_attr(inner, "o_proj", where), where), *gate_up,
                    _Rows.of(_attr(mlp, "down_proj", where), where)]
-        for lin in linears:
+        for projection, lin in enumerate(linears):
             ints += lin.spec()
+            if lin.lora is not None:
+                sites.append(Site(index, projection, lin.lora._lora_name, lin.lora_row0))
+                bank = lin.lora._lora_bank
         qk, qk_eps, qk_arrays = _qk_norms(inner, facts, where)
         rope = _rope_spec(getattr(inner, "rope", None), facts.head_dim, where)
         ints += [qk, rope["dims"], int(rope["traditional"]), int(rope["freqs"] is not None),
@@ -210,10 +221,13 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
     if len(heads) != 1:
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
+    if bank is not None and bank.dtype != mx.float32:
+        raise Unsupported(f"LoRA adapters in {bank.dtype}: the stack adds float32 updates")
     hidden = int(final[0].shape[0])
     return DecoderStackPlan(get_ops().DecoderStackWeights(
         arrays, ints, floats, final[0], final[1], hidden, num_heads, num_kv_heads, head_dim,
-        int8_activations), embed_scale, _layout_name(names))
+        int8_activations), embed_scale, _layout_name(names),
+        StackLoRA(bank, sites) if sites else None)
 
 
 def _layout_name(names: tuple) -> str:
@@ -254,7 +268,8 @@ def _projections(module: nn.Module, names: tuple, fused: str, rows: tuple,
 @dataclass
 class _Rows:
     """A linear as the stack takes it: bits/group size and its arrays (weight [+ scales,
-    biases] [+ bias]), possibly a block of a fused linear's output rows."""
+    biases] [+ bias]), possibly a block of a fused linear's output rows; for a LoRA
+    layer, its base's, with the layer and the first of its output rows this block is."""
 
     bits: int
     group_size: int
@@ -262,14 +277,19 @@ class _Rows:
     scales: mx.array | None
     biases: mx.array | None
     bias: mx.array | None
+    lora: LoRALinear | None = None
+    lora_row0: int = 0
 
     @classmethod
     def of(cls, lin: nn.Module, where: str) -> _Rows:
+        lora = lin if isinstance(lin, LoRALinear) else None
+        if lora is not None:
+            lin = lora.base
         bias = lin["bias"] if "bias" in lin else None
         if type(lin) is FastQuantizedLinear:
-            return cls(lin.bits, lin.group_size, lin.weight, lin.scales, lin.biases, bias)
+            return cls(lin.bits, lin.group_size, lin.weight, lin.scales, lin.biases, bias, lora)
         if type(lin) is FastLinear:
-            return cls(0, 0, lin.weight, None, None, bias)
+            return cls(0, 0, lin.weight, None, None, bias, lora)
         raise Unsupported(f"{where} has a {type(lin).__name__} the CPU kernels do not cover")
 
     @property
@@ -279,7 +299,7 @@ class _Rows:
     def slice(self, start: int, stop: int) -> _Rows:
         cut = lambda a: None if a is None else a[start:stop]  # noqa: E731
         return _Rows(self.bits, self.group_size, cut(self.weight), cut(self.scales),
-                     cut(self.biases), cut(self.bias))
+                     cut(self.biases), cut(self.bias), self.lora, self.lora_row0 + start)
 
     def spec(self) -> list[int]:
         return [self.bits, self.group_size, int(self.bias is not None)]

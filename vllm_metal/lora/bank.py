@@ -5,7 +5,8 @@ the module's stack holds A [L, r_max, in] and B [L, out, r_max] (ranks padded wi
 zeros to --max-lora-rank) and scale [L]. A step's rows name their adapter by slot
 (-1: the base model), so one batch mixes adapters and base requests, and a module
 no row's adapter targets costs nothing. The update itself is one op per module
-(vllm_metal.ops.lora), which groups the rows by slot.
+(vllm_metal.ops.lora), which groups the rows by slot; the CPU decoder stack takes the
+step's stacks instead (``step_updates``) and runs the same kernel inside its node.
 """
 
 from __future__ import annotations
@@ -133,6 +134,20 @@ class LoRABank:
         delta = lora_delta(x.astype(stack.a.dtype), rows, stack.a, stack.b, stack.scale,
                            validate=False)
         return y + delta.astype(y.dtype)
+
+    def step_updates(self, names) -> dict[str, tuple[mx.array, mx.array, mx.array, mx.array]]:
+        """For each of NAMES (module paths) whose stack a row of the step uses:
+        (rows int32 [T], a [L, r_max, in], b [L, out, r_max], scale float32 [L]), rows
+        -1 where the row's adapter does not target the module. Empty without adapters."""
+        if self._rows is None:
+            return {}
+        found = {}
+        for name in names:
+            stack = self._stacks.get(name)
+            rows = None if stack is None else self._rows_for(stack.filled)
+            if rows is not None:
+                found[name] = (rows, stack.a, stack.b, stack.scale)
+        return found
 
     def _rows_host(self, filled: np.ndarray) -> np.ndarray:
         return np.where(filled[np.maximum(self._rows, 0)] & (self._rows >= 0), self._rows, -1)

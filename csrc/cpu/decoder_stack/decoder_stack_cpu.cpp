@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cpu/lora/lora_cpu.h"
 #include "cpu/norm_rope/norm_rope_cpu.h"
 #include "cpu/runtime/isa.h"
 #include "cpu/runtime/scratch.h"
@@ -246,6 +247,34 @@ void add_residual(float* h, const float* y, float s, int64_t n) {
   }
 }
 
+// Adds the step's LoRA updates of projection p of layer li to its output out
+// [t, out_features] (x its input [t, in_features]) in place. `next` walks a.lora,
+// which is ordered as the loop visits projections.
+void add_lora(const StackArgs& a, size_t& next, int li, int p, const float* x, float* out) {
+  for (; next < a.lora.size() && a.lora[next].layer == li && a.lora[next].projection == p; ++next) {
+    const StackLora& u = a.lora[next];
+    LoraArgs l{};
+    l.x = x;
+    l.idx = u.idx;
+    l.a = u.a;
+    l.b = u.b;
+    l.scale = u.scale;
+    l.y = out;
+    l.out = out;
+    l.type = Elem::F32;
+    l.rows = a.t;
+    l.in_features = u.in_features;
+    l.out_features = u.out_features;
+    l.rank = u.rank;
+    l.num_slots = u.num_slots;
+    l.out_cols = u.out_features;
+    l.column_offset = 0;
+    l.in_place = true;
+    l.b_slot_stride = u.b_rows * u.rank;
+    lora_cpu(l);
+  }
+}
+
 } // namespace
 
 dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
@@ -285,6 +314,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   int planned_window = -1, planned_group = -1;
   ScratchVector<float> angles;
   const StackLayer* angles_of = nullptr;
+  size_t next_lora = 0;
   for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
     const StackLayer& l = layers[li];
     const int group = a.layer_groups[li];
@@ -303,6 +333,9 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
       attn_in = xn.data();
     }
     linears<3>({&l.q, &l.k, &l.v}, attn_in, t, {q.data(), k.data(), v.data()});
+    add_lora(a, next_lora, li, kQ, attn_in, q.data());
+    add_lora(a, next_lora, li, kK, attn_in, k.data());
+    add_lora(a, next_lora, li, kV, attn_in, v.data());
     if (l.qk_norm == StackQkNorm::PerHead) {
       norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
       norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
@@ -331,6 +364,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     run_paged_attention_cpu(pa, route);
 
     linear(l.o, attn.data(), t, tmp.data());
+    add_lora(a, next_lora, li, kO, attn.data(), tmp.data());
     if (l.norms & kPostAttention) norm(l.post_attn_norm, tmp.data(), t, hidden, tmp.data());
     add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
 
@@ -341,8 +375,11 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     }
     const int64_t width = l.gate.out_features();
     linears<2>({&l.gate, &l.up}, mlp_in, t, {gate.data(), up.data()});
+    add_lora(a, next_lora, li, kGate, mlp_in, gate.data());
+    add_lora(a, next_lora, li, kUp, mlp_in, up.data());
     gated(l.activation, gate.data(), up.data(), t * width);
     linear(l.down, gate.data(), t, tmp.data());
+    add_lora(a, next_lora, li, kDown, gate.data(), tmp.data());
     if (l.norms & kPostMlp) norm(l.post_mlp_norm, tmp.data(), t, hidden, tmp.data());
     add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
   }

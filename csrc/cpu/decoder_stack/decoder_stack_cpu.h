@@ -26,6 +26,9 @@ struct StackLinear {
   int64_t out_features() const {
     return quant.bits ? quant.n : dense.n;
   }
+  int64_t in_features() const {
+    return quant.bits ? quant.k : dense.k;
+  }
 };
 
 struct StackNorm {
@@ -79,6 +82,23 @@ struct StackLayer {
   float softcap;      // 0: off
 };
 
+// A layer's projections, in the order the stack computes them.
+enum StackProjection : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+
+// One projection's LoRA update for the step (as cpu::lora_cpu computes it), added
+// to the projection's fp32 output right after its matmul, from the projection's
+// fp32 input (also with int8 activations, as the module path's LoRA layer does).
+struct StackLora {
+  int layer;
+  int projection;       // StackProjection
+  const int32_t* idx;   // [t] each row's adapter slot, -1 none
+  const float* a;       // [num_slots, rank, in_features]
+  const float* b;       // row b_row0 of B [num_slots, b_rows, rank]: the projection's
+                        // block of a fused linear's output rows (whole B otherwise)
+  const float* scale;   // [num_slots]
+  int64_t num_slots, rank, in_features, out_features, b_rows;
+};
+
 struct StackArgs {
   const float* x;        // [t, hidden] embeddings
   float* out;            // [t, hidden] final-norm output
@@ -108,6 +128,8 @@ struct StackArgs {
   const std::vector<StackLayer>* layers;
   std::vector<void*> key_caches;
   std::vector<void*> value_caches;
+  // The step's LoRA updates, ordered by (layer, projection); empty without adapters.
+  std::vector<StackLora> lora;
 };
 
 // Runs every layer; returns the attention route of the last one (diagnostics).

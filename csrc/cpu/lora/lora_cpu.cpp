@@ -33,6 +33,10 @@ size_t elem_bytes(Elem t) {
   return t == Elem::F32 ? 4 : 2;
 }
 
+int64_t b_slot_stride(const LoraArgs& a) {
+  return a.b_slot_stride ? a.b_slot_stride : a.out_features * a.rank;
+}
+
 // The rows of one adapter slot: order[begin, end), also rows [begin, end) of u.
 struct Group {
   int64_t slot, begin, end;
@@ -142,7 +146,7 @@ void expand_columns(const LoraKernels& kern, const LoraArgs& a, const std::vecto
     e.u = u + g.begin * a.rank;
     e.ldu = a.rank;
     e.rows = {order + g.begin, g.end - g.begin};
-    e.b = static_cast<const char*>(a.b) + g.slot * a.out_features * a.rank * eb;
+    e.b = static_cast<const char*>(a.b) + g.slot * b_slot_stride(a) * eb;
     e.rank = a.rank;
     e.c0 = s0;
     e.c1 = s1;

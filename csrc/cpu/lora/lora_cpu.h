@@ -28,6 +28,9 @@ struct LoraArgs {
   int64_t out_cols;       // out_features when y is null
   int64_t column_offset;  // column of out holding update column 0
   bool in_place;          // out is y: columns outside the segment are already there
+  // Elements from one slot's B to the next; 0: out_features * rank. Larger when b
+  // points at a block of rows of a fused projection's B (the decoder stack's slices).
+  int64_t b_slot_stride = 0;
 };
 
 // Raises std::out_of_range, before writing anything, for an idx outside
