@@ -82,9 +82,11 @@ class MetalPlatform(Platform):
         """Adapt vLLM's config to this platform. Runs in every process: idempotent."""
         from vllm_metal import compat
         from vllm_metal.config_checks import check_vllm_config
+        from vllm_metal.structured_output_options import remember_server_config
 
         compat.apply_all()
         check_vllm_config(vllm_config)
+        remember_server_config(vllm_config)
 
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
@@ -100,13 +102,16 @@ class MetalPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
-        """Reject request parameters the runner cannot honour (answered as HTTP 400)."""
+        """Reject request parameters the runner cannot honour, and structured-output
+        options vLLM would drop (answered as HTTP 400)."""
         from vllm import SamplingParams
 
         if isinstance(params, SamplingParams):
+            from vllm_metal.structured_output_options import check_structured_output_options
             from vllm_metal.v1.param_support import check_sampling_params
 
             check_sampling_params(params)
+            check_structured_output_options(params)
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:

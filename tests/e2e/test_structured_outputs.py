@@ -164,6 +164,12 @@ def test_plain_and_constrained_requests_in_one_batch(plain_server):
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "one kind"),
     ({"response_format": {"type": "json_schema"}}, "json_schema"),
     ({"structured_outputs": {"choice": []}}, "choice"),
+    # Options vLLM 0.33 reads only server-wide, or nowhere: refused by vllm-metal
+    # (vllm_metal/structured_output_options.py) instead of silently dropped.
+    ({"structured_outputs": {"json": PERSON, "disable_any_whitespace": True}},
+     "--structured-outputs-config"),
+    ({"structured_outputs": {"regex": EMAIL, "whitespace_pattern": "[ ]?"}},
+     "whitespace_pattern"),
 ])
 def test_unusable_constraints_are_400_naming_the_problem(plain_server, fields, says):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
