@@ -2,13 +2,14 @@
 and thinking, for the tool-calling, reasoning and Anthropic Messages tests.
 
 `make_agent_checkpoint(path)` is tests/tiny_models.py's qwen3 model (same weights
-recipe, same BPE tokenizer) with four more tokens, `<think>`, `</think>`,
+recipe, same BPE tokenizer) with six more tokens: `<think>`, `</think>`,
 `<tool_call>` and `</tool_call>` (single tokens, as in Qwen3 and Hermes
-checkpoints: vLLM's reasoning parsers find the end of reasoning by token id),
-and a ChatML-like template that renders `tools`, assistant `tool_calls`,
+checkpoints: vLLM's reasoning parsers find the end of reasoning by token id), and
+Llama 3's `<|python_tag|>` and Mistral's `[TOOL_CALLS]`, without which those tool
+parsers refuse the tokenizer; and a ChatML-like template that renders `tools`, assistant `tool_calls`,
 `tool` results and the `enable_thinking` switch the way Qwen3's does:
 with `enable_thinking=False` the generation prompt ends with an empty
-`<think>\\n\\n</think>\\n\\n`. Like the special tokens, the four added tokens'
+`<think>\\n\\n</think>\\n\\n`. Like the special tokens, the added tokens'
 output rows are damped: the random model never writes them by itself, so a
 test decides (grammar, logit_bias) when they appear.
 """
@@ -25,7 +26,10 @@ from tests.tiny_models import (EOS, _config, _damped_ids, _train_tokenizer, _wei
 
 THINK_START, THINK_END = "<think>", "</think>"
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
-ADDED_TOKENS = (THINK_START, THINK_END, TOOL_CALL_START, TOOL_CALL_END)
+# The call markers vLLM's llama3_json and mistral parsers look up at startup.
+PYTHON_TAG, MISTRAL_CALLS = "<|python_tag|>", "[TOOL_CALLS]"
+ADDED_TOKENS = (THINK_START, THINK_END, TOOL_CALL_START, TOOL_CALL_END, PYTHON_TAG,
+                MISTRAL_CALLS)
 VOCAB = 1024
 
 # Tools as a system block, calls as Hermes' <tool_call>{json}</tool_call>, tool results

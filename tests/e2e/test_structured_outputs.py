@@ -11,7 +11,6 @@ depend on streaming or on the batch (the reproducibility rule).
 from __future__ import annotations
 
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -21,54 +20,10 @@ import pytest
 import requests
 
 from tests.e2e.chat_stream import message, streamed_message
+from tests.e2e.constraints import CONSTRAINTS, EMAIL, PERSON, is_sum
 
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 10},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3},
-    },
-    "required": ["name", "age", "pets"],
-    "additionalProperties": False,
-}
-EMAIL = r"[a-z]{3,8}@[a-z]{2,5}\.(com|org)"
-COLORS = ["red", "green", "blue", "light blue"]
-# Sums with parentheses: not a regular language, so no regex could stand in for the
-# grammar. The same language in both grammar syntaxes vLLM takes.
-SUM_LARK = 'start: expr\nexpr: term ("+" term)*\nterm: NUM | "(" expr ")"\nNUM: /[1-9][0-9]?/\n'
-SUM_EBNF = 'root ::= expr\nexpr ::= term ("+" term)*\nterm ::= num | "(" expr ")"\nnum ::= [1-9] [0-9]?\n'
-SUM_PARSER = lark.Lark(SUM_LARK)
 # Random weights love whitespace between JSON tokens: the schema answers take 130-220.
 MAX_TOKENS = 300
-
-
-def _is_person(text: str) -> None:
-    jsonschema.validate(json.loads(text), PERSON)
-
-
-def _is_email(text: str) -> None:
-    assert re.fullmatch(EMAIL, text), text
-
-
-def _is_color(text: str) -> None:
-    assert text in COLORS, text
-
-
-def _is_sum(text: str) -> None:
-    SUM_PARSER.parse(text)  # raises on a string outside the language
-
-
-# kind -> (request fields, reference check). json_schema goes through OpenAI's
-# response_format, the rest through vLLM's structured_outputs.
-CONSTRAINTS = {
-    "json_schema": ({"response_format": {"type": "json_schema", "json_schema": {
-        "name": "person", "schema": PERSON, "strict": True}}}, _is_person),
-    "regex": ({"structured_outputs": {"regex": EMAIL}}, _is_email),
-    "choice": ({"structured_outputs": {"choice": COLORS}}, _is_color),
-    "grammar_lark": ({"structured_outputs": {"grammar": SUM_LARK}}, _is_sum),
-    "grammar_ebnf": ({"structured_outputs": {"grammar": SUM_EBNF}}, _is_sum),
-}
 
 
 def _client(server) -> openai.OpenAI:
@@ -115,9 +70,9 @@ def test_completion_obeys_the_constraint_streamed_or_not(plain_server, kind):
 
 def test_grammar_reference_rejects_what_the_grammar_excludes():
     """The reference parser is not a yes-machine."""
-    for bad in ("", "0", "1+", "(1", "1 + 2", "123"):
+    for bad in ("", "0", "1+", "(1", "1 + 2", "123", "1+2+3+4"):
         with pytest.raises(lark.exceptions.LarkError):
-            _is_sum(bad)
+            is_sum(bad)
 
 
 def _completion_ids(server, model, prompt, max_tokens, **fields) -> tuple[list[int], str]:
@@ -129,27 +84,27 @@ def _completion_ids(server, model, prompt, max_tokens, **fields) -> tuple[list[i
     return choice["token_ids"], choice["text"]
 
 
-# Plain requests and constrained ones, each run alone and then all at once.
+# Plain requests, and constrained ones whose prompts ask for what the constraint
+# wants (a real model given an unrelated prompt may fill a schema's optional
+# whitespace with newlines until max_tokens).
 MIXED_PROMPTS = ["The quick brown fox", "Once upon a time, in a land far away,",
                  "Numbers: one two three", "She opened the door and saw"]
+CONSTRAINED = [("Here is a person as JSON:", {"structured_outputs": {"json": PERSON}}, "json_schema"),
+               ("My email address is", CONSTRAINTS["regex"][0], "regex"),
+               ("My favourite color is", CONSTRAINTS["choice"][0], "choice"),
+               ("Two plus three is written", CONSTRAINTS["grammar_ebnf"][0], "grammar_ebnf")]
 
 
 def assert_mixed_batch_is_reproducible(server, model, max_tokens):
     """Each request's greedy tokens are the same alone and in a batch of plain and
     constrained requests; the constrained ones pass their reference checks."""
-    requests_ = [(p, {}) for p in MIXED_PROMPTS]
-    for i, kind in enumerate(("json_schema", "regex", "choice", "grammar_ebnf")):
-        fields, _ = CONSTRAINTS[kind]
-        if kind == "json_schema":
-            fields = {"structured_outputs": {"json": PERSON}}
-        requests_.append((MIXED_PROMPTS[i], fields))
-    alone = [_completion_ids(server, model, p, max_tokens, **f) for p, f in requests_]
-    with ThreadPoolExecutor(len(requests_)) as pool:
+    batch = [(p, {}) for p in MIXED_PROMPTS] + [(p, f) for p, f, _ in CONSTRAINED]
+    alone = [_completion_ids(server, model, p, max_tokens, **f) for p, f in batch]
+    with ThreadPoolExecutor(len(batch)) as pool:
         together = list(pool.map(lambda r: _completion_ids(server, model, r[0], max_tokens, **r[1]),
-                                 requests_))
+                                 batch))
     assert together == alone
-    for (_, text), kind in zip(alone[len(MIXED_PROMPTS):],
-                               ("json_schema", "regex", "choice", "grammar_ebnf")):
+    for (_, text), (_, _, kind) in zip(alone[len(MIXED_PROMPTS):], CONSTRAINED):
         CONSTRAINTS[kind][1](text)
 
 
@@ -178,3 +133,31 @@ def test_unusable_constraints_are_400_naming_the_problem(plain_server, fields, s
     assert resp.status_code == 400, resp.text
     assert says.lower() in resp.json()["error"]["message"].lower()
     assert requests.get(plain_server.base_url + "/health", timeout=5).status_code == 200
+
+
+# The bundled SmolLM2 writes real text: JSON it was asked for, and its plain requests
+# take the head's fused argmax alone but the sampler's masked path beside a constrained
+# one, which must give the same tokens.
+
+@pytest.mark.parametrize("fields", [
+    {"response_format": {"type": "json_object"}},
+    CONSTRAINTS["json_schema"][0],
+], ids=["json_object", "json_schema"])
+def test_bundled_model_writes_the_json_asked_for(bundled_server, fields):
+    prompt = "Describe a person with a name, an age and their pets, as JSON."
+    whole = chat(bundled_server, "smollm2", fields, prompt=prompt)
+    value = json.loads(whole["content"])
+    assert isinstance(value, dict)
+    if "json_schema" in fields["response_format"]:
+        jsonschema.validate(value, PERSON)
+    assert chat(bundled_server, "smollm2", fields, prompt=prompt, stream=True) == whole
+
+
+def test_bundled_model_picks_one_of_the_choices(bundled_server):
+    fields, check = CONSTRAINTS["choice"]
+    whole = chat(bundled_server, "smollm2", fields, prompt="What color is the sky on a clear day?")
+    check(whole["content"])
+
+
+def test_bundled_model_plain_and_constrained_in_one_batch(bundled_server):
+    assert_mixed_batch_is_reproducible(bundled_server, "smollm2", 96)

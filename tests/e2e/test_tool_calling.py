@@ -99,14 +99,24 @@ def test_auto_answers_in_text_or_calls_as_the_model_writes(agent_server, agent_d
     assert_streams_alike(agent_server, call, **fields)
 
 
+REASONING_THEN_CALL = dict(tool_choice="auto", parallel_tool_calls=False, max_tokens=300)
+
+
 def test_auto_call_ends_the_reasoning(agent_server, agent_dir):
     """With thinking on, what precedes <tool_call> is reasoning (Qwen3's implicit end)."""
-    fields = dict(tool_choice="auto", parallel_tool_calls=False, max_tokens=300,
-                  logit_bias=bias(agent_dir, call=True))
-    msg, data = agent_chat(agent_server, **fields)
+    msg, data = agent_chat(agent_server, logit_bias=bias(agent_dir, call=True),
+                           **REASONING_THEN_CALL)
     calls, before = hermes_calls(raw_text(agent_dir, data["choices"][0]["token_ids"]))
     assert decoded_calls(msg) == calls and len(calls) == 1
-    assert msg["reasoning"] == before and msg["content"] == ""
+    assert before and msg["reasoning"] == before and msg["content"] == ""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "vLLM 0.33 (qwen3 reasoning + hermes tools, streamed) sends the reasoning before an "
+    "implicit end (<tool_call>) as content; not streamed, it is reasoning"))
+def test_auto_call_ends_the_reasoning_streamed(agent_server, agent_dir):
+    fields = dict(logit_bias=bias(agent_dir, call=True), **REASONING_THEN_CALL)
+    msg, _ = agent_chat(agent_server, **fields)
     assert_streams_alike(agent_server, msg, **fields)
 
 
