@@ -19,6 +19,18 @@ Every other option is passed to `vllm serve` unchanged, for example
   --host 127.0.0.1 --port 8000 --max-model-len 4096 --gpu-memory-utilization 0.5
 or read from a YAML file of them with --config FILE (its `model` key, if any,
 names the model). See `vllm serve --help` for all of them.
+
+Request features that need a flag at startup (without it, such requests get HTTP 400
+naming the flag, or, for reasoning, the reasoning stays in the content):
+  tool_choice "auto"               --enable-auto-tool-choice --tool-call-parser NAME
+  tool_choice "required" or named  --tool-call-parser NAME (hermes, llama3_json,
+                                   pythonic, qwen3_xml, mistral, ...: the model's format)
+  schema-valid tool arguments      "strict": true on the tool, or --tool-strict-level parameter
+  reasoning separate from content  --reasoning-parser NAME (qwen3, deepseek_r1, ...)
+  JSON without optional whitespace --structured-outputs-config
+                                   '{"backend": "xgrammar", "disable_any_whitespace": true}'
+response_format, structured_outputs and the Anthropic Messages API (/v1/messages)
+need none. Examples for each: docs/serving-features.md.
 """
 
 
