@@ -205,6 +205,13 @@ class MetalModelRunner:
             prompt_lps = self.prompt_logprobs.collect(
                 step, self.input_batch.requests, hidden, self.loaded.logits)
         self._forwarded = _ForwardedStep(step, logits, prompt_lps, rows)
+        if logits is not None and getattr(scheduler_output, "pending_structured_output_tokens",
+                                          False):
+            # vLLM defers the sampling of a step with grammar tokens in flight until it
+            # has advanced the grammars: start the forward now, or the device idles
+            # through that host work (constrained batches never take the fused argmax,
+            # so these logits are what the sampler reads).
+            mx.async_eval(logits)
         return None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None):

@@ -37,7 +37,9 @@ def check_sampling_params(params: SamplingParams) -> None:
                 "scoring) are not supported; request prompt_logprobs=k instead")
     if params.thinking_token_budget is not None:
         _refuse("thinking_token_budget",
-                "thinking_token_budget is not supported; remove it from the request")
+                "thinking_token_budget (a limit on reasoning tokens; Anthropic's "
+                "thinking.budget_tokens with thinking.type 'enabled') is not supported; "
+                "remove it, or send thinking.type 'adaptive' or 'disabled'")
     if params.trace_decode_token_ids:
         _refuse("trace_decode_token_ids",
                 "trace_decode_token_ids (trace replay) is not supported; remove it")
