@@ -124,7 +124,7 @@ def pick(files: list[dict], name: str, version: str, target: Target, sdist: bool
         fn = f["filename"]
         try:  # old releases on the index have names no current tool parses
             if sdist:
-                if fn.endswith(".tar.gz") and parse_sdist_filename(fn) == (want, _v(version)):
+                if fn.endswith(".tar.gz") and parse_sdist_filename(fn) == (want, Version(version)):
                     best = (0, f)
                 continue
             if not fn.endswith(".whl"):
@@ -132,7 +132,7 @@ def pick(files: list[dict], name: str, version: str, target: Target, sdist: bool
             dist, ver, _, wheel_tags = parse_wheel_filename(fn)
         except (InvalidSdistFilename, InvalidWheelFilename, InvalidVersion):
             continue
-        if dist != want or ver != _v(version):
+        if dist != want or ver != Version(version):
             continue
         score = min((rank[t] for t in wheel_tags if t in rank), default=None)
         if score is not None and (best is None or score < best[0]):
@@ -141,10 +141,6 @@ def pick(files: list[dict], name: str, version: str, target: Target, sdist: bool
         kind = "sdist" if sdist else f"wheel for {target}"
         raise SystemExit(f"{name}=={version} has no {kind} on the index")
     return Resource(want, best[1]["url"], best[1]["hashes"]["sha256"])
-
-
-def _v(version: str) -> Version:
-    return Version(version)
 
 
 def install_sh_pins(text: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ step's stacks instead (``step_updates``) and runs the same kernel inside its nod
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -50,7 +51,7 @@ class LoRABank:
             self._clear(slot)
 
     def prepare_step(self, row_adapters: np.ndarray,
-                     load: callable) -> None:
+                     load: Callable[[int], dict[str, ModuleUpdate]]) -> None:
         """ROW_ADAPTERS int [T] (0: base) -> the step's row slots. Adapters not resident
         are placed with LOAD(adapter_id) -> {module: ModuleUpdate}, into free slots or
         those of adapters this step does not use (least recently used first)."""
@@ -119,14 +120,10 @@ class LoRABank:
 
     def apply(self, name: str, x: mx.array, y: mx.array) -> mx.array:
         """y + this module's updates of the step's rows. x [..., T, in], y [..., T, out]."""
-        if self._rows is None:
+        active = self._active(name)
+        if active is None:
             return y
-        stack = self._stacks.get(name)
-        if stack is None:
-            return y
-        rows = self._rows_for(stack.filled)
-        if rows is None:
-            return y
+        rows, stack = active
         if x.dtype == y.dtype == stack.a.dtype:
             return lora_apply(y, x, rows, stack.a, stack.b, stack.scale, validate=False)
         # Activations in another dtype than the adapters' (a family that casts):
@@ -139,25 +136,29 @@ class LoRABank:
         """For each of NAMES (module paths) whose stack a row of the step uses:
         (rows int32 [T], a [L, r_max, in], b [L, out, r_max], scale float32 [L]), rows
         -1 where the row's adapter does not target the module. Empty without adapters."""
-        if self._rows is None:
-            return {}
         found = {}
         for name in names:
-            stack = self._stacks.get(name)
-            rows = None if stack is None else self._rows_for(stack.filled)
-            if rows is not None:
+            active = self._active(name)
+            if active is not None:
+                rows, stack = active
                 found[name] = (rows, stack.a, stack.b, stack.scale)
         return found
 
-    def _rows_host(self, filled: np.ndarray) -> np.ndarray:
-        return np.where(filled[np.maximum(self._rows, 0)] & (self._rows >= 0), self._rows, -1)
+    def _active(self, name: str) -> tuple[mx.array, _Stack] | None:
+        """(the step's row slots for module NAME, its stack), or None when no row's
+        adapter targets it."""
+        stack = None if self._rows is None else self._stacks.get(name)
+        if stack is None:
+            return None
+        rows = self._rows_for(stack.filled)
+        return None if rows is None else (rows, stack)
 
     def _rows_for(self, filled: np.ndarray) -> mx.array | None:
         """The step's row slots with -1 where the row's adapter does not target the
         module; None when no row's adapter does."""
         key = filled.tobytes()
         if key not in self._module_rows:
-            rows = self._rows_host(filled)
+            rows = np.where(filled[np.maximum(self._rows, 0)] & (self._rows >= 0), self._rows, -1)
             self._module_rows[key] = mx.array(rows) if (rows >= 0).any() else None
         return self._module_rows[key]
 
