@@ -92,6 +92,7 @@ Returns [total_q, num_heads, head_size] in query's dtype.)");
       "int8_activations"_a = false,
       "zero_point"_a = 0.0f,
       "argmax_columns"_a = 0,
+      "argmax_allowed"_a = nb::none(),
       "stream"_a = nb::none(),
       R"(x [..., K] @ W.T for an MLX affine-quantized W: w uint32 [N, K * bits / 32],
 scales/biases [N, K / group_size] (W = scale * q + bias); bias optional [N].
@@ -101,7 +102,10 @@ rounded to int8 per 32 columns and the products are integer dot products.
 biases=None (only with int8_activations): symmetric weights whose biases are
 -zero_point * scale, formed from the scales instead of read. argmax_columns > 0
 (float32 results only): returns int32 [...], each row's argmax over its first
-argmax_columns products (first NaN, else first maximum, as mx.argmax).)");
+argmax_columns products (first NaN, else first maximum, as mx.argmax).
+argmax_allowed (with argmax_columns): uint32 [..., >= ceil(argmax_columns / 32)],
+a grammar bitmask (bit c % 32 of word c / 32 admits column c); the columns it
+does not admit count as -inf.)");
 
   m.def(
       "dense_matmul",
@@ -140,11 +144,14 @@ quantized one (uint32 [V, D * bits / 32] with scales/biases [V, D / group_size]
       "top_k"_a = nb::none(),
       "top_p"_a = nb::none(),
       nb::kw_only(),
+      "allowed"_a = nb::none(),
       "stream"_a = nb::none(),
       R"(One int32 token per row of logits [R, V]: temperature [R] > 0 draws from
 softmax(logits / T), filtered by the optional per-row min_p, top_k, top_p (in
 that order), by the inverse CDF at the uniform of keys uint32 [R, 2] (see
-debug.key_uniform); temperature <= 0 takes the first index of the row's max.)");
+debug.key_uniform); temperature <= 0 takes the first index of the row's max.
+allowed: optional uint32 [R, >= ceil(V / 32)], a grammar bitmask (bit c % 32 of
+word c / 32 admits token c); the tokens it does not admit count as -inf logits.)");
 
   m.def(
       "top_logprobs",
@@ -218,8 +225,8 @@ num_kv_heads, head_dim], row-contiguous, one key and one value per layer;
 slot_mappings int32 [T] and block_tables int32 [S, max_blocks] per KV cache
 group, layer_groups the group of each layer. lora_table (layer, projection
 0-6 for q k v o gate up down, b_row0 per update) and lora_arrays (idx int32 [T],
-a float32 [L, r, in], b [L, rows, r], scale [L] per update): LoRA updates added
-after those projections (none by default).
+a [L, r, in] and b [L, rows, r] float32, bfloat16 or float16, scale float32 [L]
+per update): LoRA updates added after those projections (none by default).
 Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
 

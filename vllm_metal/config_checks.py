@@ -11,6 +11,12 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 
+# auto: the model's dtype (vLLM resolves it before the checks run). On the CPU
+# stack, a half dtype halves the adapter bytes a step reads; the update is still
+# accumulated in float32.
+LORA_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
 class UnsupportedConfigError(ValueError):
     pass
 
@@ -34,10 +40,10 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
             "speculative decoding is not supported by vllm-metal yet; "
             "remove --speculative-config")
     lora = vllm_config.lora_config
-    if lora is not None and str(lora.lora_dtype) not in ("auto", str(vllm_config.model_config.dtype)):
+    if lora is not None and str(lora.lora_dtype).removeprefix("torch.") not in LORA_DTYPES:
         raise UnsupportedConfigError(
-            f"--lora-dtype {lora.lora_dtype} is not supported: adapters run in the model's "
-            f"dtype ({vllm_config.model_config.dtype}); use --lora-dtype auto")
+            f"--lora-dtype {lora.lora_dtype} is not supported; use auto (the model's dtype), "
+            f"{', '.join(LORA_DTYPES[1:])}")
 
     from vllm_metal.v1.param_support import check_sampling_config
 

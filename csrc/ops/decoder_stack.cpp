@@ -198,8 +198,9 @@ void check_lora(const DecoderStackWeights& w, const std::vector<int>& table,
     if (idx.ndim() != 1 || idx.shape(0) != t || !mx::issubdtype(idx.dtype(), mx::integer)) {
       fail(where + ": idx must be integer [T]");
     }
-    if (a.dtype() != mx::float32 || b.dtype() != mx::float32 || scale.dtype() != mx::float32) {
-      fail(where + ": a, b and scale must be float32 (the stack computes in float32)");
+    if (a.dtype() != b.dtype() || !(a.dtype() == mx::float32 || a.dtype() == mx::bfloat16 ||
+                                    a.dtype() == mx::float16) || scale.dtype() != mx::float32) {
+      fail(where + ": a and b must be float32, bfloat16 or float16 (one dtype), scale float32");
     }
     if (a.ndim() != 3 || a.shape(2) != lin.in_features() || b.ndim() != 3 ||
         b.shape(0) != a.shape(0) || b.shape(2) != a.shape(1) || a.shape(0) < 1 ||
@@ -468,9 +469,10 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
     l.layer = e[0];
     l.projection = e[1];
     l.idx = in[first_lora + 4 * u].view.data<int32_t>();
-    l.a = lora_a.data<float>();
+    l.weight_type = elem_of(lora_a.dtype());
+    l.a = lora_a.data<void>();
     l.rank = lora_a.shape(1);
-    l.b = lora_b.data<float>() + static_cast<int64_t>(e[2]) * l.rank;
+    l.b = lora_b.data<char>() + static_cast<int64_t>(e[2]) * l.rank * lora_b.itemsize();
     l.scale = in[first_lora + 4 * u + 3].view.data<float>();
     l.num_slots = lora_a.shape(0);
     l.in_features = lora_a.shape(2);

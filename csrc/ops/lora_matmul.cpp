@@ -175,6 +175,7 @@ void LoraMatmul::eval_cpu(
   const auto& a = inputs[2];
   cpu::LoraArgs args{};
   args.type = elem_of(out.dtype());
+  args.weight_type = elem_of(a.dtype());  // build() requires x's dtype
   args.rows = inputs[1].size();
   args.in_features = a.shape(2);
   args.out_features = inputs[3].shape(1);

@@ -1,5 +1,6 @@
 #include "ops/quantized_matmul.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -38,6 +39,7 @@ mx::array quantized_matmul(
     bool int8_activations,
     float zero_point,
     int argmax_columns,
+    const std::optional<mx::array>& argmax_allowed,
     mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128) {
@@ -83,9 +85,21 @@ mx::array quantized_matmul(
     // The argmax of products rounded to a narrower type can differ (ties).
     fail("argmax_columns needs a float32 result: x, scales and bias must promote to float32");
   }
+  if (argmax_allowed) {
+    const int64_t words = (static_cast<int64_t>(argmax_columns) + 31) / 32;
+    const mx::Shape rows = rows_shape(x);
+    const mx::array& a = *argmax_allowed;
+    if (argmax_columns == 0) fail("argmax_allowed needs argmax_columns");
+    if (a.dtype() != mx::uint32 || a.ndim() != x.ndim() ||
+        !std::equal(rows.begin(), rows.end(), a.shape().begin()) || a.shape(-1) < words) {
+      fail("argmax_allowed must be uint32 [..., >= " + std::to_string(words) +
+           "] with x's leading shape");
+    }
+    inputs.push_back(a);
+  }
   auto primitive = std::make_shared<QuantizedMatmul>(
       stream, bits, group_size, bias.has_value(), int8_activations, biases.has_value(),
-      zero_point, argmax_columns);
+      zero_point, argmax_columns, argmax_allowed.has_value());
   if (argmax_columns > 0) {
     return mx::array(rows_shape(x), mx::int32, std::move(primitive), std::move(inputs));
   }
@@ -101,10 +115,11 @@ void QuantizedMatmul::eval_cpu(
   const bool int8 = int8_activations_;
   const float zero_point = zero_point_;
   const int argmax_columns = argmax_columns_;
+  const int allowed = has_allowed_ ? static_cast<int>(inputs.size()) - 1 : -1;
   const mx::Dtype out_type = argmax_columns > 0 ? mx::float32 : outputs[0].dtype();
   dispatch_on_rows(stream(), inputs, outputs[0],
                    [bias, bits, group_size, int8, has_biases, zero_point, out_type,
-                    argmax_columns](const std::vector<RowContiguous>& in, void* dst) {
+                    argmax_columns, allowed](const std::vector<RowContiguous>& in, void* dst) {
     const auto& scales = in[2].view;
     cpu::QuantMatrix w{in[1].view.data<uint32_t>(), scales.data<void>(),
                        has_biases ? in[3].view.data<void>() : nullptr,
@@ -122,7 +137,9 @@ void QuantizedMatmul::eval_cpu(
     cpu::LinearIO io = linear_io(in, bias, logits.data(), out_type);
     io.int8_activations = int8;
     cpu::quantized_matmul_cpu(w, io);
-    cpu::row_argmax_cpu(logits.data(), rows, w.n, argmax_columns, static_cast<int32_t*>(dst));
+    const uint32_t* bits = allowed >= 0 ? in[allowed].view.data<uint32_t>() : nullptr;
+    cpu::row_argmax_cpu(logits.data(), rows, w.n, argmax_columns, static_cast<int32_t*>(dst), bits,
+                        allowed >= 0 ? in[allowed].view.shape(-1) : 0);
   });
 }
 
@@ -130,7 +147,8 @@ bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const QuantizedMatmul&>(other);
   return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_ &&
       int8_activations_ == o.int8_activations_ && has_biases_ == o.has_biases_ &&
-      zero_point_ == o.zero_point_ && argmax_columns_ == o.argmax_columns_;
+      zero_point_ == o.zero_point_ && argmax_columns_ == o.argmax_columns_ &&
+      has_allowed_ == o.has_allowed_;
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {

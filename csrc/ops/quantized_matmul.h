@@ -30,6 +30,9 @@ namespace vllm_metal {
  * argmax_columns > 0 (at most N; the result type must be float32): returns
  * int32 [...] instead, each row's mx.argmax over its first argmax_columns
  * products (cpu/linear/row_argmax.h) — greedy decoding without a logits node.
+ * argmax_allowed (with argmax_columns only): uint32 [..., W], W >= ceil(columns /
+ * 32), x's leading shape: a grammar's bitmask; the columns whose bit is clear
+ * count as -inf (constrained greedy decoding, still without a logits node).
  */
 mlx::core::array quantized_matmul(
     const mlx::core::array& x,
@@ -42,14 +45,17 @@ mlx::core::array quantized_matmul(
     bool int8_activations = false,
     float zero_point = 0.0f,
     int argmax_columns = 0,
+    const std::optional<mlx::core::array>& argmax_allowed = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
 class QuantizedMatmul : public CpuOnlyPrimitive {
  public:
   // has_biases false: the biases are -zero_point * scale, not an input.
-  // argmax_columns > 0: the output is each row's argmax over that many columns.
+  // argmax_columns > 0: the output is each row's argmax over that many columns;
+  // has_allowed: of the columns the last input admits.
   QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias,
-                  bool int8_activations, bool has_biases, float zero_point, int argmax_columns)
+                  bool int8_activations, bool has_biases, float zero_point, int argmax_columns,
+                  bool has_allowed)
       : CpuOnlyPrimitive(stream, "use mx.quantized_matmul (run this op on the CPU stream: stream=mx.cpu)"),
         bits_(bits),
         group_size_(group_size),
@@ -57,7 +63,8 @@ class QuantizedMatmul : public CpuOnlyPrimitive {
         int8_activations_(int8_activations),
         has_biases_(has_biases),
         zero_point_(zero_point),
-        argmax_columns_(argmax_columns) {}
+        argmax_columns_(argmax_columns),
+        has_allowed_(has_allowed) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -78,6 +85,7 @@ class QuantizedMatmul : public CpuOnlyPrimitive {
   bool has_biases_;
   float zero_point_;
   int argmax_columns_;
+  bool has_allowed_;
 };
 
 } // namespace vllm_metal

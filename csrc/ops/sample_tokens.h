@@ -23,6 +23,9 @@ namespace vllm_metal {
  *   top_p        optional float32 [R]: keep the fewest largest holding top_p of
  *                the mass left (ties kept; >= 1: off); applied in this order,
  *                on temperature-scaled probabilities, to rows with T > 0
+ *   allowed      optional uint32 [R, >= ceil(V / 32)]: a grammar's bitmask, bit
+ *                c % 32 of word c / 32 admitting token c; the others count as
+ *                -inf logits (for the draw and the argmax alike)
  *   returns      int32 [R]
  *
  * Tokens with -inf logits are never drawn. A row of only -inf/NaN gives 0.
@@ -34,16 +37,19 @@ mlx::core::array sample_tokens(
     const std::optional<mlx::core::array>& min_p = std::nullopt,
     const std::optional<mlx::core::array>& top_k = std::nullopt,
     const std::optional<mlx::core::array>& top_p = std::nullopt,
+    const std::optional<mlx::core::array>& allowed = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
 class SampleTokens : public CpuOnlyPrimitive {
  public:
   // has_*: which optional inputs follow logits, temperature and keys, in order.
-  SampleTokens(mlx::core::Stream stream, bool has_min_p, bool has_top_k, bool has_top_p)
+  SampleTokens(mlx::core::Stream stream, bool has_min_p, bool has_top_k, bool has_top_p,
+               bool has_allowed)
       : CpuOnlyPrimitive(stream, "the sampler draws with MLX's own ops (run this op on the CPU stream: stream=mx.cpu)"),
         has_min_p_(has_min_p),
         has_top_k_(has_top_k),
-        has_top_p_(has_top_p) {}
+        has_top_p_(has_top_p),
+        has_allowed_(has_allowed) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -61,6 +67,7 @@ class SampleTokens : public CpuOnlyPrimitive {
   bool has_min_p_;
   bool has_top_k_;
   bool has_top_p_;
+  bool has_allowed_;
 };
 
 } // namespace vllm_metal

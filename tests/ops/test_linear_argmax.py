@@ -102,3 +102,60 @@ def test_greedy_tokens_declines_float_heads_and_a_vocab_past_the_head():
     quantized = load_model(str(cached_tiny_model("llama", quantize_bits=4)), mx.float32,
                            CpuBackend())
     assert quantized.greedy_tokens(hidden, quantized.dims.vocab_size + 1) is None
+
+
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("columns", [N, N - 5])
+@pytest.mark.parametrize("density", [0.5, 0.001])
+def test_the_bitmask_takes_the_argmax_of_what_it_admits(m, columns, density):
+    from tests.ops.test_sample_tokens import random_bitmask
+
+    q = make_quantized(N, K, 4, 32, seed=7)
+    x = random_float((m, K), seed=m + 1)
+    rng = np.random.default_rng(m)
+    bitmask, allowed = random_bitmask(rng, m, columns, density)
+    got = np.array(products(x, q, False, argmax_columns=columns,
+                            argmax_allowed=mx.array(bitmask)))
+    logits = np.array(products(x, q, False))[:, :columns]
+    want = np.argmax(np.where(allowed, logits, -np.inf), axis=-1)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_nan_and_empty_rows_under_the_bitmask():
+    # A NaN the bitmask admits wins (mx.argmax's order); one it does not is ignored;
+    # a row admitting nothing gives 0, as -inf logits would.
+    q = make_quantized(N, K, 4, 32)
+    x = mx.concatenate([mx.full((1, K), float("nan")), random_float((2, K), seed=2)])
+    logits = np.array(products(x, q, False))
+    words = -(-N // 32)
+    bits = np.zeros((3, words), np.uint32)
+    bits[0, 300] = 1 << 4                       # admits column 9604 (a NaN)
+    bits[1, :] = 0xFFFFFFFF
+    got = np.array(products(x, q, False, argmax_columns=N, argmax_allowed=mx.array(bits)))
+    assert got[0] == 300 * 32 + 4
+    assert got[1] == np.argmax(logits[1])
+    assert got[2] == 0
+
+
+def test_a_bad_bitmask_is_refused():
+    q = make_quantized(64, K, 4, 32)
+    x = random_float((2, K))
+    with pytest.raises(ValueError, match="argmax_allowed"):
+        products(x, q, False, argmax_allowed=mx.zeros((2, 2), dtype=mx.uint32))
+    for bad in (mx.zeros((2, 1), dtype=mx.uint32), mx.zeros((3, 2), dtype=mx.uint32),
+                mx.zeros((2, 2), dtype=mx.int32)):
+        with pytest.raises(ValueError, match="argmax_allowed"):
+            products(x, q, False, argmax_columns=64, argmax_allowed=bad)
+
+
+def test_greedy_tokens_takes_the_grammars_bitmask():
+    loaded = load_model(str(cached_tiny_model("llama", quantize_bits=4)), mx.float32,
+                        CpuBackend())
+    from tests.ops.test_sample_tokens import random_bitmask
+
+    hidden = random_float((4, loaded.model.args.hidden_size), seed=8, scale=4.0)
+    vocab = loaded.dims.vocab_size
+    bitmask, allowed = random_bitmask(np.random.default_rng(3), 4, vocab, 0.1)
+    got = loaded.greedy_tokens(hidden, vocab, mx.array(bitmask))
+    want = np.argmax(np.where(allowed, np.array(loaded.logits(hidden)), -np.inf), axis=-1)
+    np.testing.assert_array_equal(np.array(got), want)

@@ -231,3 +231,58 @@ def test_filter_arguments_are_checked():
         sample_tokens(*args, top_p=mx.ones((2,), dtype=mx.int32))
     with pytest.raises(TypeError, match="min_p"):
         sample_tokens(*args, min_p=np.ones(2))
+
+
+# ---------------------------------------------------------------- grammar bitmask
+
+def random_bitmask(rng, rows, vocab, density, extra_words=0):
+    """uint32 [rows, ceil(vocab / 32) + extra_words] and the bool [rows, vocab] it admits."""
+    allowed = rng.random((rows, vocab)) < density
+    allowed[:, rng.integers(0, vocab)] = True          # every row admits something
+    words = -(-vocab // 32) + extra_words
+    bits = np.zeros((rows, words * 32), dtype=bool)
+    bits[:, :vocab] = allowed
+    bits[:, vocab:] = rng.random((rows, words * 32 - vocab)) < 0.5   # past V: ignored
+    packed = (bits.reshape(rows, words, 32) * (1 << np.arange(32, dtype=np.uint64))).sum(-1)
+    return packed.astype(np.uint32), allowed
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("vocab, density", [(7, 0.5), (513, 0.01), (4099, 0.3), (49152, 0.002)])
+def test_the_bitmask_draws_as_minus_inf_logits_would(isa, vocab, density):
+    rows = 6
+    rng = np.random.default_rng(vocab)
+    logits = rng.normal(0, 2, (rows, vocab)).astype(np.float32)
+    bitmask, allowed = random_bitmask(rng, rows, vocab, density, extra_words=1)
+    masked = np.where(allowed, logits, -np.inf)
+    temperature = np.array([0.0, 0.7, 1.0, 0.0, 2.0, 1.0], np.float32)
+    keys = keys_for(rows, vocab + 3)
+    top_k = np.array([0, 0, 5, 0, 0, 2], np.int32)
+    with cpu_isa(isa):
+        got = np.array(sample_tokens(mx.array(logits), mx.array(temperature), mx.array(keys),
+                                     top_k=mx.array(top_k), allowed=mx.array(bitmask)))
+    for r in range(rows):
+        assert allowed[r, got[r]], (r, got[r])
+        ok = ref_draw(masked[r], temperature[r], ref_uniform(*map(int, keys[r])),
+                      top_k=int(top_k[r]))
+        assert got[r] in ok, (r, got[r], ok)
+
+
+def test_a_row_the_bitmask_empties_gives_0():
+    logits = mx.array(np.array([[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]], np.float32))
+    bitmask = mx.array(np.array([[0], [0b010]], np.uint32))
+    for t in (0.0, 1.0):
+        got = sample_tokens(logits, mx.full((2,), t), mx.zeros((2, 2), dtype=mx.uint32),
+                            allowed=bitmask)
+        np.testing.assert_array_equal(np.array(got), [0, 1])
+
+
+@pytest.mark.parametrize("bad", [
+    mx.zeros((2, 1), dtype=mx.uint32),          # too few words for V = 40
+    mx.zeros((2, 2), dtype=mx.int32),
+    mx.zeros((3, 2), dtype=mx.uint32),
+])
+def test_a_bad_bitmask_is_refused(bad):
+    with pytest.raises(ValueError, match="allowed"):
+        sample_tokens(mx.zeros((2, 40)), mx.zeros((2,)), mx.zeros((2, 2), dtype=mx.uint32),
+                      allowed=bad)

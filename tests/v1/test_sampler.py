@@ -198,6 +198,33 @@ def test_grammar_bitmask():
         assert bits[r, sampled[r]] == 1
 
 
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_grammar_alone_is_masked_in_the_kernel_as_the_mlx_path_masks(rows, greedy):
+    # With no other processor the kernel reads the bitmask itself: the same greedy
+    # tokens as the MLX masking path, and draws only among the admitted tokens.
+    vocab = 1000
+    rng = np.random.default_rng(rows)
+    logits = rng.normal(0, 3, (rows, vocab)).astype(np.float32)
+    bits = (rng.random((rows, 1024)) < 0.05).astype(np.uint64)
+    bits[:, 7] = 1
+    words = (bits.reshape(rows, 32, 32) << np.arange(32, dtype=np.uint64)).sum(-1)
+    bitmask = words.astype(np.uint32).view(np.int32)
+    params = dict(temperature=0.0) if greedy else dict(temperature=0.8, top_k=20)
+    states = [state(seed=i, **params) for i in range(rows)]
+    batch = build_sampling_batch(states, vocab)
+    assert batch.unprocessed
+    fused, _ = run(states, logits, bitmask=bitmask)
+    for r in range(rows):
+        assert bits[r, fused[r]] == 1
+    if greedy:
+        assert batch.all_greedy_plain
+        masked = np.where(bits[:, :vocab] == 1, logits, -np.inf)
+        np.testing.assert_array_equal(fused, np.argmax(masked, axis=-1))
+        mlx_path, _ = run(states, logits, bitmask=bitmask, cpu_kernel=False)
+        np.testing.assert_array_equal(fused, mlx_path)
+
+
 def test_grammar_bitmask_must_cover_vocab():
     batch = build_sampling_batch([state()], 70)
     with pytest.raises(ValueError, match="grammar_bitmask"):

@@ -221,8 +221,6 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
     if len(heads) != 1:
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
-    if bank is not None and bank.dtype != mx.float32:
-        raise Unsupported(f"LoRA adapters in {bank.dtype}: the stack adds float32 updates")
     hidden = int(final[0].shape[0])
     return DecoderStackPlan(get_ops().DecoderStackWeights(
         arrays, ints, floats, final[0], final[1], hidden, num_heads, num_kv_heads, head_dim,

@@ -40,9 +40,11 @@ class FastQuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         return _quantized_product(self, x, self.get("bias"))
 
-    def greedy(self, x: mx.array, columns: int) -> mx.array:
-        """int32 [...]: argmax over the first ``columns`` of ``self(x)`` (float32 x)."""
-        return _quantized_product(self, x, self.get("bias"), argmax_columns=columns)
+    def greedy(self, x: mx.array, columns: int, allowed: mx.array | None = None) -> mx.array:
+        """int32 [...]: argmax over the first ``columns`` of ``self(x)`` (float32 x), of
+        the columns ALLOWED admits (a grammar bitmask, uint32 [..., ceil(columns / 32)])."""
+        return _quantized_product(self, x, self.get("bias"), argmax_columns=columns,
+                                  allowed=allowed)
 
 
 class FastEmbedding(nn.Embedding):
@@ -73,9 +75,10 @@ class FastQuantizedEmbedding(nn.QuantizedEmbedding):
     def as_linear(self, x: mx.array) -> mx.array:
         return _quantized_product(self, x)
 
-    def greedy(self, x: mx.array, columns: int) -> mx.array:
-        """int32 [...]: argmax over the first ``columns`` of ``as_linear(x)`` (float32 x)."""
-        return _quantized_product(self, x, argmax_columns=columns)
+    def greedy(self, x: mx.array, columns: int, allowed: mx.array | None = None) -> mx.array:
+        """int32 [...]: argmax over the first ``columns`` of ``as_linear(x)`` (float32 x),
+        of the columns ALLOWED admits (as FastQuantizedLinear.greedy)."""
+        return _quantized_product(self, x, argmax_columns=columns, allowed=allowed)
 
 
 def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = None,
@@ -144,14 +147,16 @@ def _biases(module: nn.Module) -> mx.array | None:
 
 
 def _quantized_product(module: nn.Module, x: mx.array, bias: mx.array | None = None,
-                       argmax_columns: int = 0) -> mx.array:
+                       argmax_columns: int = 0, allowed: mx.array | None = None) -> mx.array:
     """x [..., K] @ W.T of a switched quantized module (+ bias) -> [..., N]; with
-    argmax_columns > 0, each row's argmax over that many columns instead (int32 [...])."""
+    argmax_columns > 0, each row's argmax over that many columns instead (int32 [...]),
+    of those ALLOWED admits when given (ops.quantized_matmul's argmax_allowed)."""
     return quantized_matmul(x, module["weight"], module["scales"], _biases(module),
                             bits=module.bits, group_size=module.group_size, bias=bias,
                             int8_activations=module.int8_activations,
                             zero_point=module.zero_point or 0,
-                            argmax_columns=argmax_columns, validate=False)
+                            argmax_columns=argmax_columns, argmax_allowed=allowed,
+                            validate=False)
 
 
 def _as_activation(module: nn.Module, rows: mx.array) -> mx.array:

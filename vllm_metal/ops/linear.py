@@ -33,7 +33,8 @@ GROUP_SIZES = (32, 64, 128)
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, *,
                      bits: int, group_size: int, bias: mx.array | None = None,
                      int8_activations: bool = False, zero_point: float = 0.0,
-                     argmax_columns: int = 0, validate: bool = True) -> mx.array:
+                     argmax_columns: int = 0, argmax_allowed: mx.array | None = None,
+                     validate: bool = True) -> mx.array:
     """``x @ W.T`` for an MLX affine-quantized ``W`` (``mx.quantize`` layout).
 
     x:      [..., K] float32/bfloat16/float16
@@ -52,15 +53,23 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     returns int32 [...] instead, each row's ``mx.argmax`` over its first
     argmax_columns products (the first NaN, else the first maximum), without a
     logits array: greedy decoding straight from the head.
+    argmax_allowed (with argmax_columns): uint32 [..., >= ceil(argmax_columns / 32)]
+    over x's leading shape, a grammar's bitmask (bit c % 32 of word c / 32 admits
+    column c); the columns it does not admit count as -inf.
     validate=False skips the Python checks (see the module docstring).
     """
     if validate:
         bits, group_size = _check_quantized_matmul(x, w, scales, biases, bits, group_size, bias,
                                                    int8_activations, zero_point, argmax_columns)
         zero_point, argmax_columns = float(zero_point), int(argmax_columns)
+        if argmax_allowed is not None:
+            if not argmax_columns:
+                raise ValueError("argmax_allowed needs argmax_columns > 0")
+            _check_bitmask("argmax_allowed", argmax_allowed, x.shape[:-1], argmax_columns)
     return get_ops().quantized_matmul(x, w, scales, biases, bits, group_size, bias,
                                       int8_activations=int8_activations, zero_point=zero_point,
-                                      argmax_columns=argmax_columns, stream=_CPU)
+                                      argmax_columns=argmax_columns,
+                                      argmax_allowed=argmax_allowed, stream=_CPU)
 
 
 def _check_quantized_matmul(x, w, scales, biases, bits, group_size, bias, int8_activations,
@@ -94,6 +103,16 @@ def _check_quantized_matmul(x, w, scales, biases, bits, group_size, bias, int8_a
     _check_bias(bias, n)
     _check_argmax_columns(argmax_columns, n)
     return bits, group_size
+
+
+def _check_bitmask(name: str, a: mx.array, rows: tuple, columns: int) -> None:
+    """A bitmask over COLUMNS for each of ROWS (a shape): uint32 [*rows, >= ceil(columns / 32)]."""
+    _array(name, a)
+    words = -(-columns // 32)
+    if a.dtype != mx.uint32 or a.shape[:-1] != rows or a.ndim != len(rows) + 1 \
+            or a.shape[-1] < words:
+        raise ValueError(f"{name} must be uint32 [{', '.join(map(str, rows))}, >= {words}], "
+                         f"got {a.dtype} {a.shape}")
 
 
 def _check_argmax_columns(columns: object, n: int) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from vllm_metal.native import get_ops
-from vllm_metal.ops.linear import _CPU, _FLOAT_DTYPES, _array
+from vllm_metal.ops.linear import _CPU, _FLOAT_DTYPES, _array, _check_bitmask
 
 __all__ = ["sample_tokens", "top_logprobs"]
 
@@ -21,7 +21,7 @@ _INT_DTYPES = (mx.int32, mx.int64)
 
 def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
                   min_p: mx.array | None = None, top_k: mx.array | None = None,
-                  top_p: mx.array | None = None) -> mx.array:
+                  top_p: mx.array | None = None, allowed: mx.array | None = None) -> mx.array:
     """One token per row of ``logits``.
 
     logits:      float [R, V] (computed in float32)
@@ -34,6 +34,9 @@ def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
     top_p:       float [R]: then keep the fewest most likely tokens holding top_p
                  of the remaining probability, ties kept (1: off)
     The filters act in that order (vLLM's) on rows with T > 0.
+    allowed:     uint32 [R, >= ceil(V / 32)]: a grammar's bitmask (bit c % 32 of
+                 word c / 32 admits token c); the tokens it does not admit count
+                 as -inf logits, for the draw and the argmax alike
     Returns int32 [R], unevaluated. -inf logits are never drawn; a row with no
     finite or +inf logit gives 0.
     """
@@ -58,8 +61,10 @@ def sample_tokens(logits: mx.array, temperature: mx.array, keys: mx.array, *,
         if a.shape != (rows,) or a.dtype not in dtypes:
             raise ValueError(f"{name} must be an array of shape ({rows},) and dtype one of "
                              f"{', '.join(map(str, dtypes))}, got {a.dtype} {a.shape}")
+    if allowed is not None:
+        _check_bitmask("allowed", allowed, (rows,), logits.shape[1])
     return get_ops().sample_tokens(logits, temperature, keys, min_p, top_k, top_p,
-                                   stream=_CPU)
+                                   allowed=allowed, stream=_CPU)
 
 
 def top_logprobs(x: mx.array, token: mx.array, k: int, normalize: bool

@@ -23,9 +23,14 @@ def scatter_mask(shape: tuple[int, int], pairs: TokenPairs) -> mx.array:
     return mask.at[mx.array(rows), mx.array(ids)].add(True)
 
 
+def grammar_bitmask_words(bitmask: np.ndarray) -> mx.array:
+    """vLLM's int32 [R, W] grammar bitmask as the kernels take it: uint32 [R, W]."""
+    return mx.array(np.ascontiguousarray(bitmask, dtype=np.int32).view(np.uint32))
+
+
 def unpack_grammar_bitmask(bitmask: np.ndarray, vocab_size: int) -> mx.array:
     """int32 [R, ceil(V/32)] (bit j of word i allows token 32*i+j) -> bool [R, V] allowed."""
-    words = mx.array(np.ascontiguousarray(bitmask, dtype=np.int32).view(np.uint32))
+    words = grammar_bitmask_words(bitmask)
     bits = mx.right_shift(words[:, :, None], mx.arange(32, dtype=mx.uint32)) & 1
     return bits.reshape(words.shape[0], -1)[:, :vocab_size] != 0
 

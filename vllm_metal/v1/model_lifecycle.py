@@ -40,11 +40,13 @@ class LoadedModel:
         """hidden [R, hidden] -> logits [R, vocab] (the family's own head)."""
         return self.adapter.logits(hidden)
 
-    def greedy_tokens(self, hidden: mx.array, vocab_size: int) -> mx.array | None:
+    def greedy_tokens(self, hidden: mx.array, vocab_size: int,
+                      allowed: mx.array | None = None) -> mx.array | None:
         """hidden [R, hidden] -> int32 [R], argmax of ``logits(hidden)[:, :vocab_size]`` in
         one node that never writes the logits out; None where the head has no such op
         (not a CPU quantized head, a head the family transforms after, or activations
-        other than float32)."""
+        other than float32). allowed: uint32 [R, ceil(vocab_size / 32)], a grammar
+        bitmask; the argmax is then over the tokens it admits."""
         if self.adapter.plain_head is None:
             return None
         head, _ = self.adapter.plain_head
@@ -53,7 +55,7 @@ class LoadedModel:
             return None   # the sampler's path (and its errors) apply
         if head.get("bias") is not None and head["bias"].dtype != mx.float32:
             return None
-        return greedy(hidden, vocab_size)
+        return greedy(hidden, vocab_size, allowed)
 
 
 def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,

@@ -25,8 +25,9 @@ from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
 from vllm_metal.v1.request_updates import apply_scheduler_output
+from vllm_metal.v1.logits_processing import grammar_bitmask_words
 from vllm_metal.v1.sampler import Sampler, SamplerResult
-from vllm_metal.v1.sampling_batch import SamplingBatchCache
+from vllm_metal.v1.sampling_batch import SAMPLING_EPS, SamplingBatchCache
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -89,8 +90,11 @@ class MetalModelRunner:
         if lora_config is not None:
             max_positions = getattr(self.model_config.hf_config, "max_position_embeddings", None)
 
+            name = str(lora_config.lora_dtype).removeprefix("torch.")  # LORA_DTYPES
+            adapters = dtype if name == "auto" else getattr(mx, name)
+
             def wrap(model):
-                self.lora = LoRAManager(model, lora_config, dtype, max_positions)
+                self.lora = LoRAManager(model, lora_config, adapters, max_positions)
         self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap)
         vocab = self.loaded.dims.vocab_size
         kernels = self.backend.sampling_kernels
@@ -209,9 +213,12 @@ class MetalModelRunner:
                                           False):
             # vLLM defers the sampling of a step with grammar tokens in flight until it
             # has advanced the grammars: start the forward now, or the device idles
-            # through that host work (constrained batches never take the fused argmax,
-            # so these logits are what the sampler reads).
-            mx.async_eval(logits)
+            # through that host work. Up to the head's input when the step will likely
+            # take the head's own masked argmax (which would compute the head again),
+            # else through the logits the sampler reads.
+            states = [self.input_batch.requests[r] for r in step.sampling_req_ids]
+            plain = all(_greedy_plain(s.sampling_params) for s in states)
+            mx.async_eval(rows if plain else logits)
         return None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None):
@@ -231,9 +238,13 @@ class MetalModelRunner:
                                                self.loaded.dims.vocab_size)
             bitmask = _align_bitmask(grammar_output, sampling_ids)
             greedy = None
-            if batch.all_greedy_plain and bitmask is None:
-                # The head's own argmax: the logits node is then never evaluated.
-                greedy = self.loaded.greedy_tokens(forwarded.rows, self.sampler.vocab_size)
+            if batch.all_greedy_plain:
+                # The head's own argmax (of the tokens the grammars admit): the logits
+                # node is then never evaluated.
+                allowed = None if bitmask is None else grammar_bitmask_words(bitmask)
+                if allowed is None or allowed.shape[1] * 32 >= self.sampler.vocab_size:
+                    greedy = self.loaded.greedy_tokens(forwarded.rows, self.sampler.vocab_size,
+                                                       allowed)
             if greedy is not None:
                 result = SamplerResult(greedy, None)
             else:
@@ -317,6 +328,14 @@ class _StepOutput(AsyncModelRunnerOutput):
 
     def get_kv_connector_output(self):
         return None
+
+
+def _greedy_plain(params) -> bool:
+    """Whether a request with these sampling params is likely all_greedy_plain (a hint:
+    nothing depends on it but what a step starts early)."""
+    return bool(params.temperature < SAMPLING_EPS and params.logprobs is None
+                and not params.logit_bias and not params.allowed_token_ids
+                and not params.min_tokens and not _reads_output_values(params))
 
 
 def _reads_output_values(params) -> bool:

@@ -30,6 +30,7 @@ from vllm_metal.v1.logits_processing import (
     TOP_P_CANDIDATES,
     apply_processors,
     apply_sampling_filters,
+    grammar_bitmask_words,
 )
 from vllm_metal.v1.sampling_batch import SamplingBatch
 
@@ -180,13 +181,15 @@ class Sampler:
             self._rng = np.random.default_rng(int(words[0] << 30 | words[1]))
         return row_keys(batch, self._rng)
 
-    def _argmax(self, logits: mx.array, use_kernel: bool) -> mx.array:
+    def _argmax(self, logits: mx.array, use_kernel: bool,
+                allowed: mx.array | None = None) -> mx.array:
         # Measured (benchmarks/bench_sampler.py): MLX's argmax is as fast for a
         # row or two; the kernel wins from a few rows on (2.3x at 16).
-        if not use_kernel or logits.shape[0] < 4:
+        if allowed is None and (not use_kernel or logits.shape[0] < 4):
             return mx.argmax(logits, axis=-1)
         rows = logits.shape[0]
-        return sample_tokens(logits, mx.zeros((rows,)), mx.zeros((rows, 2), dtype=mx.uint32))
+        return sample_tokens(logits, mx.zeros((rows,)), mx.zeros((rows, 2), dtype=mx.uint32),
+                             allowed=allowed)
 
     def _check_bitmask(self, bitmask: np.ndarray, num_rows: int) -> None:
         if not isinstance(bitmask, np.ndarray) or bitmask.dtype != np.int32:
@@ -216,22 +219,30 @@ class Sampler:
         if batch.num_rows == 0:
             return SamplerResult(mx.zeros((0,), dtype=mx.int32), None)
         use_kernel = self.cpu_kernel
+        want_logprobs = batch.num_logprobs is not None
+        processed_logprobs = want_logprobs and self.logprobs_mode.startswith("processed")
+        allowed = None
+        if (grammar_bitmask is not None and use_kernel and batch.unprocessed
+                and not processed_logprobs):
+            # The grammar is the only processor: the kernel masks while it reads the
+            # row (measured: the mask as MLX ops costs ~5x the whole argmax).
+            allowed = grammar_bitmask_words(grammar_bitmask)
+            grammar_bitmask = None
         if batch.all_greedy_plain and grammar_bitmask is None:
-            return SamplerResult(self._argmax(logits, use_kernel).astype(mx.int32), None)
+            return SamplerResult(self._argmax(logits, use_kernel, allowed).astype(mx.int32), None)
 
         logits = logits.astype(mx.float32)
-        want_logprobs = batch.num_logprobs is not None
         raw = logits   # raw_* modes score the logits before any processing
 
         logits = apply_processors(logits, batch, grammar_bitmask)
         if batch.all_greedy:
-            sampled = self._argmax(logits, use_kernel)
-        elif use_kernel and not (want_logprobs and self.logprobs_mode.startswith("processed")):
-            # The kernel applies temperature, min_p, top-k and top-p itself
-            # (greedy rows: T = 0, argmax).
+            sampled = self._argmax(logits, use_kernel, allowed)
+        elif use_kernel and not processed_logprobs:
+            # The kernel applies the grammar, temperature, min_p, top-k and top-p
+            # itself (greedy rows: T = 0, argmax).
             temperature = np.where(batch.greedy, 0.0, batch.temperature).astype(np.float32)
             sampled = sample_tokens(logits, mx.array(temperature), self._keys(batch),
-                                    **_filter_arrays(batch))
+                                    allowed=allowed, **_filter_arrays(batch))
         else:
             logits = apply_sampling_filters(logits, batch, self.top_p_candidates)
             if use_kernel:

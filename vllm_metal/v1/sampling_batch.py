@@ -69,6 +69,7 @@ class SamplingBatch:
     all_greedy_plain: bool                  # argmax of raw logits is the whole job
     seeded_rows: np.ndarray                 # bool [R]
     seeded_keys: np.ndarray                 # uint32 [R, 2], zeros on unseeded rows
+    unprocessed: bool = False               # no logits processor (penalties, bias, masks)
     top_k: np.ndarray | None = None         # int32 [R]
     top_p: np.ndarray | None = None         # float32 [R]
     min_p: np.ndarray | None = None         # float32 [R]
@@ -255,9 +256,11 @@ def build_sampling_batch(states: list[RequestSamplingState], vocab_size: int
             batch.logprob_token_ids = ids
             batch.explicit_logprob_rows = np.isin(np.arange(n), list(explicit))
 
-    batch.all_greedy_plain = batch.all_greedy and not (
+    batch.unprocessed = not (
         penalized.any() or bias_rows or allowed_r or batch.banned_tokens is not None
-        or batch.stop_bans is not None or batch.num_logprobs is not None)
+        or batch.stop_bans is not None)
+    batch.all_greedy_plain = (batch.all_greedy and batch.unprocessed
+                              and batch.num_logprobs is None)
     return batch
 
 

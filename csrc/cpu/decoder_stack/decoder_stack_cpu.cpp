@@ -262,6 +262,7 @@ void add_lora(const StackArgs& a, size_t& next, int li, int p, const float* x, f
     l.y = out;
     l.out = out;
     l.type = Elem::F32;
+    l.weight_type = u.weight_type;
     l.rows = a.t;
     l.in_features = u.in_features;
     l.out_features = u.out_features;

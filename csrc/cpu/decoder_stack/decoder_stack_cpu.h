@@ -88,13 +88,15 @@ enum StackProjection : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
 // One projection's LoRA update for the step (as cpu::lora_cpu computes it), added
 // to the projection's fp32 output right after its matmul, from the projection's
 // fp32 input (also with int8 activations, as the module path's LoRA layer does).
+// A and B are fp32, or bf16/fp16 read as fp32 (--lora-dtype: half the bytes).
 struct StackLora {
   int layer;
   int projection;       // StackProjection
   const int32_t* idx;   // [t] each row's adapter slot, -1 none
-  const float* a;       // [num_slots, rank, in_features]
-  const float* b;       // row b_row0 of B [num_slots, b_rows, rank]: the projection's
+  const void* a;        // [num_slots, rank, in_features]
+  const void* b;        // row b_row0 of B [num_slots, b_rows, rank]: the projection's
                         // block of a fused linear's output rows (whole B otherwise)
+  Elem weight_type;     // of a and b
   const float* scale;   // [num_slots]
   int64_t num_slots, rank, in_features, out_features, b_rows;
 };

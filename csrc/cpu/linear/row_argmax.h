@@ -12,6 +12,12 @@
 namespace vllm_metal::cpu {
 
 // x float32 [rows, ld] -> out[r] = argmax of x[r, 0:n] (n >= 1, n <= ld).
-void row_argmax_cpu(const float* x, int64_t rows, int64_t ld, int64_t n, int32_t* out);
+//
+// allowed (a grammar's bitmask, or null): uint32 [rows, allowed_ld] with
+// allowed_ld >= ceil(n / 32); bit c % 32 of word c / 32 admits column c. The
+// others count as -inf, as if masked before the argmax (a row admitting
+// nothing, or only -inf, gives 0).
+void row_argmax_cpu(const float* x, int64_t rows, int64_t ld, int64_t n, int32_t* out,
+                    const uint32_t* allowed = nullptr, int64_t allowed_ld = 0);
 
 } // namespace vllm_metal::cpu

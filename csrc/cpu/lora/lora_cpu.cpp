@@ -42,6 +42,13 @@ struct Group {
   int64_t slot, begin, end;
 };
 
+void check_types(const LoraArgs& a) {
+  if (a.weight_type != a.type && a.type != Elem::F32) {
+    throw std::invalid_argument("lora: half-precision adapters need float32 activations; "
+                                "x, y and out must otherwise have the adapters' type");
+  }
+}
+
 void check_idx(const LoraArgs& a) {
   for (int64_t t = 0; t < a.rows; ++t) {
     const int64_t v = a.idx[t];
@@ -89,7 +96,7 @@ struct ShrinkItem {
 // and a block of A's rows, cut so every thread gets work even for one row.
 void shrink_all(const LoraKernels& kern, const LoraArgs& a, const std::vector<Group>& groups,
                 const int32_t* order, float* u, bool parallel, int threads) {
-  const size_t eb = elem_bytes(a.type);
+  const size_t wb = elem_bytes(a.weight_type);
   int64_t row_blocks = 0;
   for (const Group& g : groups) row_blocks += ceil_div(g.end - g.begin, kShrinkItemRows);
   // Blocks of whole 4-row kernel tiles of A.
@@ -106,17 +113,18 @@ void shrink_all(const LoraKernels& kern, const LoraArgs& a, const std::vector<Gr
   }
   run_items(static_cast<int64_t>(items.size()), parallel, [&](int64_t i) {
     const ShrinkItem& it = items[i];
-    const auto* slot_a = static_cast<const char*>(a.a) + it.group->slot * a.rank * a.in_features * eb;
+    const auto* slot_a = static_cast<const char*>(a.a) + it.group->slot * a.rank * a.in_features * wb;
     LoraShrink s;
     s.x = a.x;
     s.rows = {order + it.row0, it.row1 - it.row0};
-    s.a = slot_a + it.j0 * a.in_features * eb;
+    s.a = slot_a + it.j0 * a.in_features * wb;
     s.rank_rows = it.j1 - it.j0;
     s.in_features = a.in_features;
     s.scale = a.scale[it.group->slot];
     s.u = u + it.row0 * a.rank + it.j0;
     s.ldu = a.rank;
     s.type = a.type;
+    s.weight_type = a.weight_type;
     kern.shrink(s);
   });
 }
@@ -146,7 +154,7 @@ void expand_columns(const LoraKernels& kern, const LoraArgs& a, const std::vecto
     e.u = u + g.begin * a.rank;
     e.ldu = a.rank;
     e.rows = {order + g.begin, g.end - g.begin};
-    e.b = static_cast<const char*>(a.b) + g.slot * b_slot_stride(a) * eb;
+    e.b = static_cast<const char*>(a.b) + g.slot * b_slot_stride(a) * elem_bytes(a.weight_type);
     e.rank = a.rank;
     e.c0 = s0;
     e.c1 = s1;
@@ -155,6 +163,7 @@ void expand_columns(const LoraKernels& kern, const LoraArgs& a, const std::vecto
     e.ldo = a.out_cols;
     e.offset = a.column_offset;
     e.type = a.type;
+    e.weight_type = a.weight_type;
     e.panel = panel.get();
     kern.expand(e);
   }
@@ -164,14 +173,15 @@ void expand_columns(const LoraKernels& kern, const LoraArgs& a, const std::vecto
 
 void lora_cpu(const LoraArgs& a) {
   if (a.rows == 0) return;
+  check_types(a);
   check_idx(a);
   const LoraKernels& kern = lora_kernels();
   ScratchArray<int32_t> order = scratch_array<int32_t>(a.rows);
   const std::vector<Group> groups = group_rows(a, order.get());
   const int64_t adapted = groups.empty() ? 0 : groups.back().end;
-  const size_t eb = elem_bytes(a.type);
-  const int64_t bytes = static_cast<int64_t>(groups.size()) * a.rank * (a.in_features + a.out_features) * eb +
-      a.rows * (a.in_features + a.out_cols) * eb;
+  const int64_t bytes =
+      static_cast<int64_t>(groups.size()) * a.rank * (a.in_features + a.out_features) * elem_bytes(a.weight_type) +
+      a.rows * (a.in_features + a.out_cols) * elem_bytes(a.type);
   const bool parallel = bytes >= kSerialBytes && ThreadPool::instance().size() > 1;
   const int threads = parallel ? ThreadPool::instance().size() : 1;
 

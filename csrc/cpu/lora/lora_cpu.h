@@ -10,7 +10,9 @@ namespace vllm_metal::cpu {
 
 // out[t, offset + c] = (y[t, offset + c] +) scale[a] * B[a, c, :] . (A[a] @ x[t])
 // for a = idx[t] >= 0 and c < out_features; rows with idx -1 get no update.
-// All float arrays row-contiguous and of one storage type.
+// All float arrays row-contiguous. x, y and out are of `type`; a and b of
+// `weight_type`, which is `type` or, beside an F32 type, BF16 or F16 (half
+// adapters read as fp32: half the bytes a step streams).
 struct LoraArgs {
   const void* x;          // [rows, in_features]
   const int32_t* idx;     // [rows], each in [-1, num_slots)
@@ -19,7 +21,8 @@ struct LoraArgs {
   const float* scale;     // [num_slots]
   const void* y;          // [rows, out_cols], or null: out is the update alone
   void* out;              // [rows, out_cols]; may be y's own buffer (in_place)
-  Elem type;
+  Elem type;              // of x, y and out
+  Elem weight_type;       // of a and b
   int64_t rows;
   int64_t in_features;
   int64_t out_features;
@@ -34,7 +37,8 @@ struct LoraArgs {
 };
 
 // Raises std::out_of_range, before writing anything, for an idx outside
-// [-1, num_slots). The result of a row depends on that row alone: no sum is
+// [-1, num_slots), std::invalid_argument for a pair of types it does not
+// take. The result of a row depends on that row alone: no sum is
 // split or reordered by the batch, the thread count or the other adapters.
 void lora_cpu(const LoraArgs& args);
 

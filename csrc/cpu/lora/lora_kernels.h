@@ -30,7 +30,8 @@ struct LoraShrink {
   float scale;
   float* u;
   int64_t ldu;
-  Elem type;          // of x and a
+  Elem type;          // of x
+  Elem weight_type;   // of a: type, or BF16/F16 beside an F32 x
 };
 
 // For i < count and segment columns c in [c0, c1), at o = rows[i] * ldo + offset + c:
@@ -46,7 +47,8 @@ struct LoraExpand {
   void* out;
   int64_t ldo;        // of out and y
   int64_t offset;
-  Elem type;          // of b, y and out
+  Elem type;          // of y and out
+  Elem weight_type;   // of b: type, or BF16/F16 beside an F32 out
   float* panel;       // scratch: lora_panel_floats(rank) floats
 };
 

@@ -93,7 +93,16 @@ VLLM_METAL_INLINE void apply_floor(float* __restrict w, int64_t n, float floor,
   }
 }
 
+// out[i] = x[i] where bit i of bits is set, else -inf.
+VLLM_METAL_INLINE void mask_row(const float* __restrict x, const uint32_t* __restrict bits,
+                                int64_t n, float* __restrict out) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = (bits[i >> 5] >> (i & 31)) & 1u ? x[i] : kNegInf;
+}
+
 struct Scratch {
+  std::vector<float> masked;   // the row under its grammar's bitmask
   std::vector<float> weights;
   std::vector<double> sums;
   SelectScratch select;
@@ -136,9 +145,16 @@ float filter_floor(const float* w, const double* sums, int64_t n, const RowFilte
   return floor;
 }
 
-// One row; every pass is inlined into the per-ISA copies below.
-VLLM_METAL_INLINE int32_t sample_row(const float* x, int64_t n, float temperature, double u,
-                                     const RowFilters& filters, Scratch& scratch) {
+// One row (bits: its bitmask, or null); every pass is inlined into the per-ISA
+// copies below.
+VLLM_METAL_INLINE int32_t sample_row(const float* x, const uint32_t* bits, int64_t n,
+                                     float temperature, double u, const RowFilters& filters,
+                                     Scratch& scratch) {
+  if (bits != nullptr) {
+    scratch.masked.resize(n);
+    mask_row(x, bits, n, scratch.masked.data());
+    x = scratch.masked.data();
+  }
   const float m = row_max(x, n);
   if (std::isnan(m) || m == -std::numeric_limits<float>::infinity()) {
     return 0;   // nothing to draw from: every logit is -inf or NaN
@@ -165,26 +181,28 @@ VLLM_METAL_INLINE int32_t sample_row(const float* x, int64_t n, float temperatur
 }
 
 #if VLLM_METAL_X86_DISPATCH
-VLLM_METAL_TARGET_AVX512 int32_t sample_row_avx512(const float* x, int64_t n, float t, double u,
-                                                   const RowFilters& f, Scratch& s) {
-  return sample_row(x, n, t, u, f, s);
+VLLM_METAL_TARGET_AVX512 int32_t sample_row_avx512(const float* x, const uint32_t* b, int64_t n,
+                                                   float t, double u, const RowFilters& f,
+                                                   Scratch& s) {
+  return sample_row(x, b, n, t, u, f, s);
 }
-VLLM_METAL_TARGET_AVX2 int32_t sample_row_avx2(const float* x, int64_t n, float t, double u,
-                                               const RowFilters& f, Scratch& s) {
-  return sample_row(x, n, t, u, f, s);
+VLLM_METAL_TARGET_AVX2 int32_t sample_row_avx2(const float* x, const uint32_t* b, int64_t n,
+                                               float t, double u, const RowFilters& f,
+                                               Scratch& s) {
+  return sample_row(x, b, n, t, u, f, s);
 }
 #endif
 
-int32_t sample_row_dispatch(const float* x, int64_t n, float t, double u, const RowFilters& f,
-                            Scratch& s) {
+int32_t sample_row_dispatch(const float* x, const uint32_t* b, int64_t n, float t, double u,
+                            const RowFilters& f, Scratch& s) {
 #if VLLM_METAL_X86_DISPATCH
   switch (active_isa()) {
-    case Isa::Avx512: return sample_row_avx512(x, n, t, u, f, s);
-    case Isa::Avx2: return sample_row_avx2(x, n, t, u, f, s);
+    case Isa::Avx512: return sample_row_avx512(x, b, n, t, u, f, s);
+    case Isa::Avx2: return sample_row_avx2(x, b, n, t, u, f, s);
     default: break;
   }
 #endif
-  return sample_row(x, n, t, u, f, s);
+  return sample_row(x, b, n, t, u, f, s);
 }
 
 } // namespace
@@ -206,7 +224,9 @@ void sample_rows_cpu(const float* logits, int64_t rows, int64_t vocab,
     if (filters.min_p != nullptr) f.min_p = filters.min_p[r];
     if (filters.top_k != nullptr) f.top_k = filters.top_k[r];
     if (filters.top_p != nullptr) f.top_p = filters.top_p[r];
-    out[r] = sample_row_dispatch(logits + r * vocab, vocab, temperature[r],
+    const uint32_t* bits =
+        filters.allowed != nullptr ? filters.allowed + r * filters.allowed_ld : nullptr;
+    out[r] = sample_row_dispatch(logits + r * vocab, bits, vocab, temperature[r],
                                  key_uniform(keys[2 * r], keys[2 * r + 1]), f, scratch);
   };
   if (rows == 1) {

@@ -19,11 +19,15 @@ namespace vllm_metal::cpu {
 double key_uniform(uint32_t high, uint32_t low);
 
 // Per-row filters, in vLLM's order (each null when no row uses it):
+//   allowed uint32 [rows, allowed_ld]: a grammar's bitmask, bit c % 32 of word
+//          c / 32 admitting token c; the others count as -inf logits
 //   min_p  float32 [rows]: drop tokens below min_p x the largest probability (<= 0: off)
 //   top_k  int32 [rows]: keep the k largest, ties at the k-th kept (<= 0 or >= vocab: off)
 //   top_p  float32 [rows]: then keep the fewest largest holding top_p of the
 //          remaining mass, ties kept (>= 1: off)
 struct SampleFilters {
+  const uint32_t* allowed = nullptr;
+  int64_t allowed_ld = 0;
   const float* min_p = nullptr;
   const int32_t* top_k = nullptr;
   const float* top_p = nullptr;
