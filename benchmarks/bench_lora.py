@@ -10,7 +10,9 @@ output tokens, greedy, --ignore-eos). Rows:
 - 0 active: --enable-lora, every request to the base model;
 - 1 active: every request to one adapter;
 - 4 active: each request to one of four adapters at random (vllm bench's
-  --lora-modules).
+  --lora-modules);
+- with --lora-dtypes auto bfloat16 (the default), the 1 and 4 active rows again for
+  each dtype but auto (a server each): the adapters stored in that dtype.
 Prints a markdown table of output tok/s and median TPOT per concurrency level.
 """
 
@@ -80,6 +82,7 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=None)
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--lora-dtypes", nargs="+", default=["auto", "bfloat16"])
     parser.add_argument("--server-args", default="--max-model-len 2048 --max-num-seqs 16")
     args = parser.parse_args()
 
@@ -91,11 +94,14 @@ def main() -> int:
                 "--lora-modules", *(f"a{i}={p}" for i, p in enumerate(adapters))]
         rows = serve_and_measure(args.model, common, [("base, no --enable-lora", "base", ())],
                                  args, root)
-        rows += serve_and_measure(args.model, common + lora, [
-            ("0 active", "base", ()),
-            ("1 active", "a0", ()),
-            ("4 active", "base", ("--lora-modules", "a0", "a1", "a2", "a3")),
-        ], args, root)
+        for dtype in args.lora_dtypes:
+            tag = "" if dtype == "auto" else f", --lora-dtype {dtype}"
+            cases = [(f"1 active{tag}", "a0", ()),
+                     (f"4 active{tag}", "base", ("--lora-modules", "a0", "a1", "a2", "a3"))]
+            if not tag:
+                cases.insert(0, ("0 active", "base", ()))
+            rows += serve_and_measure(args.model, common + lora + ["--lora-dtype", dtype],
+                                      cases, args, root)
 
     print(f"\nrank {args.rank}, every attention and MLP projection\n")
     print("| case | concurrency | output tok/s | median TPOT (ms) |")

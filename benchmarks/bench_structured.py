@@ -11,9 +11,11 @@ One server (the bundled SmolLM2 by default) and bench_serve.py's workload (rando
 - regex: every request carries a regex of the same kind (400 lower-case words);
 - mixed (c >= 2): two clients at c/2 each, one plain and one with the JSON
   schema, so constrained and plain rows share every batch.
-Each constrained request goes through vLLM's structured-output manager (xgrammar),
-which advances the grammar and fills the step's bitmask in the scheduler; the
-worker masks the logits in the step. Prints a markdown table of output tok/s and
+Each constrained request goes through vLLM's structured-output manager (xgrammar
+unless --server-args picks another backend), which advances the grammar and fills
+the step's bitmask in the scheduler; the worker masks the logits inside the step's
+kernels. Each case and level draws its own random prompts (prefix caching would
+otherwise serve a later case's prefill from an earlier one's). Prints a markdown table of output tok/s and
 median TPOT per case and concurrency, with each case's share of plain.
 """
 
@@ -38,13 +40,22 @@ REGEX = "[a-z]{1,8}( [a-z]{1,8}){400}"
 
 
 def cases() -> list[tuple[str, tuple[str, ...]]]:
+    """(label, extra `vllm bench serve` flags). Each case draws its own prompts (seed):
+    with the same prompts, a later case would find their prefill in the prefix cache."""
     schema = {"structured_outputs": {"json": SCHEMA}}
     regex = {"structured_outputs": {"regex": REGEX}}
     return [
-        ("plain", ()),
-        ("json_schema", ("--extra-body", json.dumps(schema))),
-        ("regex", ("--extra-body", json.dumps(regex))),
+        ("plain", ("--seed", "2000")),
+        ("json_schema", ("--extra-body", json.dumps(schema), "--seed", "3000")),
+        ("regex", ("--extra-body", json.dumps(regex), "--seed", "4000")),
     ]
+
+
+def with_level_seed(extra: tuple[str, ...], concurrency: int, client: int = 0) -> tuple:
+    """EXTRA with its --seed moved on by the level (and the mixed case's client)."""
+    i = extra.index("--seed")
+    seed = int(extra[i + 1]) + concurrency + 100 * client
+    return extra[:i + 1] + (str(seed),) + extra[i + 2:]
 
 
 def mixed_level(base_url: str, name: str, tokenizer: str, concurrency: int, args,
@@ -60,7 +71,7 @@ def mixed_level(base_url: str, name: str, tokenizer: str, concurrency: int, args
             where = out_dir / f"mixed{i}"
             where.mkdir(exist_ok=True)
             runs.append(pool.submit(run_level, base_url, name, tokenizer, half, args, where,
-                                    extra))
+                                    with_level_seed(extra, concurrency, client=5 + i)))
     (a, cmd_a), (b, cmd_b) = (r.result() for r in runs)
     total = {k: a[k] + b[k] for k in ("completed", "failed", "total_output_tokens",
                                      "output_throughput")}
@@ -75,7 +86,10 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=None)
     parser.add_argument("--input-len", type=int, default=256)
     parser.add_argument("--output-len", type=int, default=128)
-    parser.add_argument("--server-args", default="--max-model-len 2048 --max-num-seqs 16")
+    parser.add_argument("--cases", nargs="+", default=["plain", "json_schema", "regex", "mixed"])
+    parser.add_argument("--server-args", default="--max-model-len 2048 --max-num-seqs 16",
+                        help="extra `vllm serve` flags (one string), e.g. "
+                             "--structured-outputs-config {\"backend\":\"guidance\"}")
     args = parser.parse_args()
 
     name = "bench-model"
@@ -87,12 +101,13 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             levels = [(label, c) for label, _ in cases() for c in args.concurrency]
             levels += [("mixed", c) for c in args.concurrency if c >= 2]
+            levels = [(label, c) for label, c in levels if label in args.cases]
             for label, c in levels:
                 if label == "mixed":
                     result, cmd = mixed_level(server.base_url, name, tokenizer, c, args,
                                               Path(tmp))
                 else:
-                    extra = dict(cases())[label]
+                    extra = with_level_seed(dict(cases())[label], c)
                     result, cmd = run_level(server.base_url, name, tokenizer, c, args,
                                             Path(tmp), extra)
                 expected = result["completed"] * args.output_len

@@ -157,6 +157,37 @@ def test_adapter_on_a_4bit_base_matches_mlx_lms_lora_layers(llama_dir, tmp_path)
         gc.collect()
 
 
+def test_bfloat16_adapters_match_the_checkpoint_merged_from_their_rounded_values(llama_dir,
+                                                                                 tmp_path):
+    # --lora-dtype bfloat16: the stack stores A and B rounded to bf16 and computes the
+    # update in float32, so the reference merges those rounded values.
+    import mlx.core as mx
+    import numpy as np
+
+    updates = lora_adapters.random_updates(llama_dir, rank=RANK, seed=7)
+    peft = lora_adapters.write_peft(tmp_path / "peft", updates, RANK, alpha=2 * RANK)
+
+    def rounded(m):
+        return np.array(mx.array(m).astype(mx.bfloat16).astype(mx.float32))
+
+    merged = lora_adapters.merged_checkpoint(
+        llama_dir, {k: (rounded(a), rounded(b)) for k, (a, b) in updates.items()}, 2.0,
+        tmp_path / "merged")
+    llm = make_llm(llama_dir, enable_lora=True, max_loras=1, max_lora_rank=RANK,
+                   lora_dtype="bfloat16")
+    try:
+        runner = _runner(llm)
+        assert runner.lora.bank.dtype == mx.bfloat16
+        assert runner.loaded.backbone.stack.lora is not None
+        loras = [LoRARequest("b", 1, str(peft)), None]
+        ids, got = _generate(llm, llama_dir, PROMPTS[:2], loras)
+        assert got[0] == mlx_reference.greedy_tokens(merged, ids[0], MAX_TOKENS)
+        assert got[1] == mlx_reference.greedy_tokens(llama_dir, ids[1], MAX_TOKENS)
+    finally:
+        del llm
+        gc.collect()
+
+
 def test_lora_target_modules_limits_the_adapters(llama_dir, tmp_path):
     updates = lora_adapters.random_updates(llama_dir, ("q_proj", "down_proj"), rank=4)
     path = lora_adapters.write_peft(tmp_path / "a", updates, 4, alpha=4)

@@ -20,12 +20,12 @@ from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
+from vllm_metal.v1.logits_processing import grammar_bitmask_words
 from vllm_metal.v1.memory_budget import ActivationEstimate
 from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
 from vllm_metal.v1.request_updates import apply_scheduler_output
-from vllm_metal.v1.logits_processing import grammar_bitmask_words
 from vllm_metal.v1.sampler import Sampler, SamplerResult
 from vllm_metal.v1.sampling_batch import SAMPLING_EPS, SamplingBatchCache
 
