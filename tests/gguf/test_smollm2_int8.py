@@ -33,10 +33,12 @@ def test_int8_activations_stay_close_to_fp32_on_smollm2(smollm2_path):
     exact, rounded = _log_softmax(logits[False]), _log_softmax(logits[True])
     kl = (np.exp(exact) * (exact - rounded)).sum(-1)
     agree = (exact.argmax(-1) == rounded.argmax(-1)).mean()
-    # Measured: ~96% of next-token argmaxes agree, mean KL ~0.015 nats. The
-    # bounds leave room for summation-order noise, not for a broken kernel
-    # (wrong layouts give near-random logits: agreement < 10%).
-    assert agree >= 0.9, agree
+    # Measured: mean KL 0.015-0.017 nats on AVX-512 (VNNI) and AVX2 (portable
+    # kernel) hosts; 32 and 29 of the 33 next-token argmaxes agree there, the
+    # difference being near-ties that each ISA's summation order settles
+    # otherwise. The bounds leave room for that, not for a broken kernel (wrong
+    # layouts give near-random logits: agreement < 10%, KL of nats).
+    assert agree >= 0.8, agree
     assert kl.mean() < 0.05, kl.mean()
     assert kl.mean() > 0  # the flag took effect
 
