@@ -11,9 +11,12 @@ output tokens, greedy, --ignore-eos). Rows:
 - 1 active: every request to one adapter;
 - 4 active: each request to one of four adapters at random (vllm bench's
   --lora-modules);
-- with --lora-dtypes auto bfloat16 (the default), the 1 and 4 active rows again for
-  each dtype but auto (a server each): the adapters stored in that dtype.
-Prints a markdown table of output tok/s and median TPOT per concurrency level.
+- with --lora-dtypes auto bfloat16 (the default), the 0, 1 and 4 active rows again
+  for each dtype but auto (a server each): the adapters stored in that dtype.
+Each server runs its cases in --rounds interleaved rounds; prints a markdown table of
+the median output tok/s and median TPOT per concurrency level, and each adapter
+case's throughput against the same server's 0 active case (measured in the same
+rounds: the fair reference on a host whose speed drifts between runs).
 """
 
 from __future__ import annotations
@@ -60,17 +63,31 @@ def write_adapters(model: Path, rank: int, count: int, root: Path) -> list[Path]
 
 def serve_and_measure(model: Path, server_args: list[str], cases: list[tuple[str, str, tuple]],
                       args, tmp: Path) -> list[dict]:
+    """One server; every case at every concurrency, in ARGS.rounds interleaved rounds
+    (a slow spell of a shared host then falls on every case alike). Each row holds
+    the median output tok/s and TPOT over the rounds, and the same ratio against the
+    server's first case."""
     server = VllmServer(str(model), "--served-model-name", "base", *server_args, timeout=900)
-    rows = []
+    runs: dict[tuple[str, int], list[dict]] = {}
     try:
-        for label, name, extra in cases:
+        for _ in range(args.rounds):
             for c in args.concurrency:
-                result, cmd = run_level(server.base_url, name, tokenizer_for(model), c, args,
-                                        tmp, extra)
-                rows.append(dict(case=label, concurrency=c, command=" ".join(cmd),
-                                 result=result))
+                for label, name, extra in cases:
+                    result, _cmd = run_level(server.base_url, name, tokenizer_for(model), c,
+                                             args, tmp, extra)
+                    runs.setdefault((label, c), []).append(result)
     finally:
         server.stop()
+    rows = []
+    for c in args.concurrency:
+        first = None
+        for label, _name, _extra in cases:
+            results = runs[(label, c)]
+            tok_s = float(np.median([r["output_throughput"] for r in results]))
+            tpot = float(np.median([r["median_tpot_ms"] for r in results]))
+            first = first if first is not None else tok_s
+            rows.append(dict(case=label, concurrency=c, tok_s=tok_s, tpot=tpot,
+                             vs_first=tok_s / first - 1, reference=cases[0][0]))
     return rows
 
 
@@ -84,6 +101,8 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--lora-dtypes", nargs="+", default=["auto", "bfloat16"])
     parser.add_argument("--server-args", default="--max-model-len 2048 --max-num-seqs 16")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of every case per server (medians reported)")
     args = parser.parse_args()
 
     common = args.server_args.split()
@@ -96,20 +115,19 @@ def main() -> int:
                                  args, root)
         for dtype in args.lora_dtypes:
             tag = "" if dtype == "auto" else f", --lora-dtype {dtype}"
-            cases = [(f"1 active{tag}", "a0", ()),
+            cases = [(f"0 active{tag}", "base", ()), (f"1 active{tag}", "a0", ()),
                      (f"4 active{tag}", "base", ("--lora-modules", "a0", "a1", "a2", "a3"))]
-            if not tag:
-                cases.insert(0, ("0 active", "base", ()))
             rows += serve_and_measure(args.model, common + lora + ["--lora-dtype", dtype],
                                       cases, args, root)
 
-    print(f"\nrank {args.rank}, every attention and MLP projection\n")
-    print("| case | concurrency | output tok/s | median TPOT (ms) |")
-    print("|---|---|---|---|")
+    print(f"\nrank {args.rank}, every attention and MLP projection; medians of "
+          f"{args.rounds} interleaved rounds per server\n")
+    print("| case | concurrency | output tok/s | median TPOT (ms) | vs the server's first case |")
+    print("|---|---|---|---|---|")
     for row in rows:
-        r = row["result"]
-        print(f"| {row['case']} | {row['concurrency']} | {r['output_throughput']:.1f} | "
-              f"{r['median_tpot_ms']:.1f} |")
+        vs = "" if row["case"] == row["reference"] else f"{row['vs_first']:+.0%}"
+        print(f"| {row['case']} | {row['concurrency']} | {row['tok_s']:.1f} | "
+              f"{row['tpot']:.1f} | {vs} |")
     return 0
 
 

@@ -202,6 +202,21 @@ resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
            "arrays"_a, "ints"_a, "floats"_a, "final_norm"_a, "final_eps"_a, "hidden"_a,
            "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "int8_activations"_a = false)
       .def_prop_ro("num_layers", &vllm_metal::DecoderStackWeights::num_layers);
+  nb::class_<vllm_metal::DecoderStackLora>(
+      m, "DecoderStackLora",
+      R"(The resident LoRA adapters for decoder_stack, validated and resolved against
+its weights once per change of adapters: table (layer, projection 0-6 for q k v
+o gate up down, module, b_col0 per site, ordered by (layer, projection)); arrays
+(a [L, r, in], b [L, r, out] float32, bfloat16 or float16, scale float32 [L] per
+module); filled (L ints per module, nonzero where the slot's adapter targets it).)")
+      .def(nb::init<std::shared_ptr<vllm_metal::DecoderStackWeights>, std::vector<int>,
+                    std::vector<mlx::core::array>, std::vector<int>>(),
+           "weights"_a, "table"_a, "arrays"_a, "filled"_a)
+      .def_prop_ro("sites", [](const vllm_metal::DecoderStackLora& l) {
+        std::vector<std::pair<int, int>> out;
+        for (const auto& s : l.sites()) out.emplace_back(s.layer, s.projection);
+        return out;
+      }, "(layer, projection) of each site, in the order the stack visits them");
   m.def(
       "decoder_stack",
       &vllm_metal::decoder_stack,
@@ -215,18 +230,17 @@ resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
       "seq_lens"_a,
       "cu_seqlens_q"_a,
       "layer_groups"_a,
-      "lora_table"_a = std::vector<int>{},
-      "lora_arrays"_a = std::vector<mlx::core::array>{},
+      "lora"_a.none() = nb::none(),
+      "lora_rows"_a = nb::none(),
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
 [1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,
 num_kv_heads, head_dim], row-contiguous, one key and one value per layer;
 slot_mappings int32 [T] and block_tables int32 [S, max_blocks] per KV cache
-group, layer_groups the group of each layer. lora_table (layer, projection
-0-6 for q k v o gate up down, b_row0 per update) and lora_arrays (idx int32 [T],
-a [L, r, in] and b [L, rows, r] float32, bfloat16 or float16, scale float32 [L]
-per update): LoRA updates added after those projections (none by default).
+group, layer_groups the group of each layer. lora (a DecoderStackLora of these
+weights) and lora_rows (int [T], each row's adapter slot, -1 none): LoRA updates
+added after the projections it names (none by default).
 Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
 
@@ -241,8 +255,8 @@ runs (read them only through work enqueued after it on the same stream).)");
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(The LoRA update of each row: x [..., in] (T rows), idx int [T] in [-1, L)
-(-1: no adapter), lora_a [L, r, in] and lora_b [L, out, r] in x's dtype, scale
-float [L]. Returns [..., out] in x's dtype: scale[a] * B[a] @ (A[a] @ x[t]) for
+(-1: no adapter), lora_a [L, r, in] and lora_b [L, r, out] in x's dtype, scale
+float [L]. Returns [..., out] in x's dtype: scale[a] * (A[a] @ x[t]) @ B[a] for
 a = idx[t], zero where idx is -1 (fp32 accumulation, one rounding).)");
 
   m.def(

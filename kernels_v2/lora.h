@@ -1,4 +1,4 @@
-// LoRA update of a packed step: out = (y +) scale[a] * B[a] @ (A[a] @ x[t]),
+// LoRA update of a packed step: out = (y +) scale[a] * (A[a] @ x[t]) @ B[a],
 // a = idx[t], per row t, in two launches through an fp32 buffer u [T, r].
 //
 // lora_shrink, grid (ceil(r / kLoraShrinkSimdgroups), T) threadgroups of
@@ -8,7 +8,7 @@
 //
 // lora_expand, grid (ceil(launch_columns / threads), T): one thread per out
 // column c of row t. Inside the segment (c - column_offset in [0, out_features))
-// of a row with an adapter it writes (y[t, c] +) u[t, :] . B[a, c - column_offset, :],
+// of a row with an adapter it writes (y[t, c] +) u[t, :] . B[a, :, c - column_offset],
 // summed over j in order; elsewhere y[t, c] (ADD) or 0.
 //
 // Rows are not grouped by adapter: the threadgroups of one adapter read the
@@ -20,7 +20,7 @@
 //
 // Buffers: 0 x [T, in]; 1 idx int [T]; 2 A [L, r, in]; 3 scale float [L];
 // 4 u float [T, r] (shrink writes, expand reads); 5 LoraParams;
-// 6 B [L, out_features, r]; 7 y [T, out_cols] (read when ADD); 8 out [T, out_cols].
+// 6 B [L, r, out_features] (a simdgroup's threads read adjacent columns); 7 y [T, out_cols] (read when ADD); 8 out [T, out_cols].
 #pragma once
 
 #include <metal_stdlib>
@@ -76,9 +76,9 @@ template <typename T, bool ADD>
   const int slot = idx[row];
   if (seg >= 0 && seg < params.out_features && slot >= 0 && slot < params.num_slots) {
     device const float* ur = u + long(row) * params.rank;
-    device const T* br = lora_b + (long(slot) * params.out_features + seg) * params.rank;
+    device const T* bc = lora_b + long(slot) * params.rank * params.out_features + seg;
     float acc = 0.0f;
-    for (int j = 0; j < params.rank; ++j) acc = fma(ur[j], float(br[j]), acc);
+    for (int j = 0; j < params.rank; ++j) acc = fma(ur[j], float(bc[long(j) * params.out_features]), acc);
     out[at] = T(ADD ? float(y[at]) + acc : acc);
   } else if (ADD) {
     out[at] = y[at];  // the base output's own bits: no update is no rounding

@@ -10,8 +10,8 @@ namespace vllm_metal::kernels {
 struct LoraParams {
   int rows;            // T: rows of x, idx, u and out
   int in_features;     // columns of x and of each A row
-  int out_features;    // rows of each B: the segment's width
-  int rank;            // r_max: rows of each A, columns of each B and u
+  int out_features;    // columns of each B: the segment's width
+  int rank;            // r_max: rows of each A and B, columns of u
   int num_slots;       // L: adapter slots; idx outside [0, L) gets no update
   int out_cols;        // columns of out (and y): out_features for a bare delta
   int column_offset;   // out column of segment column 0

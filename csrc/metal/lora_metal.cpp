@@ -59,7 +59,7 @@ void lora_gpu(
   problem.dtype = kernel_dtype(x.dtype());
   problem.rows = static_cast<int>(inputs[1].size());
   problem.in_features = lora_a.shape(2);
-  problem.out_features = inputs[3].shape(1);
+  problem.out_features = inputs[3].shape(2);
   problem.rank = lora_a.shape(1);
   problem.num_slots = lora_a.shape(0);
   problem.add = add;

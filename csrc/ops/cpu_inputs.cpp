@@ -1,6 +1,8 @@
 #include "ops/cpu_inputs.h"
 
 #include "mlx/allocator.h"
+#include "mlx/ops.h"
+#include "mlx/transforms.h"
 #include "ops/eval_layout.h"
 
 namespace vllm_metal {
@@ -29,6 +31,16 @@ RowContiguous row_contiguous(const mx::array& a, mx::cpu::CommandEncoder& encode
   encoder.add_temporary(r.view);
   r.src = a.data<char>();
   return r;
+}
+
+mx::array materialized(const mx::array& a) {
+  mx::array out = a;
+  mx::eval(out);
+  if (!out.flags().row_contiguous) {
+    out = mx::contiguous(out, false, mx::Device::cpu);
+    mx::eval(out);
+  }
+  return out;
 }
 
 std::optional<cpu::StridedLayout> alias_cache(const mx::array& cache, mx::array& out) {

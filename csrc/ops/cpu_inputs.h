@@ -32,6 +32,10 @@ struct RowContiguous {
 
 RowContiguous row_contiguous(const mlx::core::array& a, mlx::core::cpu::CommandEncoder& encoder);
 
+// `a` evaluated and row-contiguous (a copy if it was not), so raw views taken
+// once, at load, stay valid for as long as the array is held.
+mlx::core::array materialized(const mlx::core::array& a);
+
 // Point `out` at `cache`'s own buffer, so a kernel writing `out` updates the
 // cache in place. A cache that is not row-contiguous gets a fresh buffer
 // instead, and the layout the task must first copy it from.

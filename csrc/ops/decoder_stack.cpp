@@ -159,63 +159,6 @@ cpu::StackNorm norm_of(const mx::array& w, float eps) {
   return cpu::StackNorm{w.data<void>(), elem_of(w.dtype()), eps};
 }
 
-// Evaluated and row-contiguous, so raw views taken once stay valid.
-mx::array materialized(const mx::array& a) {
-  mx::array out = a;
-  mx::eval(out);
-  if (!out.flags().row_contiguous) {
-    out = mx::contiguous(out, false, mx::Device::cpu);
-    mx::eval(out);
-  }
-  return out;
-}
-
-const cpu::StackLinear& projection(const cpu::StackLayer& l, int p) {
-  const cpu::StackLinear* all[kStackLinears] = {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down};
-  return *all[p];
-}
-
-// The LoRA updates' table and arrays against the weights and the step's T rows.
-void check_lora(const DecoderStackWeights& w, const std::vector<int>& table,
-                const std::vector<mx::array>& arrays, int t) {
-  if (table.size() % kStackLoraInts != 0 || arrays.size() != table.size() / kStackLoraInts * 4) {
-    fail("lora_table holds " + std::to_string(kStackLoraInts) +
-         " ints per update and lora_arrays four arrays (idx, a, b, scale)");
-  }
-  int last = -1;
-  for (size_t u = 0; u < table.size() / kStackLoraInts; ++u) {
-    const int* e = table.data() + u * kStackLoraInts;
-    const std::string where = "LoRA update " + std::to_string(u);
-    if (e[0] < 0 || e[0] >= w.num_layers() || e[1] < 0 || e[1] >= kStackLinears) {
-      fail(where + ": no layer " + std::to_string(e[0]) + " projection " + std::to_string(e[1]));
-    }
-    const int order = e[0] * kStackLinears + e[1];
-    if (order < last) fail(where + ": updates must be ordered by (layer, projection)");
-    last = order;
-    const cpu::StackLinear& lin = projection(w.layers()[e[0]], e[1]);
-    const mx::array &idx = arrays[4 * u], &a = arrays[4 * u + 1], &b = arrays[4 * u + 2],
-                    &scale = arrays[4 * u + 3];
-    if (idx.ndim() != 1 || idx.shape(0) != t || !mx::issubdtype(idx.dtype(), mx::integer)) {
-      fail(where + ": idx must be integer [T]");
-    }
-    if (a.dtype() != b.dtype() || !(a.dtype() == mx::float32 || a.dtype() == mx::bfloat16 ||
-                                    a.dtype() == mx::float16) || scale.dtype() != mx::float32) {
-      fail(where + ": a and b must be float32, bfloat16 or float16 (one dtype), scale float32");
-    }
-    if (a.ndim() != 3 || a.shape(2) != lin.in_features() || b.ndim() != 3 ||
-        b.shape(0) != a.shape(0) || b.shape(2) != a.shape(1) || a.shape(0) < 1 ||
-        a.shape(1) < 1 || scale.ndim() != 1 || scale.shape(0) != a.shape(0)) {
-      fail(where + ": a [L, r, " + std::to_string(lin.in_features()) +
-           "], b [L, rows, r] and scale [L] disagree");
-    }
-    if (e[2] < 0 || e[2] + lin.out_features() > b.shape(1)) {
-      fail(where + ": rows [" + std::to_string(e[2]) + ", " +
-           std::to_string(e[2] + lin.out_features()) + ") are outside b's " +
-           std::to_string(b.shape(1)));
-    }
-  }
-}
-
 } // namespace
 
 DecoderStackWeights::DecoderStackWeights(
@@ -335,8 +278,8 @@ mx::array decoder_stack(
     const mx::array& seq_lens,
     const mx::array& cu_seqlens_q,
     const std::vector<int>& layer_groups,
-    const std::vector<int>& lora_table,
-    const std::vector<mx::array>& lora_arrays,
+    std::shared_ptr<DecoderStackLora> lora,
+    const std::optional<mx::array>& lora_rows,
     mx::StreamOrDevice s) {
   if (!weights) fail("weights must be given");
   if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1 ||
@@ -388,7 +331,14 @@ mx::array decoder_stack(
       fail("block tables must be [S, max_blocks] with S = len(seq_lens)");
     }
   }
-  check_lora(*weights, lora_table, lora_arrays, t);
+  if ((lora != nullptr) != lora_rows.has_value()) fail("give lora and lora_rows together");
+  if (lora) {
+    if (!lora->resolved_for(*weights)) fail("lora was resolved against other weights");
+    if (lora_rows->ndim() != 1 || lora_rows->shape(0) != t ||
+        !mx::issubdtype(lora_rows->dtype(), mx::integer)) {
+      fail("lora_rows must be integer [T]");
+    }
+  }
   // The caches ride in the primitive (see decoder_stack.h), so they must have
   // their buffers before the node is built: evaluate any that are still lazy.
   std::vector<mx::array> caches(key_caches);
@@ -408,12 +358,10 @@ mx::array decoder_stack(
                                    as_int32(cu_seqlens_q, stream)};
   for (const auto& m : slot_mappings) inputs.push_back(as_int32(m, stream));
   for (const auto& table : block_tables) inputs.push_back(as_int32(table, stream));
-  for (size_t i = 0; i < lora_arrays.size(); ++i) {
-    inputs.push_back(i % 4 == 0 ? as_int32(lora_arrays[i], stream) : lora_arrays[i]);
-  }
+  if (lora) inputs.push_back(as_int32(*lora_rows, stream));
   return mx::array(x.shape(), mx::float32,
                    std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches),
-                                                  layer_groups, lora_table),
+                                                  layer_groups, std::move(lora)),
                    std::move(inputs));
 }
 
@@ -426,8 +374,7 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
 
   std::vector<RowContiguous> in;
   for (const auto& i : inputs) in.push_back(row_contiguous(i, encoder));
-  const int updates = static_cast<int>(lora_table_.size()) / kStackLoraInts;
-  const int groups = (static_cast<int>(inputs.size()) - kFixedInputs - 4 * updates) / 2;
+  const int groups = (static_cast<int>(inputs.size()) - kFixedInputs - (lora_ ? 1 : 0)) / 2;
 
   cpu::StackArgs a;
   const auto& x = in[0].view;
@@ -460,31 +407,16 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
     a.key_caches.push_back(const_cast<void*>(caches[li].data<void>()));
     a.value_caches.push_back(const_cast<void*>(caches[layers + li].data<void>()));
   }
-  const int first_lora = kFixedInputs + 2 * groups;
-  for (int u = 0; u < updates; ++u) {
-    const int* e = lora_table_.data() + u * kStackLoraInts;
-    const auto& lora_a = in[first_lora + 4 * u + 1].view;
-    const auto& lora_b = in[first_lora + 4 * u + 2].view;
-    cpu::StackLora l;
-    l.layer = e[0];
-    l.projection = e[1];
-    l.idx = in[first_lora + 4 * u].view.data<int32_t>();
-    l.weight_type = elem_of(lora_a.dtype());
-    l.a = lora_a.data<void>();
-    l.rank = lora_a.shape(1);
-    l.b = lora_b.data<char>() + static_cast<int64_t>(e[2]) * l.rank * lora_b.itemsize();
-    l.scale = in[first_lora + 4 * u + 3].view.data<float>();
-    l.num_slots = lora_a.shape(0);
-    l.in_features = lora_a.shape(2);
-    l.out_features = projection(weights_->layers()[e[0]], e[1]).out_features();
-    l.b_rows = lora_b.shape(1);
-    a.lora.push_back(l);
+  if (lora_) {
+    a.lora = &lora_->sites();
+    a.lora_rows = in.back().view.data<int32_t>();
   }
 
   for (const auto& i : inputs) encoder.set_input_array(i);
   for (auto& o : outputs) encoder.set_output_array(o);
   // The task holds the weights and the caches: a step in flight keeps them alive.
-  encoder.dispatch([in = std::move(in), a = std::move(a), keep = weights_, held = caches_]() {
+  encoder.dispatch([in = std::move(in), a = std::move(a), keep = weights_, held = caches_,
+                    adapters = lora_]() {
     for (const auto& r : in) r.fill();
     dispatch::record_paged_dispatch(cpu::decoder_stack_cpu(a));
   });
@@ -493,7 +425,7 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
   if (weights_ != o.weights_ || caches_->size() != o.caches_->size() ||
-      layer_groups_ != o.layer_groups_ || lora_table_ != o.lora_table_) {
+      layer_groups_ != o.layer_groups_ || lora_ != o.lora_) {
     return false;
   }
   for (size_t i = 0; i < caches_->size(); ++i) {

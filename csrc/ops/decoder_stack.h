@@ -3,12 +3,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cpu/decoder_stack/decoder_stack_cpu.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "ops/cpu_only_primitive.h"
+#include "ops/decoder_stack_lora.h"
 
 namespace vllm_metal {
 
@@ -26,7 +28,6 @@ namespace vllm_metal {
 inline constexpr int kStackLinears = 7;
 inline constexpr int kStackLayerInts = 3 * kStackLinears + 7;
 inline constexpr int kStackLayerFloats = 10;
-inline constexpr int kStackLoraInts = 3;
 
 /**
  * A model's decoder weights, validated and resolved to raw views once at load,
@@ -87,13 +88,9 @@ class DecoderStackWeights {
  * slot_mappings, block_tables  one per KV cache group: int32 [T] and
  *                int32 [S, max_blocks_g] (as ops.paged_attention)
  * layer_groups   each layer's group (an index into the two lists)
- * lora_table     the step's LoRA updates (none: empty), kStackLoraInts per update:
- *                layer, projection (cpu::StackProjection), b_row0; ordered by
- *                (layer, projection)
- * lora_arrays    four per update: idx int32 [T] (each row's slot, -1 none), a float32
- *                [L, r, in], b float32 [L, b_rows, r] whose rows [b_row0, b_row0 + out)
- *                are this projection's (a fused linear's B holds every slice), scale
- *                float32 [L]
+ * lora           the resident adapters (DecoderStackLora, resolved for these
+ *                weights), or null: no LoRA update this step
+ * lora_rows      with lora: integer [T], each row's adapter slot (-1: none)
  * returns        hidden_out [1, T, hidden] (after the final norm).
  *
  * The new keys and values are written into the caches' own buffers, which are
@@ -117,22 +114,22 @@ mlx::core::array decoder_stack(
     const mlx::core::array& seq_lens,
     const mlx::core::array& cu_seqlens_q,
     const std::vector<int>& layer_groups,
-    const std::vector<int>& lora_table = {},
-    const std::vector<mlx::core::array>& lora_arrays = {},
+    std::shared_ptr<DecoderStackLora> lora = nullptr,
+    const std::optional<mlx::core::array>& lora_rows = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
 class DecoderStack : public CpuOnlyPrimitive {
  public:
   // caches: every layer's key cache, then every layer's value cache.
-  // lora_table: as decoder_stack's; its arrays are the node's last inputs.
+  // lora: as decoder_stack's; with it, lora_rows is the node's last input.
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
                std::vector<mlx::core::array> caches, std::vector<int> layer_groups,
-               std::vector<int> lora_table)
+               std::shared_ptr<const DecoderStackLora> lora)
       : CpuOnlyPrimitive(stream, "the model runs module by module"),
         weights_(std::move(weights)),
         caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))),
         layer_groups_(std::move(layer_groups)),
-        lora_table_(std::move(lora_table)) {}
+        lora_(std::move(lora)) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -150,7 +147,7 @@ class DecoderStack : public CpuOnlyPrimitive {
   // Shared with each dispatched task: one reference keeps them all alive.
   std::shared_ptr<const std::vector<mlx::core::array>> caches_;
   std::vector<int> layer_groups_;
-  std::vector<int> lora_table_;
+  std::shared_ptr<const DecoderStackLora> lora_;
 };
 
 } // namespace vllm_metal

@@ -76,18 +76,26 @@ mx::array build(const std::optional<mx::array>& y, const mx::array& x, const mx:
     fail("idx must be [T] = [" + std::to_string(rows) + "] (x's rows), got " + str(idx.shape()));
   }
   if (lora_a.ndim() != 3) fail("lora_a must be 3-D [L, r, in], got " + str(lora_a.shape()));
-  if (lora_b.ndim() != 3) fail("lora_b must be 3-D [L, out, r], got " + str(lora_b.shape()));
-  const int num_slots = lora_a.shape(0), rank = lora_a.shape(1), out = lora_b.shape(1);
+  if (lora_b.ndim() != 3) fail("lora_b must be 3-D [L, r, out], got " + str(lora_b.shape()));
+  const int num_slots = lora_a.shape(0), rank = lora_a.shape(1), out = lora_b.shape(2);
   if (lora_a.shape(2) != in) {
     fail("lora_a [L, r, in] = " + str(lora_a.shape()) + " does not match x's in = " + std::to_string(in));
   }
-  if (lora_b.shape(0) != num_slots || lora_b.shape(2) != rank) {
-    fail("lora_b [L, out, r] = " + str(lora_b.shape()) + " does not match lora_a's L = " +
+  if (lora_b.shape(0) != num_slots || lora_b.shape(1) != rank) {
+    fail("lora_b [L, r, out] = " + str(lora_b.shape()) + " does not match lora_a's L = " +
          std::to_string(num_slots) + " and r = " + std::to_string(rank));
   }
   if (num_slots < 1 || rank < 1) fail("lora_a needs at least one slot (L >= 1) of rank r >= 1");
-  if (lora_a.dtype() != x.dtype() || lora_b.dtype() != x.dtype()) {
-    fail("lora_a and lora_b must have x's dtype " + str(x.dtype()) + ", got " + str(lora_a.dtype()) + " and " +
+  auto stream = mx::to_stream(s);
+  const bool gpu = stream.device == mx::Device::gpu && metal::kernels_configured();
+  if (stream.device == mx::Device::gpu && !gpu) stream = mx::default_stream(mx::Device::cpu);
+  // The CPU kernel also reads half adapters beside float32 activations, widening
+  // them as it loads (--lora-dtype below the model's float32: half the bytes).
+  const bool half_beside_f32 = !gpu && x.dtype() == mx::float32 && lora_a.dtype() == lora_b.dtype() &&
+      (lora_a.dtype() == mx::bfloat16 || lora_a.dtype() == mx::float16);
+  if (!half_beside_f32 && (lora_a.dtype() != x.dtype() || lora_b.dtype() != x.dtype())) {
+    fail("lora_a and lora_b must have x's dtype " + str(x.dtype()) +
+         " (on the CPU, bfloat16 or float16 both, beside float32 x), got " + str(lora_a.dtype()) + " and " +
          str(lora_b.dtype()));
   }
   if (scale.ndim() != 1 || scale.shape(0) != num_slots || !is_linear_float(scale.dtype())) {
@@ -110,9 +118,6 @@ mx::array build(const std::optional<mx::array>& y, const mx::array& x, const mx:
     fail("column_offset applies to lora_apply only");
   }
 
-  auto stream = mx::to_stream(s);
-  const bool gpu = stream.device == mx::Device::gpu && metal::kernels_configured();
-  if (stream.device == mx::Device::gpu && !gpu) stream = mx::default_stream(mx::Device::cpu);
   if (gpu) check_evaluated_idx(idx, num_slots);
   // The CPU task copies strided inputs itself; the Metal kernels index row-contiguous ones.
   auto prep = [&](const mx::array& a) { return gpu ? mx::contiguous(a, false, stream) : a; };
@@ -175,10 +180,10 @@ void LoraMatmul::eval_cpu(
   const auto& a = inputs[2];
   cpu::LoraArgs args{};
   args.type = elem_of(out.dtype());
-  args.weight_type = elem_of(a.dtype());  // build() requires x's dtype
+  args.weight_type = elem_of(a.dtype());  // x's, or half beside float32 x (build())
   args.rows = inputs[1].size();
   args.in_features = a.shape(2);
-  args.out_features = inputs[3].shape(1);
+  args.out_features = inputs[3].shape(2);
   args.rank = a.shape(1);
   args.num_slots = a.shape(0);
   args.out_cols = out.shape(-1);
@@ -221,7 +226,7 @@ bool LoraMatmul::is_equivalent(const mx::Primitive& other) const {
 
 std::vector<mx::Shape> LoraMatmul::output_shapes(const std::vector<mx::array>& inputs) {
   if (add_) return {inputs[5].shape()};
-  return {with_last_dim(inputs[0], inputs[3].shape(1))};
+  return {with_last_dim(inputs[0], inputs[3].shape(2))};
 }
 
 } // namespace vllm_metal

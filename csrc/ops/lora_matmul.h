@@ -16,9 +16,9 @@ namespace vllm_metal {
  *   x       [..., in] float16/bfloat16/float32; its leading dimensions are the T rows
  *   idx     integer [T] in [-1, L): -1 = no adapter (a zero update)
  *   lora_a  [L, r, in], x's dtype: every slot's A, ranks below r padded with zeros
- *   lora_b  [L, out, r], x's dtype
+ *   lora_b  [L, r, out], x's dtype (B transposed: a column block of a row is contiguous)
  *   scale   float [L] (alpha / rank of each slot), used as float32
- *   returns [..., out] in x's dtype: scale[a] * B[a] @ (A[a] @ x[t]),
+ *   returns [..., out] in x's dtype: scale[a] * (A[a] @ x[t]) @ B[a],
  *           accumulated in float32 and rounded once
  *
  * An idx outside [-1, L) raises at evaluation on the CPU, before anything is

@@ -143,14 +143,72 @@ def test_a_row_alone_and_in_a_mixed_step_differs_only_as_the_base_does():
 def test_steps_without_adapters_pass_nothing_extra():
     loaded, bank, modules = load_with_lora(str(cached_tiny_model("llama")))
     bank.prepare_step(np.zeros(5, dtype=np.int64), lambda i: {})
-    assert loaded.backbone.stack.lora.step() == ([], [])
+    stack = loaded.backbone.stack
+    assert stack.lora.step(stack.weights) is None
     # An adapter that targets only some modules: only their sites get updates.
     only = {n: u for n, u in random_adapter(modules, 8).items() if n.endswith("o_proj")}
     bank.prepare_step(np.array([0, 1, 1, 0, 0]), {1: only}.__getitem__)
-    table, arrays = loaded.backbone.stack.lora.step()
-    assert len(table) == 3 * loaded.dims.num_layers and len(arrays) == 4 * loaded.dims.num_layers
-    assert set(table[1::3]) == {3}   # o_proj
-    np.testing.assert_array_equal(np.array(arrays[0]), [-1, 0, 0, -1, -1])
+    lora, rows = stack.lora.step(stack.weights)
+    assert lora.sites == [(layer, 3) for layer in range(loaded.dims.num_layers)]   # o_proj
+    np.testing.assert_array_equal(np.array(rows), [-1, 0, 0, -1, -1])
+    # Resolved once per change of the resident adapters, not per step.
+    bank.prepare_step(np.array([1, 0]), {1: only}.__getitem__)
+    assert stack.lora.step(stack.weights)[0] is lora
+
+
+def test_a_new_adapter_is_resolved_again_and_used():
+    # Placing another adapter changes the bank's stacks: the next step resolves them
+    # again and computes with the new values (the earlier set keeps the old ones).
+    loaded, bank, modules = load_with_lora(str(cached_tiny_model("llama")), slots=1)
+    stack = loaded.backbone.stack
+    ids = mx.array([[3, 5, 7]], dtype=mx.int32)
+    seqs = [(0, 0, 3)]
+    first, second = random_adapter(modules, 11), random_adapter(modules, 12)
+    bank.prepare_step(np.ones(3), {1: first}.__getitem__)
+    with_first, lora = step(loaded, seqs, ids), stack.lora.step(stack.weights)[0]
+    bank.prepare_step(np.full(3, 2), {2: second}.__getitem__)   # evicts the first
+    with_second = step(loaded, seqs, ids)
+    assert stack.lora.step(stack.weights)[0] is not lora
+    bank.prepare_step(np.ones(3), {1: first}.__getitem__)
+    np.testing.assert_array_equal(step(loaded, seqs, ids), with_first)
+    assert np.abs(with_second - with_first).max() > 1e-2
+
+
+def test_the_resolved_adapters_are_checked_against_the_weights():
+    from vllm_metal.native import get_ops
+
+    loaded, bank, modules = load_with_lora(str(cached_tiny_model("llama")))
+    weights = loaded.backbone.stack.weights
+    name = next(n for n in modules if n.endswith("q_proj"))
+    q = modules[name]
+    a = mx.zeros((2, RANK, q.in_features))
+    b = mx.zeros((2, RANK, q.out_features))
+    scale = mx.zeros((2,))
+    make = get_ops().DecoderStackLora
+    assert make(weights, [0, 0, 0, 0], [a, b, scale], [1, 0]).sites == [(0, 0)]
+    cases = [
+        (([0, 0, 1, 0], [a, b, scale], [1, 0]), "no module 1"),
+        (([0, 0, 0, 1], [a, b, scale], [1, 0]), "outside b's"),
+        (([0, 6, 0, 0], [a, b, scale], [1, 0]), "does not match the projection"),   # down_proj
+        (([0, 0, 0, 0, 0, 0, 0, 0], [a, b, scale], [1, 0]), "ordered"),
+        (([99, 0, 0, 0], [a, b, scale], [1, 0]), "no layer 99"),
+        (([0, 0, 0, 0], [a, b.astype(mx.bfloat16), scale], [1, 0]), "one dtype"),
+        (([0, 0, 0, 0], [a, b[:, :2], scale], [1, 0]), "disagree"),
+        (([0, 0, 0, 0], [a, b, scale], [1]), "filled"),
+    ]
+    for (table, arrays, filled), message in cases:
+        with pytest.raises(ValueError, match=message):
+            make(weights, table, arrays, filled)
+    lora = make(weights, [0, 0, 0, 0], [a, b, scale], [1, 0])
+    other, _, _ = load_with_lora(str(cached_tiny_model("llama")))
+    d = loaded.dims
+    caches = [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers)]
+    meta = _meta([(0, 0, 2)])
+    with pytest.raises(ValueError, match="other weights"):
+        get_ops().decoder_stack(other.backbone.stack.weights, mx.zeros((1, 2, q.in_features)), caches,
+                                caches, meta.positions, meta.slot_mapping, meta.block_tables,
+                                meta.seq_lens, meta.cu_seqlens_q, [0] * d.num_layers, lora,
+                                mx.array([0, -1]))
 
 
 @pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])

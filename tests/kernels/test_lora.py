@@ -29,7 +29,7 @@ def run_lora(kernels, ext, x: mx.array, idx: mx.array, ad: Adapters, *, y: mx.ar
     check_orders(orders)
     rows, k = x.shape
     slots, rank, _ = ad.lora_a.shape
-    n = ad.lora_b.shape[1]
+    n = ad.lora_b.shape[2]
     out_cols = y.shape[1] if y is not None else n
     plan = ext.debug.lora_launch_plan(DTYPE_NAMES[x.dtype], rows, k, n, rank, slots, add=y is not None,
                                       out_cols=out_cols, column_offset=column_offset, in_place=in_place)

@@ -20,7 +20,7 @@ def as_f64(a: mx.array) -> np.ndarray:
 @dataclass
 class Adapters:
     lora_a: mx.array  # [L, r, in]
-    lora_b: mx.array  # [L, out, r]
+    lora_b: mx.array  # [L, r, out]
     scale: mx.array   # float32 [L]
 
     def args(self):
@@ -32,11 +32,11 @@ def make_adapters(slots: int, rank: int, k: int, n: int, dtype=mx.float32, seed=
     the runner pads), so mixed ranks share one tensor."""
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((slots, rank, k)).astype(np.float32) / np.sqrt(max(k, 1))
-    b = rng.standard_normal((slots, n, rank)).astype(np.float32)
+    b = rng.standard_normal((slots, rank, n)).astype(np.float32)
     for s in range(slots):
         used = max(1, rank - s * rank // 4)  # slot 0 full rank, later slots smaller
         a[s, used:] = 0
-        b[s, :, used:] = 0
+        b[s, used:] = 0
     scale = (2.0 ** rng.integers(-2, 3, slots)).astype(np.float32)
     return Adapters(mx.array(a).astype(dtype), mx.array(b).astype(dtype), mx.array(scale))
 
@@ -58,16 +58,16 @@ def mixed_idx(rows: int, slots: int, seed=0) -> mx.array:
 
 
 def delta64(x: mx.array, idx: mx.array, ad: Adapters) -> tuple[np.ndarray, np.ndarray]:
-    """(update, magnitude) [T, out] in float64: scale * B @ (A @ x) per row and
-    |scale| * |B| @ (|A| @ |x|), which bounds the sum whatever its order."""
+    """(update, magnitude) [T, out] in float64: scale * (A @ x) @ B per row and
+    |scale| * (|A| @ |x|) @ |B|, which bounds the sum whatever its order."""
     x64 = as_f64(x).reshape(-1, x.shape[-1])
     a64, b64, s64 = as_f64(ad.lora_a), as_f64(ad.lora_b), as_f64(ad.scale)
-    out = np.zeros((x64.shape[0], b64.shape[1]))
+    out = np.zeros((x64.shape[0], b64.shape[2]))
     mag = np.zeros_like(out)
     for t, slot in enumerate(np.array(idx).tolist()):
         if slot >= 0:
-            out[t] = s64[slot] * (b64[slot] @ (a64[slot] @ x64[t]))
-            mag[t] = abs(s64[slot]) * (np.abs(b64[slot]) @ (np.abs(a64[slot]) @ np.abs(x64[t])))
+            out[t] = s64[slot] * ((a64[slot] @ x64[t]) @ b64[slot])
+            mag[t] = abs(s64[slot]) * ((np.abs(a64[slot]) @ np.abs(x64[t])) @ np.abs(b64[slot]))
     return out, mag
 
 

@@ -183,6 +183,21 @@ def test_every_cpu_isa_variant(isa, dtype):
     assert_close(applied, expected, magnitude, dtype)
 
 
+@pytest.mark.parametrize("half", [mx.bfloat16, mx.float16], ids=str)
+def test_half_stacks_beside_float32_rows_read_as_float32(half):
+    # --lora-dtype below float32 activations: the stacks are read as fp32 on load,
+    # so the result is the float32 op's on the stacks' rounded values, to the bit.
+    ad = make_adapters(3, 16, K, N, half, seed=12)
+    x = random_float((9, K), seed=13)
+    y = random_float((9, N + 10), seed=14)
+    idx = mixed_idx(9, 3, seed=15)
+    wide = [ad.lora_a.astype(mx.float32), ad.lora_b.astype(mx.float32), ad.scale]
+    assert bits(lora.lora_delta(x, idx, *ad.args())) == bits(lora.lora_delta(x, idx, *wide))
+    assert bits(lora.lora_apply(y, x, idx, *ad.args(), column_offset=4)) == bits(
+        lora.lora_apply(y, x, idx, *wide, column_offset=4))
+    assert_close(lora.lora_delta(x, idx, *ad.args()), *delta64(x, idx, ad), mx.float32)
+
+
 def test_idx_outside_the_slots_raises_at_evaluation():
     ad = make_adapters(4, 8, K, N)
     x = random_float((3, K))

@@ -27,9 +27,12 @@ CASES = [
     (lambda a: dict(lora_b=a["lora_b"][0]), ValueError, ValueError, "lora_b must be 3-D"),
     (lambda a: dict(lora_a=a["lora_a"][..., :-1]), ValueError, ValueError, "does not match x's in = 24"),
     (lambda a: dict(lora_b=a["lora_b"][:2]), ValueError, ValueError, "does not match lora_a's L = 3"),
-    (lambda a: dict(lora_b=a["lora_b"][..., :3]), ValueError, ValueError, "and r = 4"),
+    (lambda a: dict(lora_b=a["lora_b"][:, :3]), ValueError, ValueError, "and r = 4"),
     (lambda a: dict(lora_a=a["lora_a"].astype(mx.bfloat16)), TypeError, ValueError, "x's dtype|x dtype"),
     (lambda a: dict(lora_b=a["lora_b"].astype(mx.float32)), TypeError, ValueError, "x's dtype|x dtype"),
+    # Half stacks beside float32 x must be one half dtype.
+    (lambda a: dict(x=a["x"].astype(mx.float32), lora_a=a["lora_a"].astype(mx.bfloat16)), TypeError,
+     ValueError, "x's dtype|x dtype"),
     (lambda a: dict(scale=a["scale"][:2]), ValueError, ValueError, r"scale must be"),
     (lambda a: dict(scale=a["scale"].astype(mx.int32)), TypeError, ValueError, "scale must be"),
     (lambda a: dict(lora_a=a["lora_a"][:0], lora_b=a["lora_b"][:0], scale=a["scale"][:0]), ValueError,

@@ -89,11 +89,11 @@ class DecoderStackPlan:
             x = x * self.embed_scale
         meta = ctx.metadata
         groups = [ctx.group_of(layer) for layer in range(len(ctx.key_caches))]
-        table, arrays = self.lora.step() if self.lora is not None else ([], [])
+        lora = self.lora.step(self.weights) if self.lora is not None else None
         return get_ops().decoder_stack(
             self.weights, x, ctx.key_caches, ctx.value_caches, meta.positions,
             meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, groups,
-            table, arrays)
+            *(lora or ()))
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
         return x.dtype == mx.float32 and ctx.key_caches[0].dtype in _CACHE_DTYPES
@@ -194,7 +194,7 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
         for projection, lin in enumerate(linears):
             ints += lin.spec()
             if lin.lora is not None:
-                sites.append(Site(index, projection, lin.lora._lora_name, lin.lora_row0))
+                sites.append(Site(index, projection, lin.lora._lora_name, lin.lora_col0))
                 bank = lin.lora._lora_bank
         qk, qk_eps, qk_arrays = _qk_norms(inner, facts, where)
         rope = _rope_spec(getattr(inner, "rope", None), facts.head_dim, where)
@@ -267,7 +267,8 @@ def _projections(module: nn.Module, names: tuple, fused: str, rows: tuple,
 class _Rows:
     """A linear as the stack takes it: bits/group size and its arrays (weight [+ scales,
     biases] [+ bias]), possibly a block of a fused linear's output rows; for a LoRA
-    layer, its base's, with the layer and the first of its output rows this block is."""
+    layer, its base's, with the layer and the first of its outputs (a column of the
+    adapters' B) this block is."""
 
     bits: int
     group_size: int
@@ -276,7 +277,7 @@ class _Rows:
     biases: mx.array | None
     bias: mx.array | None
     lora: LoRALinear | None = None
-    lora_row0: int = 0
+    lora_col0: int = 0
 
     @classmethod
     def of(cls, lin: nn.Module, where: str) -> _Rows:
@@ -297,7 +298,7 @@ class _Rows:
     def slice(self, start: int, stop: int) -> _Rows:
         cut = lambda a: None if a is None else a[start:stop]  # noqa: E731
         return _Rows(self.bits, self.group_size, cut(self.weight), cut(self.scales),
-                     cut(self.biases), cut(self.bias), self.lora, self.lora_row0 + start)
+                     cut(self.biases), cut(self.bias), self.lora, self.lora_col0 + start)
 
     def spec(self) -> list[int]:
         return [self.bits, self.group_size, int(self.bias is not None)]

@@ -1,20 +1,26 @@
-"""StackLoRA: where the decoder stack adds LoRA updates, and each step's updates.
+"""StackLoRA: where the decoder stack adds LoRA updates, and the adapters it adds.
 
 With --enable-lora every decoder linear is a LoRALinear; the stack multiplies by
 its base weights and adds the adapters' updates itself (cpu::lora_cpu, the kernel
 of the module path's lora_apply) right after each projection. A site is one
 projection of one layer that takes adapters; a fused linear (qkv_proj,
 gate_up_proj) the stack cuts into slices gives one site per slice, each reading
-its block of the module's B rows (each slice shrinks x again: r x in per row,
+its block of the module's B columns (each slice shrinks x again: r x in per row,
 beside the base matmul's out x in).
+
+The bank's stacks change only when an adapter is placed or evicted, so they reach
+the stack as one DecoderStackLora, rebuilt when the bank's version moves; a step
+passes only its rows' slots.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+
+from vllm_metal.native import get_ops
 
 if TYPE_CHECKING:
     from vllm_metal.lora.bank import LoRABank
@@ -28,31 +34,44 @@ class Site:
     layer: int
     projection: int   # index into PROJECTIONS
     module: str       # the LoRALinear's module path (the bank's key)
-    b_row0: int       # first of the module's B rows this projection's output takes
+    b_col0: int       # first of the module's B columns this projection's output takes
 
 
 @dataclass
 class StackLoRA:
     bank: LoRABank
     sites: list[Site]   # ordered by (layer, projection), as the stack visits them
-    names: list[str] = field(init=False)
+    _built: tuple[int, Any] | None = field(default=None, init=False)  # (bank version, set)
 
     def __post_init__(self) -> None:
         self.sites.sort(key=lambda s: (s.layer, s.projection))
-        self.names = list(dict.fromkeys(s.module for s in self.sites))
 
-    def step(self) -> tuple[list[int], list[mx.array]]:
-        """The step's (lora_table, lora_arrays) for ops.decoder_stack: one entry
-        (layer, projection, b_row0) and four arrays (rows, a, b, scale) per site whose
-        module a row's adapter targets; both empty when none does."""
-        updates = self.bank.step_updates(self.names)
-        table: list[int] = []
+    def step(self, weights) -> tuple[Any, mx.array] | None:
+        """The step's (lora, lora_rows) for ops.decoder_stack over WEIGHTS (the
+        stack's DecoderStackWeights), or None when no row has an adapter."""
+        rows = self.bank.step_rows()
+        if rows is None:
+            return None
+        if self._built is None or self._built[0] != self.bank.version:
+            self._built = (self.bank.version, self._resolve(weights))
+        lora = self._built[1]
+        return None if lora is None else (lora, rows)
+
+    def _resolve(self, weights):
+        """A DecoderStackLora of the sites whose module holds adapters, or None."""
+        modules: dict[str, int] = {}
         arrays: list[mx.array] = []
-        if not updates:
-            return table, arrays
+        filled: list[int] = []
+        table: list[int] = []
         for site in self.sites:
-            found = updates.get(site.module)
-            if found is not None:
-                table += [site.layer, site.projection, site.b_row0]
-                arrays += found
-        return table, arrays
+            if site.module not in modules:
+                stack = self.bank.stack(site.module)
+                if stack is None:
+                    continue
+                modules[site.module] = len(modules)
+                arrays += stack[:3]
+                filled += [int(f) for f in stack[3]]
+            table += [site.layer, site.projection, modules[site.module], site.b_col0]
+        if not table:
+            return None
+        return get_ops().DecoderStackLora(weights, table, arrays, filled)

@@ -1,12 +1,13 @@
 """LoRABank: the adapters resident for the forward, and each step's row -> adapter map.
 
 --max-loras slots. A slot holds one adapter; for every module an adapter targets,
-the module's stack holds A [L, r_max, in] and B [L, out, r_max] (ranks padded with
+the module's stack holds A [L, r_max, in] and B [L, r_max, out] (ranks padded with
 zeros to --max-lora-rank) and scale [L]. A step's rows name their adapter by slot
 (-1: the base model), so one batch mixes adapters and base requests, and a module
 no row's adapter targets costs nothing. The update itself is one op per module
-(vllm_metal.ops.lora), which groups the rows by slot; the CPU decoder stack takes the
-step's stacks instead (``step_updates``) and runs the same kernel inside its node.
+(vllm_metal.ops.lora), which groups the rows by slot; the CPU decoder stack holds the
+stacks itself between adapter loads (``version`` says when they changed) and takes
+each step's row slots (``step_rows``), running the same kernel inside its node.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import mlx.core as mx
 import numpy as np
 
 from vllm_metal.lora.adapter_files import ModuleUpdate
-from vllm_metal.ops.lora import lora_apply, lora_delta
+from vllm_metal.ops.lora import lora_apply, lora_delta, takes_dtypes
 
 
 @dataclass
 class _Stack:
     a: mx.array       # [L, r_max, in]
-    b: mx.array       # [L, out, r_max]
+    b: mx.array       # [L, r_max, out]
     scale: mx.array   # float32 [L]
     filled: np.ndarray  # bool [L]: the slot's adapter targets this module
 
@@ -39,6 +40,8 @@ class LoRABank:
         self._slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU first
         self._rows: np.ndarray | None = None   # int32 [T]: slot per row, -1 base
         self._module_rows: dict[bytes, mx.array | None] = {}
+        self._step_rows: mx.array | None = None
+        self.version = 0   # bumped whenever a stack's contents change
 
     # -- slots ---------------------------------------------------------------
 
@@ -57,6 +60,7 @@ class LoRABank:
         those of adapters this step does not use (least recently used first)."""
         wanted = [int(i) for i in np.unique(row_adapters) if i != 0]
         self._module_rows.clear()
+        self._step_rows = None
         if not wanted:
             self._rows = None
             return
@@ -93,19 +97,20 @@ class LoRABank:
         inp = update.a.shape[1]
         if stack is None:
             stack = _Stack(mx.zeros((self.num_slots, self.max_rank, inp), self.dtype),
-                           mx.zeros((self.num_slots, out, self.max_rank), self.dtype),
+                           mx.zeros((self.num_slots, self.max_rank, out), self.dtype),
                            mx.zeros((self.num_slots,), mx.float32),
                            np.zeros(self.num_slots, dtype=bool))
             self._stacks[name] = stack
         a = mx.zeros((self.max_rank, inp), self.dtype)
         a[:rank] = update.a.astype(self.dtype)
-        b = mx.zeros((out, self.max_rank), self.dtype)
-        b[:, :rank] = update.b.astype(self.dtype)
+        b = mx.zeros((self.max_rank, out), self.dtype)
+        b[:rank] = update.b.T.astype(self.dtype)
         stack.a[slot] = a
         stack.b[slot] = b
         stack.scale[slot] = update.scale
         stack.filled[slot] = True
         mx.eval(stack.a, stack.b, stack.scale)
+        self.version += 1
 
     def _clear(self, slot: int) -> None:
         for stack in self._stacks.values():
@@ -115,6 +120,7 @@ class LoRABank:
                 stack.scale[slot] = 0
                 stack.filled[slot] = False
                 mx.eval(stack.a, stack.b, stack.scale)
+                self.version += 1
 
     # -- the forward -----------------------------------------------------------
 
@@ -124,25 +130,29 @@ class LoRABank:
         if active is None:
             return y
         rows, stack = active
-        if x.dtype == y.dtype == stack.a.dtype:
+        if x.dtype == y.dtype and takes_dtypes(x.dtype, stack.a.dtype):
             return lora_apply(y, x, rows, stack.a, stack.b, stack.scale, validate=False)
-        # Activations in another dtype than the adapters' (a family that casts):
-        # the update in the adapters' dtype, added in y's.
+        # Activations in another dtype than the adapters' (a family that casts, or
+        # half adapters on the GPU): the update in the adapters' dtype, added in y's.
         delta = lora_delta(x.astype(stack.a.dtype), rows, stack.a, stack.b, stack.scale,
                            validate=False)
         return y + delta.astype(y.dtype)
 
-    def step_updates(self, names) -> dict[str, tuple[mx.array, mx.array, mx.array, mx.array]]:
-        """For each of NAMES (module paths) whose stack a row of the step uses:
-        (rows int32 [T], a [L, r_max, in], b [L, out, r_max], scale float32 [L]), rows
-        -1 where the row's adapter does not target the module. Empty without adapters."""
-        found = {}
-        for name in names:
-            active = self._active(name)
-            if active is not None:
-                rows, stack = active
-                found[name] = (rows, stack.a, stack.b, stack.scale)
-        return found
+    def stack(self, name: str) -> tuple[mx.array, mx.array, mx.array, np.ndarray] | None:
+        """Module NAME's (a [L, r_max, in], b [L, r_max, out], scale float32 [L],
+        filled bool [L]: slots whose adapter targets it), or None if no adapter
+        placed so far targeted it."""
+        stack = self._stacks.get(name)
+        return None if stack is None else (stack.a, stack.b, stack.scale, stack.filled.copy())
+
+    def step_rows(self) -> mx.array | None:
+        """The step's slot per row, int32 [T] (-1: the base model), or None when
+        no row has an adapter."""
+        if self._rows is None:
+            return None
+        if self._step_rows is None:
+            self._step_rows = mx.array(self._rows.astype(np.int32))
+        return self._step_rows
 
     def _active(self, name: str) -> tuple[mx.array, _Stack] | None:
         """(the step's row slots for module NAME, its stack), or None when no row's

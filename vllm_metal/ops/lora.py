@@ -6,7 +6,7 @@ step itself (no weights are merged per request), ``lora_apply`` adds it to the
 base layer's output in the same pass. The adapters of one target module are
 stacked in slots, ranks padded with zeros to the largest:
 
-    lora_a [L, r, in], lora_b [L, out, r], scale [L] (alpha / rank per slot)
+    lora_a [L, r, in], lora_b [L, r, out], scale [L] (alpha / rank per slot)
 
 and ``idx [T]`` names each row's slot, -1 for no adapter. The CPU kernel groups
 the rows by slot, so each adapter's A and B are read once per step (on the GPU
@@ -35,7 +35,7 @@ import mlx.core as mx
 
 from vllm_metal.native import get_ops
 
-__all__ = ["lora_apply", "lora_delta"]
+__all__ = ["lora_apply", "lora_delta", "takes_dtypes"]
 
 _FLOAT_DTYPES = (mx.float16, mx.bfloat16, mx.float32)
 _INDEX_DTYPES = (mx.int32, mx.int64)
@@ -47,10 +47,11 @@ def lora_delta(x: mx.array, idx: mx.array, lora_a: mx.array, lora_b: mx.array, s
 
     x:      [..., in] float16/bfloat16/float32; the leading dimensions are the T rows
     idx:    int32/int64 [T], each row's adapter slot in [-1, L); -1 = no adapter
-    lora_a: [L, r, in], x's dtype (slots of lower rank padded with zeros)
-    lora_b: [L, out, r], x's dtype
+    lora_a: [L, r, in], x's dtype (slots of lower rank padded with zeros); on the CPU,
+            also bfloat16/float16 beside float32 x (read as fp32)
+    lora_b: [L, r, out], lora_a's dtype (mlx-lm's layout, B transposed from PEFT's)
     scale:  float [L], each slot's alpha / rank (used as float32)
-    Returns [..., out] in x's dtype: ``scale[a] * lora_b[a] @ (lora_a[a] @ x[t])``
+    Returns [..., out] in x's dtype: ``scale[a] * (lora_a[a] @ x[t]) @ lora_b[a]``
     for a = idx[t], zeros where idx is -1; accumulated in float32, rounded once.
     validate=False skips the Python checks (the extension still checks shapes and dtypes).
     """
@@ -64,7 +65,7 @@ def lora_apply(y: mx.array, x: mx.array, idx: mx.array, lora_a: mx.array, lora_b
     """The base output y with each row's LoRA update added, in one pass.
 
     y:      [..., out_cols], x's dtype and leading dimensions: the base layer's output
-    x, idx, lora_a, lora_b, scale: as ``lora_delta`` (lora_b [L, out, r])
+    x, idx, lora_a, lora_b, scale: as ``lora_delta`` (lora_b [L, r, out])
     column_offset: the update goes to columns [column_offset, column_offset + out)
             of y: one slice of a fused projection
     Returns y's shape and dtype: ``y + update`` rounded once in those columns; rows
@@ -80,12 +81,20 @@ def lora_apply(y: mx.array, x: mx.array, idx: mx.array, lora_a: mx.array, lora_b
                              f"got {y.shape}")
         if not isinstance(column_offset, Integral) or isinstance(column_offset, bool):
             raise TypeError(f"column_offset must be an int, got {column_offset!r}")
-        out = lora_b.shape[1]
+        out = lora_b.shape[2]
         if column_offset < 0 or column_offset + out > y.shape[-1]:
             raise ValueError(f"the update's columns [{column_offset}, {column_offset + out}) must lie "
                              f"within y's {y.shape[-1]} columns")
     return get_ops().lora_apply(y, x, idx, lora_a, lora_b, scale, column_offset=int(column_offset),
                                 stream=_stream())
+
+
+def takes_dtypes(x_dtype: mx.Dtype, stack_dtype: mx.Dtype) -> bool:
+    """Whether the ops take rows of X_DTYPE with stacks of STACK_DTYPE: one dtype, or
+    on the CPU half-precision stacks beside float32 rows (read as fp32)."""
+    return x_dtype == stack_dtype or (
+        x_dtype == mx.float32 and stack_dtype in (mx.bfloat16, mx.float16)
+        and not get_ops().metal_kernels_loaded())
 
 
 def _check(x, idx, lora_a, lora_b, scale) -> None:
@@ -104,18 +113,20 @@ def _check(x, idx, lora_a, lora_b, scale) -> None:
     if lora_a.ndim != 3:
         raise ValueError(f"lora_a must be 3-D [L, r, in], got shape {lora_a.shape}")
     if lora_b.ndim != 3:
-        raise ValueError(f"lora_b must be 3-D [L, out, r], got shape {lora_b.shape}")
+        raise ValueError(f"lora_b must be 3-D [L, r, out], got shape {lora_b.shape}")
     slots, rank, k = lora_a.shape
     if k != x.shape[-1]:
         raise ValueError(f"lora_a [L, r, in] = {lora_a.shape} does not match x's in = {x.shape[-1]}")
-    if lora_b.shape[0] != slots or lora_b.shape[2] != rank:
-        raise ValueError(f"lora_b [L, out, r] = {lora_b.shape} does not match lora_a's L = {slots} "
+    if lora_b.shape[0] != slots or lora_b.shape[1] != rank:
+        raise ValueError(f"lora_b [L, r, out] = {lora_b.shape} does not match lora_a's L = {slots} "
                          f"and r = {rank}")
     if slots < 1 or rank < 1:
         raise ValueError(f"lora_a needs at least one slot (L >= 1) of rank r >= 1, got {lora_a.shape}")
-    for name, a in (("lora_a", lora_a), ("lora_b", lora_b)):
-        if a.dtype != x.dtype:
-            raise TypeError(f"{name} dtype {a.dtype} must equal x dtype {x.dtype}")
+    if lora_a.dtype != lora_b.dtype or not takes_dtypes(x.dtype, lora_a.dtype):
+        for name, a in (("lora_a", lora_a), ("lora_b", lora_b)):
+            if a.dtype != x.dtype:
+                raise TypeError(f"{name} dtype {a.dtype} must equal x dtype {x.dtype} (on the "
+                                f"CPU, bfloat16 or float16 both, beside float32 x)")
     _float("scale", scale)
     if scale.shape != (slots,):
         raise ValueError(f"scale must be [L] = ({slots},), got {scale.shape}")

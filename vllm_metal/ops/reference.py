@@ -153,12 +153,12 @@ def embedding_gather_ref(ids: mx.array, table: mx.array, scales: mx.array | None
 def lora_delta_ref(x: mx.array, idx: mx.array, lora_a: mx.array, lora_b: mx.array,
                    scale: mx.array) -> mx.array:
     """Each row's LoRA update: x [..., in] (T rows), idx [T] in [-1, L) (-1: none),
-    lora_a [L, r, in], lora_b [L, out, r], scale [L]; returns [..., out] in x's dtype.
+    lora_a [L, r, in], lora_b [L, r, out], scale [L]; returns [..., out] in x's dtype.
 
     Per adapter slot in use: its rows of x, through A then B, in float32.
     Raises ValueError for an idx outside [-1, L) (checked on the host).
     """
-    slots, out = lora_a.shape[0], lora_b.shape[1]
+    slots, out = lora_a.shape[0], lora_b.shape[2]
     rows = x.reshape(-1, x.shape[-1]).astype(mx.float32)
     values = idx.tolist()
     bad = [v for v in values if not -1 <= v < slots]
@@ -168,7 +168,7 @@ def lora_delta_ref(x: mx.array, idx: mx.array, lora_a: mx.array, lora_b: mx.arra
     for slot in sorted(set(values) - {-1}):
         mine = mx.array([t for t, v in enumerate(values) if v == slot])
         a, b = lora_a[slot].astype(mx.float32), lora_b[slot].astype(mx.float32)
-        delta[mine] = scale[slot].astype(mx.float32) * ((rows[mine] @ a.T) @ b.T)
+        delta[mine] = scale[slot].astype(mx.float32) * ((rows[mine] @ a.T) @ b)
     return delta.reshape(*x.shape[:-1], out).astype(x.dtype)
 
 
@@ -177,7 +177,7 @@ def lora_apply_ref(y: mx.array, x: mx.array, idx: mx.array, lora_a: mx.array, lo
     """y [..., out_cols] with lora_delta_ref's update (in float32, before rounding)
     added to columns [column_offset, column_offset + out); rows with idx -1 and
     the other columns keep y's values. Returns y's shape and dtype."""
-    out = lora_b.shape[1]
+    out = lora_b.shape[2]
     update = lora_delta_ref(x.astype(mx.float32), idx, lora_a, lora_b, scale)
     rows = [t for t, v in enumerate(idx.tolist()) if v != -1]
     flat = y.reshape(-1, y.shape[-1])

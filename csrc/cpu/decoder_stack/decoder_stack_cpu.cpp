@@ -247,17 +247,31 @@ void add_residual(float* h, const float* y, float s, int64_t n) {
   }
 }
 
-// Adds the step's LoRA updates of projection p of layer li to its output out
-// [t, out_features] (x its input [t, in_features]) in place. `next` walks a.lora,
-// which is ordered as the loop visits projections.
-void add_lora(const StackArgs& a, size_t& next, int li, int p, const float* x, float* out) {
-  for (; next < a.lora.size() && a.lora[next].layer == li && a.lora[next].projection == p; ++next) {
-    const StackLora& u = a.lora[next];
+// Adds the LoRA updates of projection p of layer li to its output out
+// [t, out_features] (x its input [t, in_features]) in place. `next` walks
+// *a.lora, which is ordered as the loop visits projections; `idx` is scratch
+// for t slots.
+void add_lora(const StackArgs& a, size_t& next, int li, int p, const float* x, float* out,
+              int32_t* idx) {
+  if (a.lora == nullptr) return;
+  const std::vector<StackLora>& sites = *a.lora;
+  for (; next < sites.size() && sites[next].layer == li && sites[next].projection == p; ++next) {
+    const StackLora& u = sites[next];
+    // The rows whose adapter targets this projection keep their slot; a slot
+    // outside [-1, num_slots) is kept for lora_cpu to refuse.
+    bool any = false;
+    for (int64_t r = 0; r < a.t; ++r) {
+      const int32_t s = a.lora_rows[r];
+      idx[r] = s >= 0 && s < u.num_slots && !u.filled[s] ? -1 : s;
+      any = any || idx[r] != -1;
+    }
+    if (!any) continue;
     LoraArgs l{};
     l.x = x;
-    l.idx = u.idx;
+    l.idx = idx;
     l.a = u.a;
     l.b = u.b;
+    l.b_ld = u.b_ld;
     l.scale = u.scale;
     l.y = out;
     l.out = out;
@@ -271,7 +285,6 @@ void add_lora(const StackArgs& a, size_t& next, int li, int p, const float* x, f
     l.out_cols = u.out_features;
     l.column_offset = 0;
     l.in_place = true;
-    l.b_slot_stride = u.b_rows * u.rank;
     lora_cpu(l);
   }
 }
@@ -316,6 +329,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   ScratchVector<float> angles;
   const StackLayer* angles_of = nullptr;
   size_t next_lora = 0;
+  ScratchVector<int32_t> lora_idx(a.lora != nullptr ? t : 0);
   for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
     const StackLayer& l = layers[li];
     const int group = a.layer_groups[li];
@@ -334,9 +348,9 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
       attn_in = xn.data();
     }
     linears<3>({&l.q, &l.k, &l.v}, attn_in, t, {q.data(), k.data(), v.data()});
-    add_lora(a, next_lora, li, kQ, attn_in, q.data());
-    add_lora(a, next_lora, li, kK, attn_in, k.data());
-    add_lora(a, next_lora, li, kV, attn_in, v.data());
+    add_lora(a, next_lora, li, kQ, attn_in, q.data(), lora_idx.data());
+    add_lora(a, next_lora, li, kK, attn_in, k.data(), lora_idx.data());
+    add_lora(a, next_lora, li, kV, attn_in, v.data(), lora_idx.data());
     if (l.qk_norm == StackQkNorm::PerHead) {
       norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
       norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
@@ -365,7 +379,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     run_paged_attention_cpu(pa, route);
 
     linear(l.o, attn.data(), t, tmp.data());
-    add_lora(a, next_lora, li, kO, attn.data(), tmp.data());
+    add_lora(a, next_lora, li, kO, attn.data(), tmp.data(), lora_idx.data());
     if (l.norms & kPostAttention) norm(l.post_attn_norm, tmp.data(), t, hidden, tmp.data());
     add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
 
@@ -376,11 +390,11 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     }
     const int64_t width = l.gate.out_features();
     linears<2>({&l.gate, &l.up}, mlp_in, t, {gate.data(), up.data()});
-    add_lora(a, next_lora, li, kGate, mlp_in, gate.data());
-    add_lora(a, next_lora, li, kUp, mlp_in, up.data());
+    add_lora(a, next_lora, li, kGate, mlp_in, gate.data(), lora_idx.data());
+    add_lora(a, next_lora, li, kUp, mlp_in, up.data(), lora_idx.data());
     gated(l.activation, gate.data(), up.data(), t * width);
     linear(l.down, gate.data(), t, tmp.data());
-    add_lora(a, next_lora, li, kDown, gate.data(), tmp.data());
+    add_lora(a, next_lora, li, kDown, gate.data(), tmp.data(), lora_idx.data());
     if (l.norms & kPostMlp) norm(l.post_mlp_norm, tmp.data(), t, hidden, tmp.data());
     add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
   }

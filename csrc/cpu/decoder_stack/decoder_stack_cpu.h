@@ -85,20 +85,21 @@ struct StackLayer {
 // A layer's projections, in the order the stack computes them.
 enum StackProjection : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
 
-// One projection's LoRA update for the step (as cpu::lora_cpu computes it), added
-// to the projection's fp32 output right after its matmul, from the projection's
-// fp32 input (also with int8 activations, as the module path's LoRA layer does).
+// Where the stack adds a LoRA update (as cpu::lora_cpu computes it): to one
+// projection's fp32 output right after its matmul, from the projection's fp32
+// input (also with int8 activations, as the module path's LoRA layer does).
 // A and B are fp32, or bf16/fp16 read as fp32 (--lora-dtype: half the bytes).
 struct StackLora {
   int layer;
-  int projection;       // StackProjection
-  const int32_t* idx;   // [t] each row's adapter slot, -1 none
-  const void* a;        // [num_slots, rank, in_features]
-  const void* b;        // row b_row0 of B [num_slots, b_rows, rank]: the projection's
-                        // block of a fused linear's output rows (whole B otherwise)
-  Elem weight_type;     // of a and b
-  const float* scale;   // [num_slots]
-  int64_t num_slots, rank, in_features, out_features, b_rows;
+  int projection;         // StackProjection
+  const void* a;          // [num_slots, rank, in_features]
+  const void* b;          // column b_col0 of B [num_slots, rank, b_ld]: the projection's
+                          // block of a fused linear's output columns (all of B otherwise)
+  int64_t b_ld;
+  Elem weight_type;       // of a and b
+  const float* scale;     // [num_slots]
+  const uint8_t* filled;  // [num_slots]: the slot's adapter targets this projection
+  int64_t num_slots, rank, in_features, out_features;
 };
 
 struct StackArgs {
@@ -130,8 +131,10 @@ struct StackArgs {
   const std::vector<StackLayer>* layers;
   std::vector<void*> key_caches;
   std::vector<void*> value_caches;
-  // The step's LoRA updates, ordered by (layer, projection); empty without adapters.
-  std::vector<StackLora> lora;
+  // The resident adapters' sites, ordered by (layer, projection), and each row's
+  // slot (-1: the base model); both null without adapters in the step.
+  const std::vector<StackLora>* lora = nullptr;
+  const int32_t* lora_rows = nullptr;  // [t]
 };
 
 // Runs every layer; returns the attention route of the last one (diagnostics).

@@ -8,7 +8,7 @@
 
 namespace vllm_metal::cpu {
 
-// out[t, offset + c] = (y[t, offset + c] +) scale[a] * B[a, c, :] . (A[a] @ x[t])
+// out[t, offset + c] = (y[t, offset + c] +) scale[a] * B[a, :, c] . (A[a] @ x[t])
 // for a = idx[t] >= 0 and c < out_features; rows with idx -1 get no update.
 // All float arrays row-contiguous. x, y and out are of `type`; a and b of
 // `weight_type`, which is `type` or, beside an F32 type, BF16 or F16 (half
@@ -17,7 +17,7 @@ struct LoraArgs {
   const void* x;          // [rows, in_features]
   const int32_t* idx;     // [rows], each in [-1, num_slots)
   const void* a;          // [num_slots, rank, in_features]
-  const void* b;          // [num_slots, out_features, rank]
+  const void* b;          // [num_slots, rank, b_ld]: columns [0, out_features) are read
   const float* scale;     // [num_slots]
   const void* y;          // [rows, out_cols], or null: out is the update alone
   void* out;              // [rows, out_cols]; may be y's own buffer (in_place)
@@ -31,9 +31,9 @@ struct LoraArgs {
   int64_t out_cols;       // out_features when y is null
   int64_t column_offset;  // column of out holding update column 0
   bool in_place;          // out is y: columns outside the segment are already there
-  // Elements from one slot's B to the next; 0: out_features * rank. Larger when b
-  // points at a block of rows of a fused projection's B (the decoder stack's slices).
-  int64_t b_slot_stride = 0;
+  // Elements from one B row to the next; 0: out_features. Larger when b points at
+  // a block of columns of a fused projection's B (the decoder stack's slices).
+  int64_t b_ld = 0;
 };
 
 // Raises std::out_of_range, before writing anything, for an idx outside

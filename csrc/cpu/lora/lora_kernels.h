@@ -35,12 +35,13 @@ struct LoraShrink {
 };
 
 // For i < count and segment columns c in [c0, c1), at o = rows[i] * ldo + offset + c:
-// out[o] = (y[o] +) sum over j < rank, in order, of u[i * ldu + j] * b[c * rank + j].
+// out[o] = (y[o] +) sum over j < rank, in order, of u[i * ldu + j] * b[j * ldb + c].
 struct LoraExpand {
   const float* u;
   int64_t ldu;
   LoraRows rows;
-  const void* b;      // one adapter's [out_features, rank]
+  const void* b;      // one adapter's B [rank, >= c1 columns], at the segment's column 0
+  int64_t ldb;        // elements from one B row to the next
   int64_t rank;
   int64_t c0, c1;
   const void* y;      // null: no base output
@@ -49,13 +50,12 @@ struct LoraExpand {
   int64_t offset;
   Elem type;          // of y and out
   Elem weight_type;   // of b: type, or BF16/F16 beside an F32 out
-  float* panel;       // scratch: lora_panel_floats(rank) floats
 };
 
 struct LoraKernels {
   void (*shrink)(const LoraShrink& s);
   void (*expand)(const LoraExpand& e);
-  int width;  // fp32 lanes per vector: the expand's column tile
+  int width;  // fp32 lanes per vector: the unit of the expand's column blocks
 };
 
 const LoraKernels& lora_kernels_generic();
@@ -66,10 +66,5 @@ const LoraKernels& lora_kernels_avx512();
 
 // The table of the active ISA (cpu/runtime/isa.h).
 const LoraKernels& lora_kernels();
-
-// Scratch floats an expand call needs for `rank`: one tile of B, transposed.
-inline int64_t lora_panel_floats(int64_t rank, int width) {
-  return (rank + width - 1) / width * width * width;
-}
 
 }  // namespace vllm_metal::cpu
