@@ -84,7 +84,14 @@ def _batch(round_index: int):
     return prompts, params
 
 
-@pytest.mark.parametrize("mode", sorted(MODES))
+# int8 activations on a host without AVX-512 VNNI run the portable int8 kernel:
+# this mode's rounds alone took ~9 of the README suite's minutes on a 2-core AVX2
+# host. It runs with the slow tests (.ci/run runs those too).
+SLOW_MODES = {"int8-fp16-kv"}
+
+
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW_MODES else m
+                                  for m in sorted(MODES)])
 def test_memory_returns_to_its_level_after_the_first_round(mode, monkeypatch):
     path = DEFAULT_MODEL.path()
     if path is None:
