@@ -22,14 +22,10 @@ const cpu::StackLinear& projection(const cpu::StackLayer& l, int p) {
   return *all[p];
 }
 
-bool adapter_float(mx::Dtype t) {
-  return t == mx::float32 || t == mx::bfloat16 || t == mx::float16;
-}
-
 // One module's stacks against each other; returns (L, r).
 std::pair<int, int> check_module(const mx::array& a, const mx::array& b, const mx::array& scale,
                                  const std::string& where) {
-  if (a.dtype() != b.dtype() || !adapter_float(a.dtype()) || scale.dtype() != mx::float32) {
+  if (a.dtype() != b.dtype() || !is_linear_float(a.dtype()) || scale.dtype() != mx::float32) {
     fail(where + ": a and b must be float32, bfloat16 or float16 (one dtype), scale float32");
   }
   if (a.ndim() != 3 || b.ndim() != 3 || b.shape(0) != a.shape(0) || b.shape(1) != a.shape(1) ||
