@@ -18,6 +18,7 @@
 #include "ops/reshape_and_cache.h"
 #include "ops/quantized_matmul.h"
 #include "ops/dense_matmul.h"
+#include "ops/expert_matmul.h"
 #include "ops/embedding_gather.h"
 #include "ops/rms_norm.h"
 #include "ops/sample_tokens.h"
@@ -118,6 +119,27 @@ does not admit count as -inf.)");
       R"(x [..., K] @ w.T for w float32/bfloat16/float16 [N, K]; bias optional [N].
 Returns [..., N] (fp32 accumulation) in MLX's promotion of the x, w and bias
 dtypes.)");
+
+  m.def(
+      "expert_matmul",
+      &vllm_metal::expert_matmul,
+      "x"_a,
+      "idx"_a,
+      "w"_a,
+      "scales"_a = nb::none(),
+      "biases"_a = nb::none(),
+      "bits"_a = 0,
+      "group_size"_a = 0,
+      "bias"_a = nb::none(),
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Mixture-of-experts products: out[p] = x[p / (P / R)] @ W[idx[p]].T (+ bias[idx[p]]).
+x [R, K] float (R divides P); idx int32/uint32 [P] in [0, E); w float [E, N, K]
+(bits 0) or uint32 [E, N, K * bits / 32] with scales/biases [E, N, K / group_size]
+(bits 4/8, MLX affine); bias optional [E, N]. Returns [P, N] (fp32 accumulation)
+in MLX's promotion of the x, weight (scales) and bias dtypes. Pairs are grouped by
+expert: each touched expert is read once. An idx outside [0, E) raises at
+evaluation.)");
 
   m.def(
       "embedding_gather",

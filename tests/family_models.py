@@ -33,6 +33,8 @@ INTER = 512
 MAX_POS = 4096
 # Small enough that short test prompts cross it.
 WINDOW = 16
+MOE_EXPERTS = 4
+MOE_INTER = 128
 
 _DIMS = dict(hidden_size=HIDDEN, num_hidden_layers=2, intermediate_size=INTER,
              num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
@@ -114,11 +116,74 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "gpt_bigcode": ("GPTBigCodeForCausalLM", dict(n_embd=HIDDEN, n_layer=2, n_inner=INTER,
                                                   n_head=HEADS, n_positions=MAX_POS,
                                                   layer_norm_epsilon=1e-5, multi_query=True)),
+    # Mixture-of-experts: 4 experts, top-2 (llama4: top-1, as it ships), small
+    # expert MLPs; shared experts, dense first layers, grouped and biased
+    # routing where the family has them.
+    "qwen2_moe": ("Qwen2MoeForCausalLM", dict(
+        num_experts=MOE_EXPERTS, num_experts_per_tok=2, moe_intermediate_size=MOE_INTER,
+        shared_expert_intermediate_size=2 * MOE_INTER, tie_word_embeddings=False)),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", dict(
+        num_experts=MOE_EXPERTS, num_experts_per_tok=2, moe_intermediate_size=MOE_INTER,
+        decoder_sparse_step=1, mlp_only_layers=[0], norm_topk_prob=True,
+        tie_word_embeddings=False)),
+    "mixtral": ("MixtralForCausalLM", dict(
+        num_local_experts=MOE_EXPERTS, num_experts_per_tok=2, intermediate_size=MOE_INTER,
+        tie_word_embeddings=False)),
+    "olmoe": ("OlmoeForCausalLM", dict(
+        num_experts=MOE_EXPERTS, num_experts_per_tok=2, intermediate_size=MOE_INTER,
+        norm_topk_prob=False, tie_word_embeddings=False)),
+    "phimoe": ("PhimoeForCausalLM", dict(
+        num_local_experts=MOE_EXPERTS, num_experts_per_tok=2, intermediate_size=MOE_INTER,
+        original_max_position_embeddings=MAX_POS, tie_word_embeddings=False)),
+    "granitemoe": ("GraniteMoeForCausalLM", dict(
+        num_local_experts=MOE_EXPERTS, num_experts_per_tok=2, intermediate_size=MOE_INTER,
+        logits_scaling=4.0, attention_multiplier=0.05, embedding_multiplier=3.0,
+        residual_multiplier=0.5, attention_bias=False, tie_word_embeddings=True)),
+    "ernie4_5_moe": ("Ernie4_5_MoeForCausalLM", dict(
+        moe_num_experts=MOE_EXPERTS, moe_k=2, moe_intermediate_size=MOE_INTER,
+        moe_num_shared_experts=1, moe_layer_start_index=1, use_bias=False,
+        tie_word_embeddings=True)),
+    "glm4_moe": ("Glm4MoeForCausalLM", dict(
+        n_routed_experts=MOE_EXPERTS, num_experts_per_tok=2, moe_intermediate_size=MOE_INTER,
+        n_shared_experts=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, first_k_dense_replace=1, rope_scaling=None, use_qk_norm=True,
+        attention_bias=True, partial_rotary_factor=0.5, tie_word_embeddings=False)),
+    "llama4_text": ("Llama4ForCausalLM", dict(
+        num_hidden_layers=4, num_local_experts=MOE_EXPERTS, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, intermediate_size=MOE_INTER, intermediate_size_mlp=INTER,
+        attention_chunk_size=WINDOW, use_qk_norm=True, no_rope_layers=[1, 1, 1, 0],
+        attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1,
+        tie_word_embeddings=False)),
+    "dbrx": ("DbrxForCausalLM", dict(
+        d_model=HIDDEN, n_heads=HEADS, n_layers=2,
+        ffn_config=dict(ffn_hidden_size=MOE_INTER, moe_num_experts=MOE_EXPERTS, moe_top_k=2),
+        attn_config=dict(kv_n_heads=KV_HEADS, clip_qkv=8.0, rope_theta=10000.0),
+        tie_word_embeddings=False)),
+    "dots1": ("Dots1ForCausalLM", dict(
+        n_routed_experts=MOE_EXPERTS, num_experts_per_tok=2, moe_intermediate_size=MOE_INTER,
+        n_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True,
+        routed_scaling_factor=2.5, scoring_func="noaux_tc", n_group=2, topk_group=1,
+        tie_word_embeddings=False)),
+    "bailing_moe": ("BailingMoeForCausalLM", dict(
+        num_experts=MOE_EXPERTS, num_experts_per_tok=2, moe_intermediate_size=MOE_INTER,
+        num_shared_experts=1, first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=True,
+        score_function="sigmoid", moe_router_enable_expert_bias=True, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, tie_word_embeddings=False)),
+    "gpt_oss": ("GptOssForCausalLM", dict(
+        num_hidden_layers=4, num_local_experts=MOE_EXPERTS, num_experts_per_tok=2,
+        intermediate_size=MOE_INTER, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=False)),
+    "afmoe": ("AfmoeForCausalLM", dict(
+        num_hidden_layers=4, num_experts=MOE_EXPERTS, num_experts_per_tok=2,
+        moe_intermediate_size=MOE_INTER, num_shared_experts=1, num_dense_layers=1,
+        sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2,
+        n_group=2, topk_group=1, route_scale=2.5, mup_enabled=True,
+        tie_word_embeddings=False)),
 }
 
 # Model types transformers 5 has no configuration class for (their hub
 # checkpoints ship one as remote code).
-REMOTE_CODE = {"internlm2", "internlm3", "minicpm", "mimo"}
+REMOTE_CODE = {"internlm2", "internlm3", "minicpm", "mimo", "bailing_moe"}
 
 _GAIN = {"o_proj": 3.0, "down_proj": 3.0, "dense": 3.0, "c_proj": 3.0, "wo": 3.0, "w2": 3.0,
          "out_proj": 3.0, "dense_4h_to_h": 3.0, "fc2": 3.0}

@@ -47,4 +47,4 @@ def test_without_the_stack_the_module_path(monkeypatch):
     monkeypatch.setenv("VLLM_METAL_CPU_DECODER_STACK", "0")
     loaded = load_model(str(cached_tiny_model("llama")), mx.float32, CpuBackend())
     assert loaded.backbone.stack is None
-    assert "linear/embedding layers on the fast CPU path" in loaded.backbone.summary
+    assert "linear/embedding/expert layers on the fast CPU path" in loaded.backbone.summary

@@ -3,6 +3,7 @@ the fast CPU path equals mlx-lm's own forward of the same quantized file."""
 
 import mlx.core as mx
 import pytest
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from tests.family_models import FAMILIES, cached_family_model
 from tests.models.test_family_sweep import paged_logits
@@ -27,3 +28,6 @@ def test_quantized_family_matches_mlx_lm(family, bits):
     scale = max(float(mx.abs(want).max()), 1.0)
     assert float(mx.abs(got - want).max()) <= 2e-3 * scale
     assert (got.argmax(-1) == want.argmax(-1)).all().item()
+    # MoE families: every expert layer runs vllm-metal's expert matmul.
+    assert not [name for name, m in loaded.model.named_modules()
+                if type(m) in (SwitchLinear, QuantizedSwitchLinear)]

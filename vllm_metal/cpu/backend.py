@@ -98,7 +98,7 @@ class CpuBackend(Backend):
         stack = None
         if fast and envs.VLLM_METAL_CPU_DECODER_STACK:
             stack = plan_decoder_stack(adapter, int8_activations=int8)
-        summary = (f"{fast} linear/embedding layers on the fast CPU path"
+        summary = (f"{fast} linear/embedding/expert layers on the fast CPU path"
                    f"{', decoder stack as one CPU node' if stack else ''}"
                    f"{', int8 activations' if int8 and fast else ''}")
         return CpuBackbone(adapter, stack, summary)

@@ -3,7 +3,8 @@
 MLX's Linux CPU backend computes matmuls with a reference BLAS and scalar
 quantized kernels; ``use_fast_cpu_linears`` switches every ``nn.Linear``,
 ``nn.QuantizedLinear``, ``nn.Embedding`` and ``nn.QuantizedEmbedding`` (and so
-a tied ``as_linear`` head) to the extension's SIMD, multi-threaded ops. It
+a tied ``as_linear`` head), and mlx-lm's expert layers (cpu/fast_experts.py), to
+the extension's SIMD, multi-threaded ops. It
 changes the class of each module in place: parameters, parents and any other
 reference to the module stay as they are, and nothing is copied.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from vllm_metal.cpu.fast_experts import FAST_EXPERT_CLASSES, fast_expert_class
 from vllm_metal.native import get_ops
 from vllm_metal.ops.linear import (BITS, GROUP_SIZES, dense_matmul, embedding_gather,
                                    quantized_matmul)
@@ -167,6 +169,9 @@ def _as_activation(module: nn.Module, rows: mx.array) -> mx.array:
 def _fast_class(module: nn.Module) -> type | None:
     # Exact types only: a subclass may have changed what __call__ computes.
     kind = type(module)
+    experts = fast_expert_class(module)
+    if experts is not None:
+        return experts
     if kind is nn.Linear and _dense_ok(module):
         return FastLinear
     if kind is nn.Embedding and _dense_ok(module):
@@ -178,7 +183,8 @@ def _fast_class(module: nn.Module) -> type | None:
     return None
 
 
-_FAST_CLASSES = (FastLinear, FastEmbedding, FastQuantizedLinear, FastQuantizedEmbedding)
+_FAST_CLASSES = (FastLinear, FastEmbedding, FastQuantizedLinear, FastQuantizedEmbedding,
+                 *FAST_EXPERT_CLASSES)
 
 
 def _dense_ok(module: nn.Module) -> bool:

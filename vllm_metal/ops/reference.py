@@ -125,6 +125,24 @@ def dense_matmul_ref(x: mx.array, w: mx.array, bias: mx.array | None = None) -> 
     return out.astype(_result_type(x, w, bias))
 
 
+def expert_matmul_ref(x: mx.array, idx: mx.array, w: mx.array, scales: mx.array | None = None,
+                      biases: mx.array | None = None, *, bits: int = 0, group_size: int = 0,
+                      bias: mx.array | None = None) -> mx.array:
+    """x [R, K], idx [P], experts w [E, N, K] (or quantized, as ops.experts.expert_matmul)
+    -> [P, N]: each pair's row times its expert's dequantized matrix, in float32."""
+    if bits:
+        dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32),
+                              group_size=group_size, bits=bits)
+    else:
+        dense = w.astype(mx.float32)
+    rows = mx.repeat(x.astype(mx.float32), idx.shape[0] // max(x.shape[0], 1), axis=0)
+    picked = dense[idx.astype(mx.int32)]                      # [P, N, K]
+    out = (picked @ rows[:, :, None])[:, :, 0]
+    if bias is not None:
+        out = out + bias.astype(mx.float32)[idx.astype(mx.int32)]
+    return out.astype(_result_type(x, scales if bits else w, bias))
+
+
 def _result_type(*arrays: mx.array | None) -> mx.Dtype:
     return mx.result_type(*(a.dtype for a in arrays if a is not None))
 

@@ -1,8 +1,10 @@
 #include "cpu/linear/linear_driver.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
+#include "cpu/linear/linear_kernels.h"
 #include "cpu/runtime/thread_pool.h"
 
 namespace vllm_metal::cpu::driver {
@@ -11,8 +13,62 @@ namespace {
 
 // Work items per pool thread: a thread that finishes early takes another.
 constexpr int64_t kItemsPerThread = 2;
+// fp32 weight panels of one GEMM tile, sized to sit in L2.
+constexpr int64_t kTileFloats = 48 * 1024;
 
-// dst[offset : offset + n] = src[0:n] (+ bias[0:n]) as t.
+} // namespace
+
+PreparedX prepare_x(const LinearIO& io, int64_t k, bool nibble, int gs, const int32_t* rows) {
+  PreparedX p;
+  const bool copy = nibble || io.x_type != Elem::F32 || rows != nullptr;
+  if (!copy && gs == 0) {
+    p.x = static_cast<const float*>(io.x);
+    return p;
+  }
+  std::unique_ptr<float[]> row(new float[k]);
+  if (copy) p.owned = scratch_array<float>(io.m * k);
+  const int64_t groups = gs > 0 ? k / gs : 0;
+  if (gs > 0) p.xsum = scratch_array<float>(io.m * groups);
+  for (int64_t i = 0; i < io.m; ++i) {
+    load_row(io.x, io.x_type, (rows != nullptr ? rows[i] : i) * k, k, row.get());
+    if (copy) {
+      float* dst = p.owned.get() + i * k;
+      if (nibble) {
+        for (int64_t b = 0; b < k; b += kNibbleBlock) {
+          for (int j = 0; j < kNibbleBlock / 2; ++j) {
+            dst[b + j] = row[b + 2 * j];
+            dst[b + kNibbleBlock / 2 + j] = row[b + 2 * j + 1];
+          }
+        }
+      } else {
+        std::copy(row.get(), row.get() + k, dst);
+      }
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      float s = 0.0f;
+      for (int64_t c = 0; c < gs; ++c) s += row[g * gs + c];
+      p.xsum[i * groups + g] = s;
+    }
+  }
+  p.x = copy ? p.owned.get() : static_cast<const float*>(io.x);
+  return p;
+}
+
+int64_t tile_rows(int64_t n, int64_t k, bool parallel, int panel_rows) {
+  const int64_t pair = 2 * panel_rows;
+  int64_t rows = std::max(pair, (kTileFloats / std::max<int64_t>(k, 1)) / pair * pair);
+  if (parallel) rows = std::min(rows, item_columns(n, pair, true));
+  return rows;
+}
+
+PanelBuffer panel_buffer(int64_t rows, int64_t k, int panel_rows) {
+  thread_local ScratchVector<float> buf;
+  const int64_t panel_floats = round_up(rows, panel_rows) * k;
+  const int64_t floats = panel_floats + panel_rows * k;
+  if (static_cast<int64_t>(buf.size()) < floats) buf.resize(floats);
+  return {buf.data(), buf.data() + panel_floats};
+}
+
 void store_row(const float* src, const float* bias, int64_t n, void* dst, Elem t, int64_t offset) {
   for_types(t, [&](auto type) {
     using T = decltype(type);
@@ -26,8 +82,6 @@ void store_row(const float* src, const float* bias, int64_t n, void* dst, Elem t
     }
   });
 }
-
-} // namespace
 
 void load_row(const void* src, Elem t, int64_t offset, int64_t n, float* dst) {
   for_types(t, [&](auto type) {

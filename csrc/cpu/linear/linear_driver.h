@@ -37,8 +37,48 @@ inline int64_t round_up(int64_t a, int64_t b) {
   return ceil_div(a, b) * b;
 }
 
+// Up to this many rows of x, weights are decoded in registers per chunk of
+// rows (GEMV); above it fp32 panels of W are decoded once and reused (GEMM).
+// Crossovers measured on Zen 4 (AVX-512) at SmolLM2's shapes.
+constexpr int64_t kQuantGemvMaxRows = 12;
+constexpr int64_t kDenseGemvMaxRows = 12;
+// Rows of x per GEMV call (one weight decode serves them all).
+constexpr int kGemvRows = 4;
+// Columns per GEMV sub-range when x has several chunks of rows: the
+// sub-range's weights stay in L1 from one chunk to the next.
+constexpr int64_t kGemvSubCols = 16;
+
+// x as fp32 rows [m, k] (the input itself when it already is, else a copy, in
+// nibble order when `nibble`); xsum [m, k / gs] each group's sum (gs > 0).
+struct PreparedX {
+  const float* x = nullptr;
+  ScratchArray<float> owned;
+  ScratchArray<float> xsum;
+};
+
+// Row i of the result is row rows[i] of io.x when `rows` is given (a gather:
+// always a copy), else row i.
+PreparedX prepare_x(const LinearIO& io, int64_t k, bool nibble, int gs,
+                    const int32_t* rows = nullptr);
+
+// GEMM tile rows: an L2-sized fp32 tile of whole panel pairs, but no more
+// than one item's share.
+int64_t tile_rows(int64_t n, int64_t k, bool parallel, int panel_rows);
+
+// Per-thread panel buffer for `rows` rows of k (plus one panel of scratch),
+// reused across calls: its size is bounded by the tile size.
+struct PanelBuffer {
+  float* panels;
+  float* scratch;
+};
+
+PanelBuffer panel_buffer(int64_t rows, int64_t k, int panel_rows);
+
 // dst[0:n] = float(src[offset : offset + n]).
 void load_row(const void* src, Elem t, int64_t offset, int64_t n, float* dst);
+
+// dst[offset : offset + n] = src[0:n] (+ bias[0:n] when bias is not null) as t.
+void store_row(const float* src, const float* bias, int64_t n, void* dst, Elem t, int64_t offset);
 
 // Columns [c0, c1) of the output: the kernels write fp32 into `y` (the output
 // itself when it is fp32, else a local buffer), then `finish` adds the bias

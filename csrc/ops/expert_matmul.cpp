@@ -1,0 +1,126 @@
+#include "ops/expert_matmul.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "cpu/linear/experts_cpu.h"
+#include "ops/cpu_inputs.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw std::invalid_argument("expert_matmul: " + msg);
+}
+
+} // namespace
+
+mx::array expert_matmul(
+    const mx::array& x,
+    const mx::array& idx,
+    const mx::array& w,
+    const std::optional<mx::array>& scales,
+    const std::optional<mx::array>& biases,
+    int bits,
+    int group_size,
+    const std::optional<mx::array>& bias,
+    mx::StreamOrDevice s) {
+  if (x.ndim() != 2 || !is_linear_float(x.dtype())) fail("x must be float [R, K]");
+  if (idx.ndim() != 1 || (idx.dtype() != mx::int32 && idx.dtype() != mx::uint32)) {
+    fail("idx must be int32 or uint32 [P]");
+  }
+  const int rows = x.shape(0), k = x.shape(1), pairs = idx.shape(0);
+  if (rows == 0 ? pairs != 0 : pairs % rows != 0) {
+    fail("x has " + std::to_string(rows) + " rows, which must divide the " +
+         std::to_string(pairs) + " pairs of idx");
+  }
+  if (w.ndim() != 3) fail("w must be [E, N, K] (float) or uint32 [E, N, K * bits / 32]");
+  const int experts = w.shape(0), n = w.shape(1);
+  std::vector<mx::array> inputs = {x, idx, w};
+  mx::Dtype weight_type = w.dtype();
+  if (bits == 0) {
+    if (!is_linear_float(w.dtype()) || w.shape(2) != k) fail("float w must be [E, N, K]");
+    if (scales || biases) fail("scales and biases are for quantized w (bits 4 or 8)");
+  } else {
+    if (bits != 4 && bits != 8) fail("bits must be 0 (float w), 4 or 8");
+    if (group_size != 32 && group_size != 64 && group_size != 128) {
+      fail("group_size must be 32, 64 or 128");
+    }
+    if (w.dtype() != mx::uint32 ||
+        static_cast<int64_t>(w.shape(2)) * 32 != static_cast<int64_t>(k) * bits) {
+      fail("quantized w must be uint32 [E, N, K * bits / 32] for x [R, K]");
+    }
+    if (!scales || !biases || scales->ndim() != 3 || !is_linear_float(scales->dtype()) ||
+        biases->shape() != scales->shape() || biases->dtype() != scales->dtype() ||
+        scales->shape(0) != experts || scales->shape(1) != n ||
+        static_cast<int64_t>(scales->shape(2)) * group_size != k) {
+      fail("scales and biases must be float [E, N, K / group_size], same dtype");
+    }
+    inputs.push_back(*scales);
+    inputs.push_back(*biases);
+    weight_type = scales->dtype();
+  }
+  mx::Dtype out_type = mx::promote_types(x.dtype(), weight_type);
+  if (bias) {
+    if (bias->ndim() != 2 || bias->shape(0) != experts || bias->shape(1) != n ||
+        !is_linear_float(bias->dtype())) {
+      fail("bias must be float [E, N]");
+    }
+    inputs.push_back(*bias);
+    out_type = mx::promote_types(out_type, bias->dtype());
+  }
+  return mx::array(
+      {pairs, n}, out_type,
+      std::make_shared<ExpertMatmul>(mx::to_stream(s), bits, bits == 0 ? 0 : group_size,
+                                     bias.has_value()),
+      std::move(inputs));
+}
+
+void ExpertMatmul::eval_cpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+  const int bits = bits_, group_size = group_size_;
+  const int bias = has_bias_ ? static_cast<int>(inputs.size()) - 1 : -1;
+  const cpu::Elem out_type = elem_of(outputs[0].dtype());
+  dispatch_on_rows(stream(), inputs, outputs[0],
+                   [bits, group_size, bias, out_type](const std::vector<RowContiguous>& in,
+                                                      void* dst) {
+    const auto& x = in[0].view;
+    const auto& w = in[2].view;
+    cpu::ExpertStack stack{};
+    stack.quantized = bits != 0;
+    stack.experts = w.shape(0);
+    const int64_t n = w.shape(1), k = x.shape(1);
+    if (stack.quantized) {
+      const auto& scales = in[3].view;
+      stack.q = {w.data<uint32_t>(), scales.data<void>(), in[4].view.data<void>(),
+                 elem_of(scales.dtype()), bits, group_size, n, k};
+    } else {
+      stack.d = {w.data<void>(), elem_of(w.dtype()), n, k};
+    }
+    const int64_t pairs = in[1].view.size();
+    cpu::ExpertIO io{x.data<void>(), elem_of(x.dtype()),
+                     x.shape(0) > 0 ? pairs / x.shape(0) : 1,
+                     // uint32 ids below 2^31 read the same as int32; larger ones
+                     // read negative and are refused as out of range.
+                     static_cast<const int32_t*>(in[1].view.data<void>()), pairs,
+                     bias >= 0 ? in[bias].view.data<void>() : nullptr,
+                     bias >= 0 ? elem_of(in[bias].view.dtype()) : cpu::Elem::F32,
+                     dst, out_type};
+    cpu::expert_matmul_cpu(stack, io);
+  });
+}
+
+bool ExpertMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const ExpertMatmul&>(other);
+  return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_;
+}
+
+std::vector<mx::Shape> ExpertMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  return {{inputs[1].shape(0), inputs[2].shape(1)}};
+}
+
+} // namespace vllm_metal

@@ -1,0 +1,68 @@
+// expert_matmul: the expert products of a mixture-of-experts layer, each
+// (token, expert) pair's row against its expert's matrix, grouped by expert.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "ops/cpu_only_primitive.h"
+
+namespace vllm_metal {
+
+/**
+ * out[p] = x[p / (P / R)] @ W[idx[p]].T (+ bias[idx[p]]) for the P pairs.
+ *
+ *   x        [R, K] float32/bfloat16/float16; R divides P: each row feeds P / R
+ *            consecutive pairs (a token's row shared by its top-k experts, or
+ *            one row per pair)
+ *   idx      int32 or uint32 [P], expert of each pair, in [0, E)
+ *   w        float [E, N, K]; or uint32 [E, N, K * bits / 32], MLX affine
+ *            quantization with scales and biases [E, N, K / group_size]
+ *   bias     optional float [E, N]: each expert's bias
+ *   returns  [P, N] accumulated in float32, in MLX's promotion of x's, the
+ *            weights' (scales') and the bias' dtypes
+ *
+ * bits 0 for float w, else 4 or 8 with group_size 32, 64 or 128. Only the
+ * experts idx names are read, each once per call. An idx outside [0, E)
+ * raises at evaluation, before anything is written.
+ */
+mlx::core::array expert_matmul(
+    const mlx::core::array& x,
+    const mlx::core::array& idx,
+    const mlx::core::array& w,
+    const std::optional<mlx::core::array>& scales,
+    const std::optional<mlx::core::array>& biases,
+    int bits,
+    int group_size,
+    const std::optional<mlx::core::array>& bias = std::nullopt,
+    mlx::core::StreamOrDevice s = {});
+
+// inputs: x, idx, w[, scales, biases][, bias]
+class ExpertMatmul : public CpuOnlyPrimitive {
+ public:
+  ExpertMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias)
+      : CpuOnlyPrimitive(stream, "use mx.gather_qmm / mx.gather_mm (run this op on the CPU stream: stream=mx.cpu)"),
+        bits_(bits),
+        group_size_(group_size),
+        has_bias_(has_bias) {}
+
+  void eval_cpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+
+  const char* name() const override {
+    return "VllmMetalExpertMatmul";
+  }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(
+      const std::vector<mlx::core::array>& inputs) override;
+
+ private:
+  int bits_;  // 0: float weights
+  int group_size_;
+  bool has_bias_;
+};
+
+} // namespace vllm_metal
