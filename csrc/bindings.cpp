@@ -13,6 +13,7 @@
 #include "debug.h"
 #include "host_info.h"
 #include "dispatch/dispatch_bindings.h"
+#include "dispatch/experts_bindings.h"
 #include "dispatch/lora_bindings.h"
 #include "ops/paged_attention.h"
 #include "ops/reshape_and_cache.h"
@@ -322,4 +323,5 @@ y's buffer holds the result when nothing else holds y.)");
             "eval_gpu's layout check of its inputs (raises ValueError naming the first strided one).");
   vllm_metal::bind_dispatch_debug(debug);
   vllm_metal::bind_lora_debug(debug);
+  vllm_metal::bind_experts_debug(debug);
 }

@@ -5,41 +5,13 @@
 #include <cstdint>
 
 #include "dispatch/lora_launch_plan.h"
-#include "metal/kernel_library.h"
+#include "metal/launches.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/metal/device.h"
 
 namespace vllm_metal::metal {
 
 namespace mx = mlx::core;
-
-namespace {
-
-dispatch::KernelDtype kernel_dtype(mx::Dtype t) {
-  if (t == mx::float16) return dispatch::KernelDtype::Float16;
-  if (t == mx::bfloat16) return dispatch::KernelDtype::BFloat16;
-  if (t == mx::float32) return dispatch::KernelDtype::Float32;
-  return dispatch::KernelDtype::Unsupported;
-}
-
-// The pipeline of a planned launch (no function constants), once the device
-// confirms it can run the launch's threadgroups.
-MTL::ComputePipelineState* pipeline(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
-  const KernelLibrary library = configured_library();
-  MTL::Library* lib = !library.path.empty()
-      ? device.get_library(library.name, library.path)
-      : device.get_library(library.name, [source = library.source] { return *source; });
-  MTL::ComputePipelineState* state = device.get_kernel(launch.kernel, lib);
-  dispatch::check_threadgroup_size(launch, state->maxTotalThreadsPerThreadgroup());
-  return state;
-}
-
-void dispatch_launch(mx::metal::CommandEncoder& enc, const dispatch::KernelLaunch& launch) {
-  enc.dispatch_threadgroups(MTL::Size(launch.grid[0], launch.grid[1], launch.grid[2]),
-                            MTL::Size(launch.threads[0], launch.threads[1], launch.threads[2]));
-}
-
-}  // namespace
 
 void lora_gpu(
     const mx::Stream& stream,

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "metal/kernel_library.h"
+#include "metal/launches.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/metal/device.h"
 
@@ -14,38 +14,6 @@ namespace vllm_metal::metal {
 namespace mx = mlx::core;
 
 namespace {
-
-MTL::Library* kernels_library(mx::metal::Device& device) {
-  const KernelLibrary library = configured_library();
-  if (!library.path.empty()) return device.get_library(library.name, library.path);
-  return device.get_library(library.name, [source = library.source] { return *source; });
-}
-
-// Pipeline of one planned launch, specialized by its function constants.
-MTL::ComputePipelineState* specialized_pipeline(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
-  if (!launch.specialized) return device.get_kernel(launch.kernel, kernels_library(device));
-  static const bool kFalse = false;
-  static const bool kTrue = true;
-  mx::metal::MTLFCList constants;
-  std::string hash = launch.kernel + "_fc";
-  for (int i = 0; i < 4; ++i) {
-    constants.emplace_back(launch.constants[i] ? &kTrue : &kFalse, MTL::DataType::DataTypeBool, NS::UInteger(i));
-    hash += launch.constants[i] ? "1" : "0";
-  }
-  return device.get_kernel(launch.kernel, kernels_library(device), hash, constants);
-}
-
-// The pipeline, once the device confirms it can run the launch's threadgroups.
-MTL::ComputePipelineState* pipeline(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
-  MTL::ComputePipelineState* state = specialized_pipeline(device, launch);
-  dispatch::check_threadgroup_size(launch, state->maxTotalThreadsPerThreadgroup());
-  return state;
-}
-
-void dispatch_launch(mx::metal::CommandEncoder& enc, const dispatch::KernelLaunch& launch) {
-  enc.dispatch_threadgroups(MTL::Size(launch.grid[0], launch.grid[1], launch.grid[2]),
-                            MTL::Size(launch.threads[0], launch.threads[1], launch.threads[2]));
-}
 
 mx::array scratch(mx::metal::CommandEncoder& enc, int64_t floats) {
   mx::array a({static_cast<int>(std::max<int64_t>(floats, 1))}, mx::float32, nullptr, {});

@@ -4,7 +4,11 @@
 #include <string>
 
 #include "cpu/linear/experts_cpu.h"
+#include "metal/experts_metal.h"
+#include "metal/kernel_library.h"
 #include "ops/cpu_inputs.h"
+#include "ops/eval_layout.h"
+#include "platform.h"
 
 namespace vllm_metal {
 
@@ -72,10 +76,23 @@ mx::array expert_matmul(
     inputs.push_back(*bias);
     out_type = mx::promote_types(out_type, bias->dtype());
   }
+  auto stream = mx::to_stream(s);
+  const bool gpu = stream.device == mx::Device::gpu && metal::kernels_configured();
+  if (stream.device == mx::Device::gpu && !gpu) stream = mx::default_stream(mx::Device::cpu);
+  if (gpu) {
+    if (x.dtype() != weight_type || (bias && bias->dtype() != weight_type)) {
+      fail("on the GPU, x, the weights (or scales) and bias must share one dtype");
+    }
+    // The Metal kernel indexes row-contiguous inputs and takes the pairs grouped by
+    // expert: idx's argsort, computed in the graph.
+    for (auto& a : inputs) a = mx::contiguous(a, false, stream);
+    const mx::array ids = mx::astype(idx, mx::int32, stream);
+    inputs[1] = ids;
+    inputs.push_back(mx::astype(mx::argsort(ids, 0, stream), mx::int32, stream));
+  }
   return mx::array(
       {pairs, n}, out_type,
-      std::make_shared<ExpertMatmul>(mx::to_stream(s), bits, bits == 0 ? 0 : group_size,
-                                     bias.has_value()),
+      std::make_shared<ExpertMatmul>(stream, bits, bits == 0 ? 0 : group_size, bias.has_value()),
       std::move(inputs));
 }
 
@@ -112,6 +129,24 @@ void ExpertMatmul::eval_cpu(
                      dst, out_type};
     cpu::expert_matmul_cpu(stack, io);
   });
+}
+
+void ExpertMatmul::eval_gpu(
+    const std::vector<mx::array>& inputs,
+    std::vector<mx::array>& outputs) {
+#if VLLM_METAL_APPLE()
+  std::vector<std::string> names = {"x", "idx", "w"};
+  if (bits_ != 0) names.insert(names.end(), {"scales", "biases"});
+  if (has_bias_) names.push_back("bias");
+  names.push_back("order");
+  require_row_contiguous("expert_matmul", inputs, names);
+  metal::experts_gpu(stream(), inputs, outputs[0], bits_, group_size_, has_bias_);
+#else
+  (void)inputs;
+  (void)outputs;
+  throw std::runtime_error(
+      "VllmMetalExpertMatmul has no GPU implementation on this platform; use the CPU stream.");
+#endif
 }
 
 bool ExpertMatmul::is_equivalent(const mx::Primitive& other) const {

@@ -7,7 +7,6 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
-#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -26,7 +25,9 @@ namespace vllm_metal {
  *
  * bits 0 for float w, else 4 or 8 with group_size 32, 64 or 128. Only the
  * experts idx names are read, each once per call. An idx outside [0, E)
- * raises at evaluation, before anything is written.
+ * raises at evaluation on the CPU, before anything is written; on the GPU
+ * (kernels_v2/experts.metal: x, weights (scales) and bias of one dtype) such
+ * a pair's row is NaN.
  */
 mlx::core::array expert_matmul(
     const mlx::core::array& x,
@@ -39,16 +40,20 @@ mlx::core::array expert_matmul(
     const std::optional<mlx::core::array>& bias = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
-// inputs: x, idx, w[, scales, biases][, bias]
-class ExpertMatmul : public CpuOnlyPrimitive {
+// inputs: x, idx, w[, scales, biases][, bias]; on the GPU also idx's argsort
+// (the pairs grouped by expert), last.
+class ExpertMatmul : public mlx::core::Primitive {
  public:
   ExpertMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias)
-      : CpuOnlyPrimitive(stream, "use mx.gather_qmm / mx.gather_mm (run this op on the CPU stream: stream=mx.cpu)"),
+      : mlx::core::Primitive(stream),
         bits_(bits),
         group_size_(group_size),
         has_bias_(has_bias) {}
 
   void eval_cpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
 

@@ -30,6 +30,7 @@ MLX_INCLUDE = Path(mlx.__path__[0]) / "include"
 # g++ is always there (it builds the extension); clang++ (Apple's compiler family) when installed.
 COMPILERS = ["g++"] + (["clang++"] if shutil.which("clang++") else [])
 METAL_SOURCE = CSRC / "metal" / "paged_attention_metal.cpp"
+LAUNCHES_SOURCE = CSRC / "metal" / "launches.cpp"
 
 
 def cmake_text() -> str:
@@ -113,34 +114,37 @@ def test_apple_sources_compile(compiler, tmp_path):
     assert not failures, "\n".join(failures)
 
 
-# (what the mistake is, the source text, its wrong replacement, text of the line the error is reported at)
+# (what the mistake is, the file, the source text, its wrong replacement, text of the
+# line the error is reported at)
 MISTAKES = [
-    ("a missing argument to an MLX encoder method",
+    ("a missing argument to an MLX encoder method", METAL_SOURCE,
      "enc.set_bytes(plan.params, 10);", "enc.set_bytes(plan.params);", "enc.set_bytes(plan.params)"),
-    ("a wrong argument type (Device for Stream)",
+    ("a wrong argument type (Device for Stream)", METAL_SOURCE,
      "auto& enc = mx::metal::get_command_encoder(stream);",
      "auto& enc = mx::metal::get_command_encoder(stream.device);", "get_command_encoder(stream.device)"),
-    ("swapped arguments of Device::get_kernel",
+    ("swapped arguments of Device::get_kernel", LAUNCHES_SOURCE,
      "hash, constants);", "constants, hash);", "constants, hash);"),
-    ("a missing include", '#include "mlx/backend/metal/device.h"\n', "",
-     "MTL::Library* kernels_library(mx::metal::Device& device)"),
-    ("a Metal name the API does not have", "MTL::DataType::DataTypeBool", "MTL::DataType::Bool",
-     "MTL::DataType::Bool"),
+    ("a missing include", LAUNCHES_SOURCE, '#include "metal/launches.h"\n', "",
+     "namespace mx = mlx::core;"),
+    ("a Metal name the API does not have", LAUNCHES_SOURCE, "MTL::DataType::DataTypeBool",
+     "MTL::DataType::Bool", "MTL::DataType::Bool"),
 ]
 
 
 def test_a_wrong_call_into_the_metal_api_fails(tmp_path):
-    cases = [("the unchanged source", "", "", None), *MISTAKES]
+    cases = [("the unchanged source", source, "", "", None) for source in (METAL_SOURCE, LAUNCHES_SOURCE)]
+    cases += MISTAKES
     copies = []
-    for i, (_, old, new, _) in enumerate(cases):
-        text = METAL_SOURCE.read_text()
-        assert old in text, f"{old!r} is no longer in {METAL_SOURCE.name}: update MISTAKES"
+    for i, (_, source, old, new, _) in enumerate(cases):
+        text = source.read_text()
+        assert old in text, f"{old!r} is no longer in {source.name}: update MISTAKES"
         copy = tmp_path / f"mistake{i}.cpp"
         copy.write_text(text.replace(old, new, 1) if old else text)
         copies.append(copy)
     results = compile_all("g++", copies)
-    assert results[0].returncode == 0, results[0].stderr  # the copies compile where the original does
-    for (what, _, _, at), copy, result in zip(cases[1:], copies[1:], results[1:]):
+    for result in results[:2]:  # the copies compile where the originals do
+        assert result.returncode == 0, result.stderr
+    for (what, _, _, _, at), copy, result in zip(cases[2:], copies[2:], results[2:]):
         line = next(n for n, text in enumerate(copy.read_text().splitlines(), 1) if at in text)
         assert result.returncode != 0, f"{what} compiled"
         assert f"{copy.name}:{line}:" in result.stderr, f"{what}: no error at line {line}:\n{result.stderr}"
