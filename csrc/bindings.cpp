@@ -133,11 +133,14 @@ dtypes.)");
       "group_size"_a = 0,
       "bias"_a = nb::none(),
       nb::kw_only(),
+      "mode"_a = "affine",
       "stream"_a = nb::none(),
       R"(Mixture-of-experts products: out[p] = x[p / (P / R)] @ W[idx[p]].T (+ bias[idx[p]]).
 x [R, K] float (R divides P); idx int32/uint32 [P] in [0, E); w float [E, N, K]
 (bits 0) or uint32 [E, N, K * bits / 32] with scales/biases [E, N, K / group_size]
-(bits 4/8, MLX affine); bias optional [E, N]. Returns [P, N] (fp32 accumulation)
+(bits 4/8, MLX affine), or mode "mxfp4" (bits 4, group_size 32): FP4 codes with
+uint8 E8M0 scales [E, N, K / 32] and biases None; bias optional [E, N]. Returns
+[P, N] (fp32 accumulation)
 in MLX's promotion of the x, weight (scales) and bias dtypes. Pairs are grouped by
 expert: each touched expert is read once. An idx outside [0, E) raises at
 evaluation.)");

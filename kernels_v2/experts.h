@@ -14,11 +14,15 @@
 // result does not depend on the batch. An idx outside [0, E) gets NaN: a kernel
 // cannot raise (the CPU op raises; the GPU op's idx comes from a top-k).
 //
-// W: float [E, N, K] of T (BITS 0), or MLX affine codes uint32 [E, N, K * BITS / 32]
-// with scales and biases [E, N, K / group_size] of T (W = scale * q + bias).
-// Buffers: 0 x [R, K]; 1 idx int [P]; 2 order int [P]; 3 W; 4 scales; 5 biases
-// (4 and 5 unused for BITS 0); 6 bias [E, N] (read when has_bias); 7 out [P, N];
-// 8 ExpertParams. K is a multiple of 8 for quantized W (group sizes are).
+// W (MODE): float [E, N, K] of T (kExpertFloat); MLX affine codes uint32
+// [E, N, K * bits / 32] with scales and biases [E, N, K / group_size] of T, W =
+// scale * q + bias (kExpertAffine4, kExpertAffine8); or MXFP4: FP4 (e2m1) codes
+// uint32 [E, N, K / 8] with uchar E8M0 scales [E, N, K / 32], W = fp4(q) *
+// 2^(e - 127), no biases (kExpertMxfp4).
+// Buffers: 0 x [R, K]; 1 idx int [P]; 2 order int [P]; 3 W; 4 scales (unused
+// for float W); 5 biases (affine only); 6 bias [E, N] (read when has_bias);
+// 7 out [P, N]; 8 ExpertParams. K is a multiple of 8 for quantized W (group
+// sizes are).
 #pragma once
 
 #include <metal_stdlib>
@@ -27,46 +31,71 @@
 
 using namespace metal;
 
+constant constexpr int kExpertFloat = 0;
+constant constexpr int kExpertAffine4 = 4;
+constant constexpr int kExpertAffine8 = 8;
+constant constexpr int kExpertMxfp4 = 1;
+
 constant constexpr int kExpertRows = 8;
 constant constexpr int kExpertColumns = 4;
 constant constexpr int kExpertChunk = 8;  // columns of K per lane per step
 
+// The value of an FP4 (e2m1) code: sign bit 3, exponent bits 1-2, mantissa bit 0.
+inline float fp4_value(uint code) {
+  const uint e = (code >> 1) & 3u;
+  const float m = float(code & 1u);
+  const float magnitude = e == 0 ? 0.5f * m : float(1u << (e - 1)) * (1.0f + 0.5f * m);
+  return (code & 8u) != 0 ? -magnitude : magnitude;
+}
+
+// 2^(e - 127) (e = 0: 2^-127; e = 255: inf), as MLX decodes an E8M0 scale.
+inline float e8m0_value(uchar e) {
+  return e == 0 ? 0x1p-127f : as_type<float>(uint(e) << 23);
+}
+
 // w[0..8) = W[e, n, c .. c + 8) as float, c a multiple of 8 (one scale group).
-template <typename T, typename WT, int BITS>
-inline void expert_chunk(device const WT* w, device const T* scales, device const T* biases,
+template <typename T, typename WT, typename ST, int MODE>
+inline void expert_chunk(device const WT* w, device const ST* scales, device const ST* biases,
                          constant ExpertParams& params, long row, int c, thread float (&out)[kExpertChunk]) {
-  if (BITS == 0) {
+  if (MODE == kExpertFloat) {
     device const T* wr = reinterpret_cast<device const T*>(w) + row * params.in_features;
     for (int j = 0; j < kExpertChunk; ++j) {
       out[j] = c + j < params.in_features ? float(wr[c + j]) : 0.0f;
     }
+    return;
+  }
+  const int bits = MODE == kExpertAffine8 ? 8 : 4;
+  device const uint* wr = reinterpret_cast<device const uint*>(w) + row * (long(params.in_features) * bits / 32);
+  const long g = row * (params.in_features / params.group_size) + c / params.group_size;
+  if (MODE == kExpertMxfp4) {
+    const float s = e8m0_value(reinterpret_cast<device const uchar*>(scales)[g]);
+    const uint word = wr[c / 8];
+    for (int j = 0; j < kExpertChunk; ++j) out[j] = fp4_value((word >> (4 * j)) & 0xFu) * s;
+    return;
+  }
+  const float s = float(scales[g]);
+  const float b = float(biases[g]);
+  if (MODE == kExpertAffine4) {
+    const uint word = wr[c / 8];
+    for (int j = 0; j < kExpertChunk; ++j) out[j] = fma(s, float((word >> (4 * j)) & 0xFu), b);
   } else {
-    device const uint* wr = reinterpret_cast<device const uint*>(w) + row * (long(params.in_features) * BITS / 32);
-    const long g = row * (params.in_features / params.group_size) + c / params.group_size;
-    const float s = float(scales[g]);
-    const float b = float(biases[g]);
-    if (BITS == 4) {
-      const uint word = wr[c / 8];
-      for (int j = 0; j < kExpertChunk; ++j) out[j] = fma(s, float((word >> (4 * j)) & 0xFu), b);
-    } else {
-      const uint lo = wr[c / 4];
-      const uint hi = wr[c / 4 + 1];
-      for (int j = 0; j < 4; ++j) {
-        out[j] = fma(s, float((lo >> (8 * j)) & 0xFFu), b);
-        out[j + 4] = fma(s, float((hi >> (8 * j)) & 0xFFu), b);
-      }
+    const uint lo = wr[c / 4];
+    const uint hi = wr[c / 4 + 1];
+    for (int j = 0; j < 4; ++j) {
+      out[j] = fma(s, float((lo >> (8 * j)) & 0xFFu), b);
+      out[j + 4] = fma(s, float((hi >> (8 * j)) & 0xFFu), b);
     }
   }
 }
 
-template <typename T, typename WT, int BITS>
+template <typename T, typename WT, typename ST, int MODE>
 [[kernel]] void experts_matmul(
     device const T* x [[buffer(0)]],
     device const int* idx [[buffer(1)]],
     device const int* order [[buffer(2)]],
     device const WT* w [[buffer(3)]],
-    device const T* scales [[buffer(4)]],
-    device const T* biases [[buffer(5)]],
+    device const ST* scales [[buffer(4)]],
+    device const ST* biases [[buffer(5)]],
     device const T* bias [[buffer(6)]],
     device T* out [[buffer(7)]],
     constant ExpertParams& params [[buffer(8)]],
@@ -93,7 +122,7 @@ template <typename T, typename WT, int BITS>
       const int e = expert[r];
       if (e < 0 || e >= params.experts) continue;
       if (e != decoded) {
-        expert_chunk<T, WT, BITS>(w, scales, biases, params, long(e) * params.out_features + n, c, wv);
+        expert_chunk<T, WT, ST, MODE>(w, scales, biases, params, long(e) * params.out_features + n, c, wv);
         decoded = e;
       }
       device const T* xr = x + long(pair[r] / params.pairs_per_row) * k + c;

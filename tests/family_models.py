@@ -193,11 +193,13 @@ _SPECIAL_ROW_SCALE = 0.05
 
 def make_family_model(path: str | Path, family: str, *, seed: int = 0,
                       quantize_bits: int | None = None, group_size: int = 64,
-                      **overrides: Any) -> Path:
+                      quantize_mode: str = "affine", **overrides: Any) -> Path:
     """Write a checkpoint of mlx-lm ``model_type`` ``family`` at ``path``; returns it.
 
     ``quantize_bits`` 4 or 8: MLX affine quantization (mlx-lm's own), as
-    mlx-community's 4bit/8bit checkpoints are made.
+    mlx-community's 4bit/8bit checkpoints are made. ``quantize_mode`` "mxfp4"
+    (with quantize_bits 8): the experts in MXFP4 and every other linear in 8-bit
+    affine, as mlx-community's gpt-oss MXFP4-Q8 checkpoints are made.
     """
     import contextlib
     import io
@@ -220,8 +222,19 @@ def make_family_model(path: str | Path, family: str, *, seed: int = 0,
               for name, p in tree_flatten(model.parameters())}
     model.update(tree_unflatten(list(params.items())))
     if quantize_bits is not None:
+        predicate = None
+        if quantize_mode == "mxfp4":
+            from mlx_lm.models.switch_layers import SwitchLinear
+
+            def predicate(_path, module):
+                if isinstance(module, SwitchLinear):
+                    return {"group_size": 32, "bits": 4, "mode": "mxfp4"}
+                return True
+        elif quantize_mode != "affine":
+            raise ValueError(f"quantize_mode must be 'affine' or 'mxfp4', got {quantize_mode!r}")
         with contextlib.redirect_stdout(io.StringIO()):  # mlx-lm prints bits per weight
-            model, config = quantize_model(model, config, group_size, quantize_bits)
+            model, config = quantize_model(model, config, group_size, quantize_bits,
+                                           quant_predicate=predicate)
     path.mkdir(parents=True, exist_ok=True)
     save_model(path, model)
     _write_json(path / "config.json", config)

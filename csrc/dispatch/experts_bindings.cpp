@@ -16,7 +16,7 @@ void bind_experts_debug(nb::module_& m) {
   m.def(
       "experts_launch_plan",
       [](const std::string& dtype, int bits, int rows, int pairs, int in_features, int out_features,
-         int experts, int group_size, bool has_bias) {
+         int experts, int group_size, bool has_bias, bool mxfp4) {
         dispatch::ExpertProblem p;
         p.dtype = dispatch::parse_dtype(dtype);
         p.bits = bits;
@@ -27,6 +27,7 @@ void bind_experts_debug(nb::module_& m) {
         p.experts = experts;
         p.group_size = group_size;
         p.has_bias = has_bias;
+        p.mxfp4 = mxfp4;
         const auto plan = dispatch::plan_experts(p);
         nb::dict out;
         out["kernel"] = plan.launch.kernel;
@@ -36,7 +37,7 @@ void bind_experts_debug(nb::module_& m) {
         return out;
       },
       "dtype"_a, "bits"_a, "rows"_a, "pairs"_a, "in_features"_a, "out_features"_a, "experts"_a,
-      nb::kw_only(), "group_size"_a = 0, "has_bias"_a = false,
+      nb::kw_only(), "group_size"_a = 0, "has_bias"_a = false, "mxfp4"_a = false,
       "The Metal launch of the expert-matmul op (dict: kernel, grid, threads, params bytes).");
 
   m.def(

@@ -21,8 +21,8 @@ uint32_t u32(int64_t v) {
 
 }  // namespace
 
-std::string experts_kernel_name(KernelDtype dtype, int bits) {
-  const char* kind = bits == 0 ? "float" : bits == 4 ? "q4" : "q8";
+std::string experts_kernel_name(KernelDtype dtype, int bits, bool mxfp4) {
+  const char* kind = mxfp4 ? "mxfp4" : bits == 0 ? "float" : bits == 4 ? "q4" : "q8";
   return std::string("experts_matmul_") + kind + "_" + dtype_name(dtype);
 }
 
@@ -38,6 +38,9 @@ ExpertPlan plan_experts(const ExpertProblem& p) {
     throw std::invalid_argument(
         "expert_matmul: rows, pairs, out_features and experts must be >= 1, rows dividing pairs");
   }
+  if (p.mxfp4 && (p.bits != 4 || p.group_size != 32)) {
+    throw std::invalid_argument("expert_matmul: mxfp4 has bits 4 and group_size 32");
+  }
   if (p.bits != 0 && (p.group_size < 8 || p.group_size % 8 != 0 || p.in_features % p.group_size != 0)) {
     throw std::invalid_argument("expert_matmul: quantized K must be whole groups of a multiple of 8");
   }
@@ -50,7 +53,7 @@ ExpertPlan plan_experts(const ExpertProblem& p) {
   plan.params.experts = p.experts;
   plan.params.group_size = p.bits != 0 ? p.group_size : 0;
   plan.params.has_bias = p.has_bias ? 1 : 0;
-  plan.launch = {experts_kernel_name(p.dtype, p.bits),
+  plan.launch = {experts_kernel_name(p.dtype, p.bits, p.mxfp4),
                  {u32((p.out_features + kColumns - 1) / kColumns), u32((p.pairs + kRows - 1) / kRows), 1},
                  {kColumns * kSimdWidth, 1, 1},
                  {false, false, false, false},

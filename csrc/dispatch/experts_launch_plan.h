@@ -14,6 +14,7 @@ namespace vllm_metal::dispatch {
 struct ExpertProblem {
   KernelDtype dtype = KernelDtype::Float32;  // of x, float W or the scales, bias and out
   int bits = 0;                              // 0: float W; 4 or 8: MLX affine codes
+  bool mxfp4 = false;                        // bits 4, group 32: FP4 codes, E8M0 scales
   int rows = 0;
   int pairs = 0;
   int in_features = 0;
@@ -28,7 +29,7 @@ struct ExpertPlan {
   kernels::ExpertParams params;
 };
 
-std::string experts_kernel_name(KernelDtype dtype, int bits);
+std::string experts_kernel_name(KernelDtype dtype, int bits, bool mxfp4);
 
 // Throws std::invalid_argument for an inconsistent problem.
 ExpertPlan plan_experts(const ExpertProblem& problem);

@@ -16,6 +16,7 @@ void experts_gpu(
     mx::array& out,
     int bits,
     int group_size,
+    bool mxfp4,
     bool has_bias) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   if (out.size() == 0) return;
@@ -31,12 +32,14 @@ void experts_gpu(
   problem.experts = w.shape(0);
   problem.group_size = group_size;
   problem.has_bias = has_bias;
+  problem.mxfp4 = mxfp4;
   const dispatch::ExpertPlan plan = dispatch::plan_experts(problem);
 
   auto& device = mx::metal::device(stream.device);
   auto& enc = mx::metal::get_command_encoder(stream);
   const int scales = bits != 0 ? 3 : -1;
-  const int bias = has_bias ? (bits != 0 ? 5 : 3) : -1;
+  const int biases = bits != 0 && !mxfp4 ? 4 : -1;
+  const int bias = has_bias ? 3 + (scales >= 0) + (biases >= 0) : -1;
   const mx::array& order = inputs.back();
   enc.set_compute_pipeline_state(pipeline(device, plan.launch));
   enc.set_input_array(x, 0);
@@ -45,7 +48,7 @@ void experts_gpu(
   enc.set_input_array(w, 3);
   // Unread slots are bound to arrays at hand: the kernel never reads them.
   enc.set_input_array(scales >= 0 ? inputs[scales] : x, 4);
-  enc.set_input_array(scales >= 0 ? inputs[scales + 1] : x, 5);
+  enc.set_input_array(biases >= 0 ? inputs[biases] : x, 5);
   enc.set_input_array(bias >= 0 ? inputs[bias] : x, 6);
   enc.set_output_array(out, 7);
   enc.set_bytes(plan.params, 8);

@@ -14,14 +14,15 @@
 
 namespace vllm_metal::metal {
 
-// inputs: x, idx, w[, scales, biases][, bias], order (idx's argsort), all
-// row-contiguous; bits 0 for float w.
+// inputs: x, idx, w[, scales[, biases]][, bias], order (idx's argsort), all
+// row-contiguous; bits 0 for float w; mxfp4: no biases.
 void experts_gpu(
     const mlx::core::Stream& stream,
     const std::vector<mlx::core::array>& inputs,
     mlx::core::array& out,
     int bits,
     int group_size,
+    bool mxfp4,
     bool has_bias);
 
 }  // namespace vllm_metal::metal

@@ -31,6 +31,7 @@ mx::array expert_matmul(
     int bits,
     int group_size,
     const std::optional<mx::array>& bias,
+    const std::string& mode,
     mx::StreamOrDevice s) {
   if (x.ndim() != 2 || !is_linear_float(x.dtype())) fail("x must be float [R, K]");
   if (idx.ndim() != 1 || (idx.dtype() != mx::int32 && idx.dtype() != mx::uint32)) {
@@ -45,28 +46,40 @@ mx::array expert_matmul(
   const int experts = w.shape(0), n = w.shape(1);
   std::vector<mx::array> inputs = {x, idx, w};
   mx::Dtype weight_type = w.dtype();
+  if (mode != "affine" && mode != "mxfp4") fail("mode must be \"affine\" or \"mxfp4\"");
+  const bool mxfp4 = mode == "mxfp4";
   if (bits == 0) {
+    if (mxfp4) fail("mode \"mxfp4\" needs bits 4");
     if (!is_linear_float(w.dtype()) || w.shape(2) != k) fail("float w must be [E, N, K]");
     if (scales || biases) fail("scales and biases are for quantized w (bits 4 or 8)");
   } else {
     if (bits != 4 && bits != 8) fail("bits must be 0 (float w), 4 or 8");
-    if (group_size != 32 && group_size != 64 && group_size != 128) {
-      fail("group_size must be 32, 64 or 128");
+    if (mxfp4 ? group_size != 32 : group_size != 32 && group_size != 64 && group_size != 128) {
+      fail(mxfp4 ? "mode \"mxfp4\" has group_size 32" : "group_size must be 32, 64 or 128");
     }
+    if (mxfp4 && bits != 4) fail("mode \"mxfp4\" has bits 4");
     if (w.dtype() != mx::uint32 ||
         static_cast<int64_t>(w.shape(2)) * 32 != static_cast<int64_t>(k) * bits) {
       fail("quantized w must be uint32 [E, N, K * bits / 32] for x [R, K]");
     }
-    if (!scales || !biases || scales->ndim() != 3 || !is_linear_float(scales->dtype()) ||
-        biases->shape() != scales->shape() || biases->dtype() != scales->dtype() ||
-        scales->shape(0) != experts || scales->shape(1) != n ||
-        static_cast<int64_t>(scales->shape(2)) * group_size != k) {
-      fail("scales and biases must be float [E, N, K / group_size], same dtype");
+    const bool scales_ok = scales && scales->ndim() == 3 && scales->shape(0) == experts &&
+        scales->shape(1) == n && static_cast<int64_t>(scales->shape(2)) * group_size == k;
+    if (mxfp4) {
+      if (!scales_ok || scales->dtype() != mx::uint8 || biases) {
+        fail("mxfp4 scales must be uint8 [E, N, K / 32] and biases None");
+      }
+      inputs.push_back(*scales);
+    } else {
+      if (!scales_ok || !is_linear_float(scales->dtype()) || !biases ||
+          biases->shape() != scales->shape() || biases->dtype() != scales->dtype()) {
+        fail("scales and biases must be float [E, N, K / group_size], same dtype");
+      }
+      inputs.push_back(*scales);
+      inputs.push_back(*biases);
+      weight_type = scales->dtype();
     }
-    inputs.push_back(*scales);
-    inputs.push_back(*biases);
-    weight_type = scales->dtype();
   }
+  if (mxfp4) weight_type = x.dtype();  // MLX's mxfp4 products take x's dtype
   mx::Dtype out_type = mx::promote_types(x.dtype(), weight_type);
   if (bias) {
     if (bias->ndim() != 2 || bias->shape(0) != experts || bias->shape(1) != n ||
@@ -92,7 +105,8 @@ mx::array expert_matmul(
   }
   return mx::array(
       {pairs, n}, out_type,
-      std::make_shared<ExpertMatmul>(stream, bits, bits == 0 ? 0 : group_size, bias.has_value()),
+      std::make_shared<ExpertMatmul>(stream, bits, bits == 0 ? 0 : group_size, mxfp4,
+                                     bias.has_value()),
       std::move(inputs));
 }
 
@@ -100,11 +114,12 @@ void ExpertMatmul::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   const int bits = bits_, group_size = group_size_;
+  const bool mxfp4 = mxfp4_;
   const int bias = has_bias_ ? static_cast<int>(inputs.size()) - 1 : -1;
   const cpu::Elem out_type = elem_of(outputs[0].dtype());
   dispatch_on_rows(stream(), inputs, outputs[0],
-                   [bits, group_size, bias, out_type](const std::vector<RowContiguous>& in,
-                                                      void* dst) {
+                   [bits, group_size, mxfp4, bias, out_type](const std::vector<RowContiguous>& in,
+                                                             void* dst) {
     const auto& x = in[0].view;
     const auto& w = in[2].view;
     cpu::ExpertStack stack{};
@@ -113,8 +128,10 @@ void ExpertMatmul::eval_cpu(
     const int64_t n = w.shape(1), k = x.shape(1);
     if (stack.quantized) {
       const auto& scales = in[3].view;
-      stack.q = {w.data<uint32_t>(), scales.data<void>(), in[4].view.data<void>(),
-                 elem_of(scales.dtype()), bits, group_size, n, k};
+      stack.q = {w.data<uint32_t>(), scales.data<void>(),
+                 mxfp4 ? nullptr : in[4].view.data<void>(),
+                 mxfp4 ? cpu::Elem::F32 : elem_of(scales.dtype()), bits, group_size, n, k};
+      stack.q.mxfp4 = mxfp4;
     } else {
       stack.d = {w.data<void>(), elem_of(w.dtype()), n, k};
     }
@@ -136,11 +153,12 @@ void ExpertMatmul::eval_gpu(
     std::vector<mx::array>& outputs) {
 #if VLLM_METAL_APPLE()
   std::vector<std::string> names = {"x", "idx", "w"};
-  if (bits_ != 0) names.insert(names.end(), {"scales", "biases"});
+  if (bits_ != 0) names.push_back("scales");
+  if (bits_ != 0 && !mxfp4_) names.push_back("biases");
   if (has_bias_) names.push_back("bias");
   names.push_back("order");
   require_row_contiguous("expert_matmul", inputs, names);
-  metal::experts_gpu(stream(), inputs, outputs[0], bits_, group_size_, has_bias_);
+  metal::experts_gpu(stream(), inputs, outputs[0], bits_, group_size_, mxfp4_, has_bias_);
 #else
   (void)inputs;
   (void)outputs;
@@ -151,7 +169,8 @@ void ExpertMatmul::eval_gpu(
 
 bool ExpertMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const ExpertMatmul&>(other);
-  return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_;
+  return bits_ == o.bits_ && group_size_ == o.group_size_ && mxfp4_ == o.mxfp4_ &&
+      has_bias_ == o.has_bias_;
 }
 
 std::vector<mx::Shape> ExpertMatmul::output_shapes(const std::vector<mx::array>& inputs) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "mlx/ops.h"
@@ -18,7 +19,9 @@ namespace vllm_metal {
  *            one row per pair)
  *   idx      int32 or uint32 [P], expert of each pair, in [0, E)
  *   w        float [E, N, K]; or uint32 [E, N, K * bits / 32], MLX affine
- *            quantization with scales and biases [E, N, K / group_size]
+ *            quantization with scales and biases [E, N, K / group_size]; or
+ *            (mode "mxfp4": bits 4, group_size 32) FP4 codes with uint8 E8M0
+ *            scales [E, N, K / 32] and no biases
  *   bias     optional float [E, N]: each expert's bias
  *   returns  [P, N] accumulated in float32, in MLX's promotion of x's, the
  *            weights' (scales') and the bias' dtypes
@@ -38,16 +41,18 @@ mlx::core::array expert_matmul(
     int bits,
     int group_size,
     const std::optional<mlx::core::array>& bias = std::nullopt,
+    const std::string& mode = "affine",
     mlx::core::StreamOrDevice s = {});
 
-// inputs: x, idx, w[, scales, biases][, bias]; on the GPU also idx's argsort
-// (the pairs grouped by expert), last.
+// inputs: x, idx, w[, scales[, biases]][, bias] (no biases for MXFP4); on the
+// GPU also idx's argsort (the pairs grouped by expert), last.
 class ExpertMatmul : public mlx::core::Primitive {
  public:
-  ExpertMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias)
+  ExpertMatmul(mlx::core::Stream stream, int bits, int group_size, bool mxfp4, bool has_bias)
       : mlx::core::Primitive(stream),
         bits_(bits),
         group_size_(group_size),
+        mxfp4_(mxfp4),
         has_bias_(has_bias) {}
 
   void eval_cpu(
@@ -67,6 +72,7 @@ class ExpertMatmul : public mlx::core::Primitive {
  private:
   int bits_;  // 0: float weights
   int group_size_;
+  bool mxfp4_;
   bool has_bias_;
 };
 

@@ -1,4 +1,5 @@
-"""Every dense family: greedy tokens and logprobs through vllm.LLM equal mlx-lm's.
+"""Every listed family (dense and MoE): greedy tokens and logprobs through
+vllm.LLM equal mlx-lm's.
 
 One engine per family, set up so one run crosses every path that could treat a
 family wrong: eight prompts of different lengths in one batch, prefills split
@@ -59,6 +60,11 @@ def _preemptions(llm) -> float:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_matches_mlx_lm(family):
     _check_engine(cached_family_model(family), family)
+
+
+def test_mxfp4_experts_match_mlx_lm():
+    """gpt-oss as mlx-community ships it: MXFP4 experts, everything else 8-bit."""
+    _check_engine(cached_family_model("gpt_oss", quantize_bits=8, quantize_mode="mxfp4"), "gpt_oss")
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_ARCHS))

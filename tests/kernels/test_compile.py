@@ -35,8 +35,9 @@ def host_names(ext) -> set[str]:
         for add in (False, True):
             plan = ext.debug.lora_launch_plan(dtype, 1, 8, 8, 4, 1, add=add, out_cols=8)
             names.update(launch["kernel"] for launch in plan["launches"])
-        for bits in (0, 4, 8):
-            names.add(ext.debug.experts_launch_plan(dtype, bits, 1, 2, 64, 8, 4, group_size=32)["kernel"])
+        for bits, mxfp4 in ((0, False), (4, False), (8, False), (4, True)):
+            names.add(ext.debug.experts_launch_plan(dtype, bits, 1, 2, 64, 8, 4, group_size=32,
+                                                    mxfp4=mxfp4)["kernel"])
     return names
 
 
@@ -49,8 +50,8 @@ def test_host_names_are_exactly_the_instantiations(kernels, ext):
     instantiated = set().union(*(lib.kernels for lib in kernels.values()))
     assert host_names(ext) == instantiated
     # 63 varlen + 36 GQA decode (12 specializations x 3 dtypes) + 21 reduce + 3 cache writes
-    # + 9 LoRA (shrink, expand, expand_add x 3 dtypes) + 9 experts (float, q4, q8 x 3 dtypes)
-    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 9
+    # + 9 LoRA (shrink, expand, expand_add x 3 dtypes) + 12 experts (float, q4, q8, mxfp4 x 3 dtypes)
+    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 12
 
 
 def test_block_size_instantiations_follow_constants_py(kernels):

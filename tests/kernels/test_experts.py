@@ -14,7 +14,7 @@ import pytest
 from tests.kernels.harness_run import (DEFAULT_ORDERS, DTYPE_NAMES, as_float32, assert_same_bits, check_orders,
                                        find_library, nan_like, raw)
 from tests.ops.linear_inputs import FLOATS, as_f64, random_float
-from tests.ops.test_experts import Experts, assert_experts_close, routing
+from tests.ops.test_experts import Experts, assert_experts_close, mxfp4_dequantized, routing
 from tools.msl_harness import KERNELS_DIR
 
 E, N, K = 6, 45, 256
@@ -29,7 +29,8 @@ def run_experts(kernels, ext, ex: Experts, x: mx.array, idx: mx.array, bias: mx.
     rows, k = x.shape
     pairs = idx.shape[0]
     plan = ext.debug.experts_launch_plan(DTYPE_NAMES[x.dtype], ex.bits, rows, pairs, k, ex.w.shape[1],
-                                         ex.w.shape[0], group_size=ex.group_size, has_bias=bias is not None)
+                                         ex.w.shape[0], group_size=ex.group_size, has_bias=bias is not None,
+                                         mxfp4=ex.mode == "mxfp4")
     ids = np.array(idx, np.int32)
     order = np.argsort(ids, kind="stable").astype(np.int32)
     spare = raw(x)
@@ -37,7 +38,8 @@ def run_experts(kernels, ext, ex: Experts, x: mx.array, idx: mx.array, bias: mx.
     for lane_order in orders:
         out = nan_like((pairs, ex.w.shape[1]), raw(x))
         buffers = {0: raw(x), 1: ids, 2: order, 3: raw(ex.w),
-                   4: raw(ex.scales) if ex.bits else spare, 5: raw(ex.biases) if ex.bits else spare,
+                   4: raw(ex.scales) if ex.bits else spare,
+                   5: raw(ex.biases) if ex.biases is not None else spare,
                    6: raw(bias) if bias is not None else spare, 7: out, 8: plan["params"]}
         find_library(kernels, plan["kernel"]).dispatch(
             plan["kernel"], plan["grid"], plan["threads"], buffers, order=lane_order, guard=guard)
@@ -57,6 +59,21 @@ def test_matches_the_float64_oracle_and_the_cpu_op(kernels, ext, bits, group_siz
     assert_experts_close(mx.array(got).astype(dtype), x, idx, ex)
     cpu = as_f64(ex(x, idx))
     np.testing.assert_allclose(got, cpu, rtol=1e-2 if dtype != mx.float32 else 1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+@pytest.mark.parametrize("tokens", [1, 10])
+def test_mxfp4_experts(kernels, ext, dtype, tokens):
+    ex = Experts(4, mode="mxfp4", seed=tokens)
+    scales = np.array(ex.scales)
+    scales[0, :, 0] = 0   # 2^-127: a denormal scale decodes as MLX decodes it
+    ex.scales = mx.array(scales)
+    ex.w64 = mxfp4_dequantized(ex.w, ex.scales)
+    idx = routing(tokens, 2, seed=tokens + 3)
+    x = random_float((tokens, K), dtype=dtype, seed=tokens + 4)
+    got = run_experts(kernels, ext, ex, x, idx)
+    assert_experts_close(mx.array(got).astype(dtype), x, idx, ex)
+    np.testing.assert_allclose(got, as_f64(ex(x, idx)), rtol=1e-2 if dtype != mx.float32 else 1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("bits", [0, 4])
@@ -98,6 +115,10 @@ def test_the_plan(ext):
         ext.debug.experts_launch_plan("float32", 0, 3, 4, 10, 5, 2)
     with pytest.raises(ValueError, match="whole groups"):
         ext.debug.experts_launch_plan("float32", 4, 1, 2, 100, 5, 2, group_size=64)
+    assert ext.debug.experts_launch_plan("float16", 4, 1, 2, 64, 5, 2, group_size=32,
+                                         mxfp4=True)["kernel"] == "experts_matmul_mxfp4_float16"
+    with pytest.raises(ValueError, match="mxfp4"):
+        ext.debug.experts_launch_plan("float16", 4, 1, 2, 64, 5, 2, group_size=64, mxfp4=True)
 
 
 def test_params_block_is_packed_four_byte_scalars(ext):

@@ -1,5 +1,6 @@
-"""MLX 4- and 8-bit checkpoints of every listed family: the paged forward on
-the fast CPU path equals mlx-lm's own forward of the same quantized file."""
+"""MLX 4- and 8-bit checkpoints of every listed family (and MXFP4 experts of
+the MoE ones): the paged forward on the fast CPU path equals mlx-lm's own
+forward of the same quantized file."""
 
 import mlx.core as mx
 import pytest
@@ -13,13 +14,26 @@ from vllm_metal.v1.model_lifecycle import load_model
 _TOKENS = list(range(20, 60))
 
 
+# MoE families whose experts mlx-lm can store in MXFP4 (as gpt-oss ships).
+MXFP4_FAMILIES = ["gpt_oss", "qwen3_moe", "mixtral"]
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_quantized_family_matches_mlx_lm(family, bits):
+    _check_quantized(cached_family_model(family, quantize_bits=bits))
+
+
+@pytest.mark.parametrize("family", MXFP4_FAMILIES)
+def test_mxfp4_experts_match_mlx_lm(family):
+    """Experts in MXFP4, the rest 8-bit affine (mlx-community's gpt-oss MXFP4-Q8)."""
+    _check_quantized(cached_family_model(family, quantize_bits=8, quantize_mode="mxfp4"))
+
+
+def _check_quantized(path):
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load_model as mlx_load
 
-    path = cached_family_model(family, quantize_bits=bits)
     reference, _ = mlx_load(path)
     want = reference(mx.array([_TOKENS]), cache=make_prompt_cache(reference))[0]
     loaded = load_model(str(path), mx.float32, CpuBackend())

@@ -15,13 +15,34 @@ from vllm_metal.ops.reference import expert_matmul_ref
 E, N, K = 6, 45, 256
 
 
+FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
+def mxfp4_dequantized(w: mx.array, scales: mx.array) -> np.ndarray:
+    """float64 [..., N, K] of MXFP4 codes (8 per uint32, lowest bits first) and E8M0
+    scales (2^(e - 127) per 32 columns), decoded here rather than by mx.dequantize."""
+    words = np.array(w, dtype=np.uint64)
+    codes = (words[..., None] >> (np.arange(8, dtype=np.uint64) * 4)) & np.uint64(15)
+    values = FP4_VALUES[codes.reshape(*words.shape[:-1], -1).astype(np.int64)]
+    exponents = np.array(scales).astype(np.float64) - 127.0
+    return values * np.repeat(np.exp2(exponents), 32, axis=-1)
+
+
 class Experts:
-    """E experts [N, K]: float (bits 0) or MLX affine-quantized, with float64 copies."""
+    """E experts [N, K]: float (bits 0), MLX affine-quantized, or MXFP4 (mode), with
+    float64 copies."""
 
     def __init__(self, bits: int, group_size: int = 64, dtype=mx.float32, seed: int = 0,
-                 n: int = N, k: int = K, experts: int = E):
-        self.bits, self.group_size = bits, group_size
-        if bits:
+                 n: int = N, k: int = K, experts: int = E, mode: str = "affine"):
+        self.bits, self.group_size, self.mode = bits, group_size, mode
+        if mode == "mxfp4":
+            self.bits, self.group_size = 4, 32
+            dense = random_float((experts, n, k), seed=seed)
+            self.w, self.scales = mx.quantize(dense, group_size=32, bits=4, mode="mxfp4")
+            self.biases = None
+            self.w64 = mxfp4_dequantized(self.w, self.scales)
+            self.dtype = dtype   # the output follows x's dtype
+        elif bits:
             qs = [make_quantized(n, k, bits, group_size, scale_dtype=dtype, seed=seed + e)
                   for e in range(experts)]
             self.w = mx.stack([q.w for q in qs])
@@ -37,11 +58,11 @@ class Experts:
 
     def __call__(self, x, idx, bias=None):
         return expert_matmul(x, idx, self.w, self.scales, self.biases, bits=self.bits,
-                             group_size=self.group_size, bias=bias)
+                             group_size=self.group_size, bias=bias, mode=self.mode)
 
     def reference(self, x, idx, bias=None):
         return expert_matmul_ref(x, idx, self.w, self.scales, self.biases, bits=self.bits,
-                                 group_size=self.group_size, bias=bias)
+                                 group_size=self.group_size, bias=bias, mode=self.mode)
 
 
 def routing(tokens: int, top_k: int, experts: int = E, seed: int = 0) -> mx.array:
@@ -62,7 +83,8 @@ def assert_experts_close(out, x, idx, ex: Experts, bias=None) -> None:
     if bias is not None:
         b64 = as_f64(bias)[np.array(idx)]
         expected, magnitude = expected + b64, magnitude + np.abs(b64)
-    out_dtype = promoted(x.dtype, ex.dtype, *(() if bias is None else (bias.dtype,)))
+    weights = x.dtype if ex.mode == "mxfp4" else ex.dtype
+    out_dtype = promoted(x.dtype, weights, *(() if bias is None else (bias.dtype,)))
     assert out.dtype == out_dtype and out.shape == (pairs, ex.w64.shape[1])
     got = as_f64(out)
     assert np.isfinite(got).all()
@@ -83,6 +105,37 @@ def test_matches_the_float64_oracle(bits, group_size, tokens, shared):
     out = ex(x, idx)
     assert_experts_close(out, x, idx, ex)
     np.testing.assert_allclose(np.array(out), np.array(ex.reference(x, idx)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+@pytest.mark.parametrize("x_dtype", FLOATS, ids=str)
+def test_mxfp4_experts(tokens, x_dtype):
+    """gpt-oss's experts as mlx-community ships them: FP4 codes, E8M0 scales."""
+    ex = Experts(4, mode="mxfp4", seed=tokens)
+    idx = routing(tokens, 2, seed=tokens)
+    x = random_float((tokens, K), dtype=x_dtype, seed=tokens + 2)
+    out = ex(x, idx)
+    assert_experts_close(out, x, idx, ex)
+    if x_dtype == mx.float32:   # MLX's own half-precision kernel rounds as it goes
+        want = mx.gather_qmm(x.reshape(tokens, 1, 1, K), ex.w, ex.scales, None,
+                             rhs_indices=idx.reshape(tokens, 2), transpose=True, group_size=32,
+                             bits=4, mode="mxfp4")
+        np.testing.assert_allclose(as_f64(out), as_f64(want).reshape(2 * tokens, N),
+                                   rtol=1e-4, atol=1e-4)
+
+
+def test_mxfp4_extreme_scales():
+    """E8M0 exponents 0 (2^-127, a denormal), 1 and 254 decode as MLX decodes them."""
+    ex = Experts(4, mode="mxfp4", seed=5)
+    scales = np.array(ex.scales)
+    scales[0, :, 0] = 0
+    scales[1, :, 1] = 1
+    scales[2, :, 2] = 254
+    ex.scales = mx.array(scales)
+    ex.w64 = mxfp4_dequantized(ex.w, ex.scales)
+    idx = mx.array([0, 1, 2, 3], dtype=mx.int32)
+    x = random_float((4, K), seed=6, scale=1e-36)   # keeps the 2^127 group finite
+    assert_experts_close(ex(x, idx), x, idx, ex)
 
 
 @pytest.mark.parametrize("bits", [0, 4, 8])
@@ -138,9 +191,9 @@ def test_untouched_experts_do_not_reach_the_output():
 
 
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-@pytest.mark.parametrize("bits", [0, 4, 8])
-def test_every_instruction_set(isa, bits):
-    ex = Experts(bits, 32, seed=13)
+@pytest.mark.parametrize("bits,mode", [(0, "affine"), (4, "affine"), (8, "affine"), (4, "mxfp4")])
+def test_every_instruction_set(isa, bits, mode):
+    ex = Experts(bits, 32, seed=13, mode=mode)
     idx = routing(20, 2, seed=14)
     x = random_float((20, K), seed=15)
     with cpu_isa(isa):
@@ -201,11 +254,14 @@ def test_no_pairs_and_empty_k():
     (dict(scales=None), "scales and biases"),
     (dict(bias=mx.zeros((E,))), "bias must be"),
     (dict(x=mx.zeros((2, K - 32))), "quantized w"),
+    (dict(mode="nvfp4"), "mode must be"),
+    (dict(mode="mxfp4"), "mxfp4"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     ex = Experts(4, 64, seed=26)
     args = dict(x=mx.zeros((2, K)), idx=mx.zeros((2,), dtype=mx.int32), w=ex.w,
-                scales=ex.scales, biases=ex.biases, bits=4, group_size=64, bias=None)
+                scales=ex.scales, biases=ex.biases, bits=4, group_size=64, bias=None,
+                mode="affine")
     args.update(kwargs)
     with pytest.raises((ValueError, TypeError), match=match):
         expert_matmul(args.pop("x"), args.pop("idx"), args.pop("w"), args.pop("scales"),

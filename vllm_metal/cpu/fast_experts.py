@@ -32,15 +32,15 @@ class FastSwitchLinear(SwitchLinear):
 
 
 class FastQuantizedSwitchLinear(QuantizedSwitchLinear):
-    """QuantizedSwitchLinear (affine): shapes as FastSwitchLinear."""
+    """QuantizedSwitchLinear (affine or MXFP4): shapes as FastSwitchLinear."""
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         rows = _pair_rows(x, indices)
         if rows is None:
             return super().__call__(x, indices, sorted_indices)
         out = expert_matmul(rows, indices.reshape(-1), self["weight"], self["scales"],
-                            self["biases"], bits=self.bits, group_size=self.group_size,
-                            bias=self.get("bias"))
+                            self.get("biases"), bits=self.bits, group_size=self.group_size,
+                            bias=self.get("bias"), mode=self.mode)
         return out.reshape(*indices.shape, 1, out.shape[-1])
 
 
@@ -59,12 +59,14 @@ def fast_expert_class(module: nn.Module) -> type | None:
         return FastSwitchLinear if w.ndim == 3 and w.dtype in _FLOATS else None
     if kind is QuantizedSwitchLinear:
         scales, biases = module["scales"], module.get("biases")
-        ok = (module.mode == "affine" and module.bits in BITS
-              and module.group_size in GROUP_SIZES and module.global_scale is None
-              and biases is not None and module["weight"].dtype == mx.uint32
-              and module["weight"].ndim == 3 and scales.dtype in _FLOATS
-              and biases.dtype == scales.dtype)
-        return FastQuantizedSwitchLinear if ok else None
+        codes = (module["weight"].dtype == mx.uint32 and module["weight"].ndim == 3
+                 and module.global_scale is None)
+        affine = (module.mode == "affine" and module.bits in BITS
+                  and module.group_size in GROUP_SIZES and biases is not None
+                  and scales.dtype in _FLOATS and biases.dtype == scales.dtype)
+        mxfp4 = (module.mode == "mxfp4" and module.bits == 4 and module.group_size == 32
+                 and biases is None and scales.dtype == mx.uint8)
+        return FastQuantizedSwitchLinear if codes and (affine or mxfp4) else None
     return None
 
 

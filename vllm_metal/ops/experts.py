@@ -19,14 +19,16 @@ _CPU = mx.cpu
 
 def expert_matmul(x: mx.array, idx: mx.array, w: mx.array, scales: mx.array | None = None,
                   biases: mx.array | None = None, *, bits: int = 0, group_size: int = 0,
-                  bias: mx.array | None = None) -> mx.array:
+                  bias: mx.array | None = None, mode: str = "affine") -> mx.array:
     """Each (token, expert) pair's row times its expert's matrix.
 
     x:      [R, K] float32/bfloat16/float16; R divides P, each row feeding P / R
             consecutive pairs (a token shared by its top-k experts, or one row a pair)
     idx:    integer [P], the expert of each pair, in [0, E)
     w:      float [E, N, K] (bits=0), or uint32 [E, N, K * bits / 32] (bits 4 or 8,
-            MLX affine) with scales and biases [E, N, K / group_size]
+            MLX affine) with scales and biases [E, N, K / group_size]; or mode
+            "mxfp4" (bits 4, group_size 32): FP4 codes with uint8 E8M0 scales
+            [E, N, K / 32] and biases None
     bias:   optional float [E, N], each expert's bias
     Returns [P, N]: x[p // (P // R)] @ w[idx[p]].T (+ bias[idx[p]]), accumulated in
     float32, in MLX's promotion of the x, weight (scales) and bias dtypes.
@@ -38,4 +40,4 @@ def expert_matmul(x: mx.array, idx: mx.array, w: mx.array, scales: mx.array | No
             raise TypeError(f"idx must be an integer array, got {idx.dtype}")
         idx = idx.astype(mx.int32)
     return get_ops().expert_matmul(x, idx, w, scales, biases, bits, group_size, bias,
-                                   stream=_CPU)
+                                   mode=mode, stream=_CPU)

@@ -127,10 +127,13 @@ def dense_matmul_ref(x: mx.array, w: mx.array, bias: mx.array | None = None) -> 
 
 def expert_matmul_ref(x: mx.array, idx: mx.array, w: mx.array, scales: mx.array | None = None,
                       biases: mx.array | None = None, *, bits: int = 0, group_size: int = 0,
-                      bias: mx.array | None = None) -> mx.array:
+                      bias: mx.array | None = None, mode: str = "affine") -> mx.array:
     """x [R, K], idx [P], experts w [E, N, K] (or quantized, as ops.experts.expert_matmul)
     -> [P, N]: each pair's row times its expert's dequantized matrix, in float32."""
-    if bits:
+    if mode == "mxfp4":
+        dense = mx.dequantize(w, scales, None, group_size=32, bits=4, mode="mxfp4",
+                              dtype=mx.float32)
+    elif bits:
         dense = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32),
                               group_size=group_size, bits=bits)
     else:
@@ -140,7 +143,8 @@ def expert_matmul_ref(x: mx.array, idx: mx.array, w: mx.array, scales: mx.array 
     out = (picked @ rows[:, :, None])[:, :, 0]
     if bias is not None:
         out = out + bias.astype(mx.float32)[idx.astype(mx.int32)]
-    return out.astype(_result_type(x, scales if bits else w, bias))
+    return out.astype(_result_type(x, scales if bits and mode != "mxfp4" else
+                                   (x if mode == "mxfp4" else w), bias))
 
 
 def _result_type(*arrays: mx.array | None) -> mx.Dtype:

@@ -25,8 +25,11 @@ QuantMatrix expert_quant(const QuantMatrix& q, int64_t e) {
   QuantMatrix m = q;
   const int64_t groups = q.n * (q.k / q.group_size);
   m.w = q.w + e * (q.n * q.k * q.bits / 32);
-  m.scales = static_cast<const char*>(q.scales) + e * groups * elem_bytes(q.scale_type);
-  m.biases = static_cast<const char*>(q.biases) + e * groups * elem_bytes(q.scale_type);
+  const int64_t scale_bytes = q.mxfp4 ? 1 : elem_bytes(q.scale_type);
+  m.scales = static_cast<const char*>(q.scales) + e * groups * scale_bytes;
+  if (q.biases != nullptr) {
+    m.biases = static_cast<const char*>(q.biases) + e * groups * scale_bytes;
+  }
   return m;
 }
 
@@ -92,7 +95,8 @@ void expert_matmul_cpu(const ExpertStack& w, const ExpertIO& io) {
   }
   const Sorted s = sort_pairs(io, w.experts);
   const bool nibble = w.quantized && w.q.bits == 4;
-  const int gs = w.quantized ? w.q.group_size : 0;
+  // Group sums of x serve the affine biases; MXFP4 has none.
+  const int gs = w.quantized && !w.q.mxfp4 ? w.q.group_size : 0;
   LinearIO gathered{io.x, io.x_type, io.pairs, nullptr, Elem::F32, nullptr, Elem::F32};
   const PreparedX px = k > 0 ? prepare_x(gathered, k, nibble, gs, s.rows.data()) : PreparedX{};
   const LinearKernels& kern = linear_kernels();
@@ -132,8 +136,9 @@ void expert_matmul_cpu(const ExpertStack& w, const ExpertIO& io) {
           const float* x = px.x + (g.begin + i) * k;
           float* out = y.get() + i * ldy + (s0 - c0);
           if (w.quantized) {
-            kern.quant_gemv(q, x, px.xsum.get() + (g.begin + i) * groups_per_row, mr, s0, s1,
-                            out, ldy);
+            const float* xsum =
+                px.xsum ? px.xsum.get() + (g.begin + i) * groups_per_row : nullptr;
+            kern.quant_gemv(q, x, xsum, mr, s0, s1, out, ldy);
           } else {
             kern.dense_gemv(d, x, mr, s0, s1, out, ldy);
           }

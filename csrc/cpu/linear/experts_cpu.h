@@ -10,7 +10,8 @@
 namespace vllm_metal::cpu {
 
 // E matrices [n, k] stored back to back ([E, n, k] in the layout of one
-// QuantMatrix or DenseMatrix per expert): expert e's starts e * n rows on.
+// QuantMatrix (affine or MXFP4) or DenseMatrix per expert): expert e's starts
+// e * n rows on.
 struct ExpertStack {
   bool quantized;
   QuantMatrix q;   // expert 0 (quantized)

@@ -15,6 +15,10 @@ enum class Elem : uint8_t { F32 = 0, BF16 = 1, F16 = 2 };
 // scales[r, c / gs] * q + biases[r, c / gs], q = bits-wide field
 // c % (32 / bits) of w[r, c * bits / 32], lowest bits first.
 //
+// MXFP4 (mxfp4 true: OCP microscaling, MLX's mode "mxfp4"): bits 4, group
+// size 32, each code an FP4 e2m1 value (tile_math.h kFp4Values), scales uint8
+// E8M0 (2^(e - 127)), biases null: element (r, c) = fp4(q) * 2^(e - 127).
+//
 // Symmetric weights (GGUF's Q8_0 and Q4_0: W = d * (q - 2^(bits-1))) may
 // leave biases null: each bias is then -zero_point * scale, formed from the
 // scale already in hand, so a pass over W reads no biases. Only the int8
@@ -29,6 +33,7 @@ struct QuantMatrix {
   int64_t n;
   int64_t k;
   float zero_point = 0.0f;  // read only when biases is null
+  bool mxfp4 = false;       // see above: scale_type is then ignored (E8M0)
 };
 
 // Dense matrix [n, k], row-contiguous.

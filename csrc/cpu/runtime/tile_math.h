@@ -75,6 +75,19 @@ struct F16 {
   }
 };
 
+// OCP microscaling (MXFP4) block scale: 2^(e - 127), read-only. e = 0 is
+// 2^-127 (a float denormal); e = 255 overflows to inf, as MLX decodes it.
+struct E8M0 {
+  using storage = uint8_t;
+  static VLLM_METAL_INLINE float to_float(uint8_t e) {
+    return e == 0 ? 0x1p-127f : bit_cast<float>(static_cast<uint32_t>(e) << 23);
+  }
+};
+
+// The 16 values of an FP4 (e2m1) code: sign bit 3, then 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+inline constexpr float kFp4Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
 // 2^x for x <= 0, exact to ~2 ulp; x < -126 (and -inf) gives exactly 0.
 // Round to nearest integer n, then 2^f for f in [-0.5, 0.5] by its Taylor
 // series to degree 7 (truncation error < 1e-8 relative).
