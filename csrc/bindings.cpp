@@ -224,10 +224,21 @@ inv_freq = base^(-2i/dims) or 1 / freqs. Returns x's shape and dtype.)");
       R"(A model's decoder weights for decoder_stack, validated and
 resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
       .def(nb::init<std::vector<mlx::core::array>, std::vector<int>, std::vector<float>,
-                    mlx::core::array, float, int, int, int, int, bool>(),
+                    mlx::core::array, float, int, int, int, int, bool, std::vector<int>,
+                    std::vector<std::shared_ptr<vllm_metal::DecoderStackMoe>>>(),
            "arrays"_a, "ints"_a, "floats"_a, "final_norm"_a, "final_eps"_a, "hidden"_a,
-           "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "int8_activations"_a = false)
+           "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "int8_activations"_a = false,
+           "moe_layers"_a = std::vector<int>{},
+           "moe"_a = std::vector<std::shared_ptr<vllm_metal::DecoderStackMoe>>{})
       .def_prop_ro("num_layers", &vllm_metal::DecoderStackWeights::num_layers);
+  nb::class_<vllm_metal::DecoderStackMoe>(
+      m, "DecoderStackMoe",
+      R"(A mixture-of-experts MLP of one decoder-stack layer: router, experts
+(float, MLX affine or MXFP4), top-k scoring, optional shared expert; the spec
+layout is in csrc/ops/decoder_stack_moe.h.)")
+      .def(nb::init<std::vector<mlx::core::array>, std::vector<int>, float, int, bool>(),
+           "arrays"_a, "ints"_a, "scale"_a, "hidden"_a, "int8_activations"_a = false)
+      .def_prop_ro("num_experts", &vllm_metal::DecoderStackMoe::num_experts);
   nb::class_<vllm_metal::DecoderStackLora>(
       m, "DecoderStackLora",
       R"(The resident LoRA adapters for decoder_stack, validated and resolved against

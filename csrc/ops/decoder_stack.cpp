@@ -10,27 +10,29 @@
 #include "mlx/transforms.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
+#include "ops/stack_linears.h"
 
 namespace vllm_metal {
 
 namespace mx = mlx::core;
 
+using stack_spec::check_linear;
+using stack_spec::fail;
+using stack_spec::LinearIndex;
+using stack_spec::linear_of;
+
 namespace {
+
+LinearIndex take_linear_at(const int* spec, int& next) {
+  if (spec[0] < 0) return LinearIndex{};
+  return stack_spec::take_linear(spec, next);
+}
 
 // x, positions, seq_lens, cu_seqlens_q, then each group's slot mapping, then each
 // group's block table.
 constexpr int kFixedInputs = 4;
 const char* const kLinearNames[kStackLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};
-
-[[noreturn]] void fail(const std::string& msg) {
-  throw std::invalid_argument("decoder_stack: " + msg);
-}
-
-struct LinearIndex {
-  int w = -1, scales = -1, biases = -1, bias = -1;
-  int bits = 0, group_size = 0;
-};
 
 // Where each array of a layer sits in the flat `arrays` list.
 struct LayerIndex {
@@ -55,17 +57,9 @@ std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_ar
   for (size_t li = 0; li < layers.size(); ++li) {
     const int* spec = ints.data() + li * kStackLayerInts;
     LayerIndex& L = layers[li];
-    auto take_linear = [&](int j) {
-      LinearIndex& x = L.lin[j];
-      x.bits = spec[3 * j];
-      x.group_size = spec[3 * j + 1];
-      x.w = next++;
-      if (x.bits) {
-        x.scales = next++;
-        x.biases = next++;
-      }
-      if (spec[3 * j + 2]) x.bias = next++;
-    };
+    // A mixture-of-experts layer's gate, up and down have bits -1 and no arrays
+    // (its DecoderStackMoe holds the MLP).
+    auto take_linear = [&](int j) { L.lin[j] = take_linear_at(spec + 3 * j, next); };
     const int* tail = spec + 3 * kStackLinears;
     const int norms = tail[kNorms];
     if (norms & cpu::kPreAttention) L.input_norm = next++;
@@ -87,44 +81,6 @@ std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_ar
   return layers;
 }
 
-int64_t linear_in(const mx::array& w, int bits) {
-  return bits ? static_cast<int64_t>(w.shape(1)) * 32 / bits : w.shape(1);
-}
-
-void check_linear(const std::vector<mx::array>& arrays, const LinearIndex& x, int64_t n,
-                  int64_t k, const std::string& where) {
-  const mx::array& w = arrays[x.w];
-  if (w.ndim() != 2) fail(where + ": weight must be 2-D");
-  if (x.bits) {
-    if ((x.bits != 4 && x.bits != 8) || w.dtype() != mx::uint32) {
-      fail(where + ": quantized weights must be uint32 with bits 4 or 8");
-    }
-    if (x.group_size != 32 && x.group_size != 64 && x.group_size != 128) {
-      fail(where + ": group_size must be 32, 64 or 128");
-    }
-    const auto& s = arrays[x.scales];
-    const auto& b = arrays[x.biases];
-    const mx::Shape groups = {static_cast<int>(n), static_cast<int>(k / x.group_size)};
-    if (s.shape() != groups || b.shape() != groups || !is_linear_float(s.dtype()) ||
-        b.dtype() != s.dtype() || k % x.group_size != 0) {
-      fail(where + ": scales/biases must be float [N, K / group_size], one dtype");
-    }
-  } else if (!is_linear_float(w.dtype())) {
-    fail(where + ": dense weights must be float");
-  }
-  if (w.shape(0) != n || linear_in(w, x.bits) != k) {
-    fail(where + ": weight is " + std::to_string(w.shape(0)) + " x " +
-         std::to_string(linear_in(w, x.bits)) + ", expected " + std::to_string(n) + " x " +
-         std::to_string(k));
-  }
-  if (x.bias >= 0) {
-    const auto& b = arrays[x.bias];
-    if (b.ndim() != 1 || b.shape(0) != n || !is_linear_float(b.dtype())) {
-      fail(where + ": bias must be float [" + std::to_string(n) + "]");
-    }
-  }
-}
-
 void check_vector(const mx::array& a, int64_t n, const std::string& where) {
   if (a.ndim() != 1 || a.shape(0) != n || !is_linear_float(a.dtype())) {
     fail(where + " must be float [" + std::to_string(n) + "]");
@@ -133,26 +89,6 @@ void check_vector(const mx::array& a, int64_t n, const std::string& where) {
 
 mx::array as_int32(const mx::array& a, const mx::Stream& s) {
   return a.dtype() == mx::int32 ? a : mx::astype(a, mx::int32, s);
-}
-
-cpu::StackLinear linear_of(const std::vector<mx::array>& arrays, const LinearIndex& x,
-                           bool int8_activations) {
-  cpu::StackLinear l;
-  l.int8_activations = int8_activations && x.bits != 0;
-  const auto& w = arrays[x.w];
-  if (x.bits) {
-    const auto& s = arrays[x.scales];
-    l.quant = cpu::QuantMatrix{w.data<uint32_t>(), s.data<void>(), arrays[x.biases].data<void>(),
-                               elem_of(s.dtype()), x.bits, x.group_size, w.shape(0),
-                               linear_in(w, x.bits)};
-  } else {
-    l.dense = cpu::DenseMatrix{w.data<void>(), elem_of(w.dtype()), w.shape(0), w.shape(1)};
-  }
-  if (x.bias >= 0) {
-    l.bias = arrays[x.bias].data<void>();
-    l.bias_type = elem_of(arrays[x.bias].dtype());
-  }
-  return l;
 }
 
 cpu::StackNorm norm_of(const mx::array& w, float eps) {
@@ -171,8 +107,11 @@ DecoderStackWeights::DecoderStackWeights(
     int num_heads,
     int num_kv_heads,
     int head_dim,
-    bool int8_activations)
-    : final_norm_(std::move(final_norm)),
+    bool int8_activations,
+    std::vector<int> moe_layers,
+    std::vector<std::shared_ptr<DecoderStackMoe>> moe)
+    : moe_(std::move(moe)),
+      final_norm_(std::move(final_norm)),
       hidden_(hidden),
       num_heads_(num_heads),
       num_kv_heads_(num_kv_heads),
@@ -189,14 +128,30 @@ DecoderStackWeights::DecoderStackWeights(
   const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv_width = static_cast<int64_t>(num_kv_heads) * head_dim;
   check_vector(final_norm_, hidden, "final_norm");
+  if (moe_layers.size() != moe_.size()) fail("moe_layers and moe must have one entry each");
+  std::vector<const DecoderStackMoe*> moe_of(index.size(), nullptr);
+  for (size_t i = 0; i < moe_.size(); ++i) {
+    const int li = moe_layers[i];
+    if (li < 0 || static_cast<size_t>(li) >= index.size() || moe_of[li] != nullptr || !moe_[i]) {
+      fail("moe_layers must name distinct layers, each with its MoE");
+    }
+    moe_of[li] = moe_[i].get();
+  }
   for (size_t li = 0; li < index.size(); ++li) {
     const LayerIndex& L = index[li];
     const std::string where = "layer " + std::to_string(li);
-    const int64_t inter = arrays[L.lin[4].w].shape(0);
+    const bool dense_mlp = L.lin[4].w >= 0 && L.lin[5].w >= 0 && L.lin[6].w >= 0;
+    if (dense_mlp == (moe_of[li] != nullptr)) {
+      fail(where + ": needs either gate/up/down linears or a MoE (bits -1 and moe_layers)");
+    }
+    if (L.lin[0].w < 0 || L.lin[1].w < 0 || L.lin[2].w < 0 || L.lin[3].w < 0) {
+      fail(where + ": q/k/v/o need bits >= 0");
+    }
+    const int64_t inter = dense_mlp ? arrays[L.lin[4].w].shape(0) : 0;
     const int64_t dims[kStackLinears][2] = {{q_width, hidden}, {kv_width, hidden},
                                             {kv_width, hidden}, {hidden, q_width},
                                             {inter, hidden}, {inter, hidden}, {hidden, inter}};
-    for (int j = 0; j < kStackLinears; ++j) {
+    for (int j = 0; j < (dense_mlp ? kStackLinears : 4); ++j) {
       check_linear(arrays, L.lin[j], dims[j][0], dims[j][1], where + " " + kLinearNames[j]);
     }
     const int* tail = ints.data() + li * kStackLayerInts + 3 * kStackLinears;
@@ -252,6 +207,7 @@ DecoderStackWeights::DecoderStackWeights(
     l.gate = linear_of(arrays_, L.lin[4], int8_activations);
     l.up = linear_of(arrays_, L.lin[5], int8_activations);
     l.down = linear_of(arrays_, L.lin[6], int8_activations);
+    if (moe_of[li] != nullptr) l.moe = &moe_of[li]->view();
     if (L.post_mlp_norm >= 0) l.post_mlp_norm = norm_of(arrays_[L.post_mlp_norm], f[8]);
     l.activation = static_cast<cpu::StackActivation>(tail[kActivation]);
     l.residual_scale = f[9];

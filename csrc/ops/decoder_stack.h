@@ -11,6 +11,7 @@
 #include "mlx/primitives.h"
 #include "ops/cpu_only_primitive.h"
 #include "ops/decoder_stack_lora.h"
+#include "ops/decoder_stack_moe.h"
 
 namespace vllm_metal {
 
@@ -25,6 +26,8 @@ namespace vllm_metal {
 //   [input_norm_w]; each linear as w [+ scales, biases if quantized] [+ bias];
 //   (q, k, v, o); [q_norm_w, k_norm_w]; [post_attn_norm_w]; [post_norm_w];
 //   (gate, up, down); [post_mlp_norm_w]; [rope freqs float [rope_dims / 2]]
+// A mixture-of-experts layer (listed in moe_layers, its DecoderStackMoe in moe)
+// gives gate, up and down bits -1 and no arrays.
 inline constexpr int kStackLinears = 7;
 inline constexpr int kStackLayerInts = 3 * kStackLinears + 7;
 inline constexpr int kStackLayerFloats = 10;
@@ -46,7 +49,9 @@ class DecoderStackWeights {
       int num_heads,
       int num_kv_heads,
       int head_dim,
-      bool int8_activations = false);
+      bool int8_activations = false,
+      std::vector<int> moe_layers = {},
+      std::vector<std::shared_ptr<DecoderStackMoe>> moe = {});
 
   int num_layers() const {
     return static_cast<int>(layers_.size());
@@ -73,6 +78,7 @@ class DecoderStackWeights {
 
  private:
   std::vector<mlx::core::array> arrays_;
+  std::vector<std::shared_ptr<DecoderStackMoe>> moe_;
   mlx::core::array final_norm_;
   std::vector<cpu::StackLayer> layers_;
   cpu::StackNorm final_norm_view_{};

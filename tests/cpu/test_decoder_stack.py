@@ -206,14 +206,23 @@ def test_half_precision_caches_match_the_module_path(cache_dtype):
 # Families whose blocks the stack computes (norm layouts, fused projections, NoPE
 # layers, GELU, multipliers), and families it must decline, each for its reason.
 TAKEN = ["gemma", "gemma2", "gemma3_text", "glm4", "granite", "minicpm", "olmo2", "phi3",
-         "smollm3", "exaone4"]
+         "smollm3", "exaone4", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "ernie4_5_moe"]
 DECLINED = {
     "hunyuan_v1_dense": "off by",   # q/k norms after RoPE: the probe step differs
     "ministral3": "off by",         # query scale grows with position: differs near 70000
     "cohere": "not an RMSNorm",     # LayerNorm
     "gpt_neox": "no list of layers",
     "gemma4_text": "share KV entries",
+    "gpt_oss": "sinks",
+    "glm4_moe": "MoEGate",          # sigmoid scores, grouped top-k: not yet in the stack
+    "phimoe": "not an RMSNorm",
 }
+# The routing the probe finds for each MoE family the stack takes (mlx-lm's code).
+# Mixtral's softmax over its top-k logits is the renormalised softmax (the same
+# weights to rounding), the first candidate the probe tries.
+ROUTING = {"qwen2_moe": "(softmax, top-k)", "qwen3_moe": "(softmax, top-k, renormalised)",
+           "olmoe": "(softmax, top-k)", "mixtral": "(softmax, top-k, renormalised)",
+           "ernie4_5_moe": "(softmax, top-k, renormalised)"}
 
 
 def load_family(family: str):
@@ -231,6 +240,38 @@ def test_family_runs_as_the_stack_and_matches_the_module_path(family):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
     np.testing.assert_allclose(got_k, want_k, rtol=1e-3, atol=1e-4 * np.abs(want_k).max())
+
+
+@pytest.mark.parametrize("family,routing", sorted(ROUTING.items()))
+def test_moe_routing_is_the_familys(family, routing):
+    assert load_family(family).backbone.stack.layout.endswith(routing)
+
+
+def test_mxfp4_experts_in_the_stack_match_the_module_path():
+    from tests.family_models import cached_family_model
+
+    loaded = load_cpu(str(cached_family_model("qwen3_moe", quantize_bits=8, quantize_mode="mxfp4")))
+    assert loaded.backbone.stack is not None
+    got, _, _ = _run(loaded, STEPS, seed=5)
+    want, _, _ = _run(module_path(loaded), STEPS, seed=5)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+
+
+def test_a_moe_spec_that_disagrees_with_its_arrays_is_refused():
+    from vllm_metal.native import get_ops
+
+    router = mx.zeros((4, 64))
+    experts = [mx.zeros((4, 32, 64)), mx.zeros((4, 32, 64)), mx.zeros((4, 64, 32))]
+    ints = [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] + [0] * 12
+    moe = get_ops().DecoderStackMoe([router, *experts], ints, 1.0, 64)
+    assert moe.num_experts == 4
+    with pytest.raises(ValueError, match="top_k must be in"):
+        get_ops().DecoderStackMoe([router, *experts], [9, *ints[1:]], 1.0, 64)
+    with pytest.raises(ValueError, match="MoE down experts"):
+        get_ops().DecoderStackMoe([router, *experts[:2], mx.zeros((4, 64, 16))], ints, 1.0, 64)
+    with pytest.raises(ValueError, match="describes 4 arrays, got 3"):
+        get_ops().DecoderStackMoe([router, *experts[:2]], ints, 1.0, 64)
 
 
 @pytest.mark.parametrize("family,why", sorted(DECLINED.items()))

@@ -17,6 +17,7 @@ weights; the stack adds each step's updates itself (vllm_metal.cpu.stack_lora).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
+from vllm_metal.cpu.fast_experts import FAST_EXPERT_CLASSES
 from vllm_metal.cpu.fast_linears import FastLinear, FastQuantizedLinear
 from vllm_metal.cpu.stack_lora import Site, StackLoRA
 from vllm_metal.lora.layer import LoRALinear
@@ -60,6 +62,18 @@ _LAYOUTS = (
     (_POST_ATTN | _POST_MLP, (None, "post_attention_layernorm", None,
                               "post_feedforward_layernorm")),
 )
+# Where families keep a layer's MLP (Mixtral and PhiMoE: block_sparse_moe).
+_MLP_NAMES = ("mlp", "block_sparse_moe")
+# MoE routings the stack computes (cpu/decoder_stack/moe_block.h MoeScoring,
+# normalize): softmax over the experts then top-k, with or without renormalising
+# the k weights (Qwen2/3-MoE, OLMoE), and softmax over the top-k logits (Mixtral).
+# Which one a family does is found by the probe, as the norm layout is.
+_SOFTMAX, _SOFTMAX_OF_TOP_K = 0, 1
+_ROUTINGS = ((_SOFTMAX, False), (_SOFTMAX, True), (_SOFTMAX_OF_TOP_K, False))
+# Attributes a MoE block keeps its top-k in, and its router under.
+_TOP_K_NAMES = ("num_experts_per_tok", "top_k", "k")
+_ROUTER_NAMES = ("gate", "router")
+
 # One probe step through both paths must agree this closely (fp32, our kernels on
 # both sides; only summation order and the activations' approximations differ).
 _PROBE_RTOL = 1e-3
@@ -134,22 +148,23 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
     except Exception as e:  # the module path itself is what serves then
         raise Unsupported(f"the probe step failed ({type(e).__name__}: {e})") from e
     tried = []
-    for norms, names in _LAYOUTS:
+    routings = _ROUTINGS if any(_experts_of(layer) for layer in layers) else (None,)
+    for (norms, names), routing in itertools.product(_LAYOUTS, routings):
         if not all(n is None or hasattr(layer, n) for layer in layers for n in names):
             continue
         # Verified in fp32 arithmetic on both sides (int8-rounded activations would
         # land on other steps at rounding edges and blur the comparison); the plan
-        # kept has the same layout.
-        layout = _layout_name(names)
+        # kept has the same layout (and MoE routing).
+        layout = _layout_name(names) + (f" ({_routing_name(routing)})" if routing else "")
         try:
-            plan = _build(adapter, norms, names, final, embed_scale, False)
+            plan = _build(adapter, norms, names, final, embed_scale, False, routing)
             error = probe.error(plan)
         except (ValueError, RuntimeError) as e:  # the extension refused the spec or step
             tried.append(f"{layout}: {e}")
             continue
         if error <= _PROBE_RTOL:
             if int8_activations:
-                plan = _build(adapter, norms, names, final, embed_scale, True)
+                plan = _build(adapter, norms, names, final, embed_scale, True, routing)
             return plan
         tried.append(f"{layout}: off by {error:.2g}")
     if not tried:
@@ -159,13 +174,17 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
 
 
 def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
-           embed_scale: float | None, int8_activations: bool) -> DecoderStackPlan:
+           embed_scale: float | None, int8_activations: bool,
+           routing: tuple[int, bool] | None = None) -> DecoderStackPlan:
     arrays: list[mx.array] = []
     ints: list[int] = []
     floats: list[float] = []
     heads: set[tuple[int, int, int]] = set()
     sites: list[Site] = []
     bank = None
+    moe_layers: list[int] = []
+    moe: list[object] = []
+    hidden = int(final[0].shape[0])
     for index, layer in enumerate(adapter.backbone.layers):
         where = f"layer {index}"
         facts = adapter.entries[index]
@@ -180,26 +199,39 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
         kv_rows = facts.num_kv_heads * facts.head_dim
         attn = _projections(inner, ("q_proj", "k_proj", "v_proj"), "qkv_proj",
                             (q_rows, kv_rows, kv_rows), where)
-        mlp = getattr(layer, "mlp", None)
+        mlp = next((getattr(layer, n) for n in _MLP_NAMES if hasattr(layer, n)), None)
         if mlp is None:
             raise Unsupported(f"{where} has no mlp")
-        if hasattr(mlp, "gate_up_proj"):
+        switch = _experts_of(layer)
+        if switch is not None:
+            if routing is None:
+                raise Unsupported(f"{where}: a mixture-of-experts MLP needs a routing")
+            mlp_linears = []
+            activation = _expert_activation(switch, where)
+            moe_layers.append(index)
+            moe.append(_moe(mlp, switch, routing, hidden, int8_activations, where))
+        elif hasattr(mlp, "gate_up_proj"):
             half = _Rows.of(mlp.gate_up_proj, where).n // 2
-            gate_up = _projections(mlp, ("gate_proj", "up_proj"), "gate_up_proj",
-                                   (half, half), where)
+            mlp_linears = [*_projections(mlp, ("gate_proj", "up_proj"), "gate_up_proj",
+                                         (half, half), where),
+                           _Rows.of(_attr(mlp, "down_proj", where), where)]
         else:
-            gate_up = _projections(mlp, ("gate_proj", "up_proj"), "", (), where)
-        linears = [*attn, _Rows.of(_attr(inner, "o_proj", where), where), *gate_up,
-                   _Rows.of(_attr(mlp, "down_proj", where), where)]
+            mlp_linears = [*_projections(mlp, ("gate_proj", "up_proj"), "", (), where),
+                           _Rows.of(_attr(mlp, "down_proj", where), where)]
+        linears = [*attn, _Rows.of(_attr(inner, "o_proj", where), where), *mlp_linears]
         for projection, lin in enumerate(linears):
             ints += lin.spec()
             if lin.lora is not None:
                 sites.append(Site(index, projection, lin.lora._lora_name, lin.lora_col0))
                 bank = lin.lora._lora_bank
+        if switch is not None:
+            ints += [-1, 0, 0] * 3
         qk, qk_eps, qk_arrays = _qk_norms(inner, facts, where)
         rope = _rope_spec(getattr(inner, "rope", None), facts.head_dim, where)
+        if switch is None:
+            activation = _activation(mlp, where)
         ints += [qk, rope["dims"], int(rope["traditional"]), int(rope["freqs"] is not None),
-                 int(facts.window or 0), norms, _activation(mlp, where)]
+                 int(facts.window or 0), norms, activation]
         slot = [_norm_weight(getattr(layer, n), f"{where} {n}") if n else None for n in names]
         eps = [w[1] if w else 0.0 for w in slot]
         floats += [eps[0], eps[2], qk_eps, rope["base"] or 0.0, rope["scale"], facts.scale,
@@ -221,10 +253,10 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
     if len(heads) != 1:
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
-    hidden = int(final[0].shape[0])
     return DecoderStackPlan(get_ops().DecoderStackWeights(
         arrays, ints, floats, final[0], final[1], hidden, num_heads, num_kv_heads, head_dim,
-        int8_activations), embed_scale, _layout_name(names),
+        int8_activations, moe_layers, moe), embed_scale,
+        _layout_name(names) + (f" ({_routing_name(routing)})" if moe else ""),
         StackLoRA(bank, sites) if sites else None)
 
 
@@ -306,6 +338,83 @@ class _Rows:
     @property
     def arrays(self) -> list[mx.array]:
         return [a for a in (self.weight, self.scales, self.biases, self.bias) if a is not None]
+
+
+def _routing_name(routing: tuple[int, bool]) -> str:
+    scoring, normalize = routing
+    if scoring == _SOFTMAX_OF_TOP_K:
+        return "softmax of the top-k logits"
+    return "softmax, top-k" + (", renormalised" if normalize else "")
+
+
+def _experts_of(layer: nn.Module) -> nn.Module | None:
+    """The layer's expert MLP (mlx-lm's SwitchGLU: gate/up/down expert layers switched
+    to vllm-metal's expert matmul), or None for a dense MLP."""
+    mlp = next((getattr(layer, n) for n in _MLP_NAMES if hasattr(layer, n)), None)
+    for name in ("switch_mlp", "experts"):
+        switch = getattr(mlp, name, None)
+        if switch is not None and all(type(getattr(switch, p, None)) in FAST_EXPERT_CLASSES
+                                      for p in ("gate_proj", "up_proj", "down_proj")):
+            return switch
+    return None
+
+
+def _expert_activation(switch: nn.Module, where: str) -> int:
+    from mlx_lm.models.switch_layers import SwiGLU
+
+    if type(getattr(switch, "activation", None)) is not SwiGLU:
+        raise Unsupported(f"{where}: experts with an activation other than SwiGLU")
+    return _SILU
+
+
+def _expert_arrays(layer: nn.Module) -> tuple[list[mx.array], tuple[int, int, int, int]]:
+    """(arrays, (bits, group_size, mxfp4, has_bias)) of one expert projection."""
+    bias = layer["bias"] if "bias" in layer else None
+    if hasattr(layer, "scales"):
+        mxfp4 = layer.mode == "mxfp4"
+        arrays = [layer.weight, layer.scales] + ([] if mxfp4 else [layer.biases])
+        spec = (layer.bits, layer.group_size, int(mxfp4))
+    else:
+        arrays, spec = [layer.weight], (0, 0, 0)
+    return arrays + ([bias] if bias is not None else []), (*spec, int(bias is not None))
+
+
+def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden: int,
+         int8_activations: bool, where: str) -> object:
+    """The layer's DecoderStackMoe (csrc/ops/decoder_stack_moe.h)."""
+    router = next((getattr(block, n) for n in _ROUTER_NAMES if hasattr(block, n)), None)
+    top_k = next((getattr(block, n) for n in _TOP_K_NAMES
+                  if isinstance(getattr(block, n, None), int)), None)
+    if router is None or top_k is None:
+        raise Unsupported(f"{where}: {type(block).__name__} has no router or top-k the stack reads")
+    router_rows = _Rows.of(router, where)
+    arrays = list(router_rows.arrays)
+    specs = []
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        got, spec = _expert_arrays(getattr(switch, name))
+        arrays += got
+        specs.append(spec)
+    if len(set(specs)) != 1:
+        raise Unsupported(f"{where}: the gate, up and down experts are stored differently")
+    shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
+    shared_gate = getattr(block, "shared_expert_gate", None) if shared is not None else None
+    shared_specs = [0, 0, 0] * 3
+    gate_spec = [0, 0, 0]
+    if shared is not None:
+        shared_rows = [_Rows.of(_attr(shared, n, where), where)
+                       for n in ("gate_proj", "up_proj", "down_proj")]
+        shared_specs = [v for r in shared_rows for v in r.spec()]
+        arrays += [a for r in shared_rows for a in r.arrays]
+    if shared_gate is not None:
+        gate_rows = _Rows.of(shared_gate, where)
+        gate_spec = gate_rows.spec()
+        arrays += gate_rows.arrays
+    scoring, normalize = routing
+    ints = [int(top_k), scoring, int(normalize), int(shared is not None),
+            int(shared_gate is not None), *router_rows.spec(), *specs[0], *shared_specs,
+            *gate_spec]
+    scale = float(getattr(block, "routed_scaling_factor", 1.0) or 1.0)
+    return get_ops().DecoderStackMoe(arrays, ints, scale, hidden, int8_activations)
 
 
 def _norm_weight(module: nn.Module | None, where: str) -> tuple[mx.array, float]:

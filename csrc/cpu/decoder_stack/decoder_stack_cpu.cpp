@@ -7,6 +7,8 @@
 #include <string>
 #include <type_traits>
 
+#include "cpu/decoder_stack/moe_block.h"
+#include "cpu/decoder_stack/stack_steps.h"
 #include "cpu/lora/lora_cpu.h"
 #include "cpu/norm_rope/norm_rope_cpu.h"
 #include "cpu/runtime/isa.h"
@@ -18,15 +20,8 @@ namespace vllm_metal::cpu {
 
 namespace {
 
-// out[t, n] = x[t, :] @ W.T (+ bias), fp32 in and out.
-void linear(const StackLinear& l, const float* x, int64_t t, float* out) {
-  LinearIO io{x, Elem::F32, t, l.bias, l.bias_type, out, Elem::F32, l.int8_activations};
-  if (l.quant.bits) {
-    quantized_matmul_cpu(l.quant, io);
-  } else {
-    dense_matmul_cpu(l.dense, io);
-  }
-}
+using stack::gated;
+using stack::linear;
 
 // outs[i] = x @ ls[i].W.T for linears sharing x: quantized ones in one pool job.
 template <int N>
@@ -225,19 +220,6 @@ void gelu_mul_range(float* g, const float* u, int64_t n, bool erf) {
   erf ? erf_gelu_mul_span(g, u, n) : gelu_mul_span(g, u, n);
 }
 
-// g = act(g) * u over n values.
-void gated(StackActivation act, float* g, const float* u, int64_t n) {
-  constexpr int64_t kParallel = 1 << 16;  // a prefill chunk's MLP, not a decode step's
-  parallel_ranges(n, n >= kParallel ? 2 * ThreadPool::instance().size() : 1,
-                  [&](int64_t a, int64_t b) {
-                    if (act != StackActivation::Silu) {
-                      gelu_mul_range(g + a, u + a, b - a, act == StackActivation::Gelu);
-                    } else {
-                      silu_mul_range(g + a, u + a, b - a);
-                    }
-                  });
-}
-
 // h += s * y over n values.
 void add_residual(float* h, const float* y, float s, int64_t n) {
   if (s == 1.0f) {
@@ -290,6 +272,31 @@ void add_lora(const StackArgs& a, size_t& next, int li, int p, const float* x, f
 }
 
 } // namespace
+
+namespace stack {
+
+void linear(const StackLinear& l, const float* x, int64_t t, float* out) {
+  LinearIO io{x, Elem::F32, t, l.bias, l.bias_type, out, Elem::F32, l.int8_activations};
+  if (l.quant.bits) {
+    quantized_matmul_cpu(l.quant, io);
+  } else {
+    dense_matmul_cpu(l.dense, io);
+  }
+}
+
+void gated(StackActivation act, float* g, const float* u, int64_t n) {
+  constexpr int64_t kParallel = 1 << 16;  // a prefill chunk's MLP, not a decode step's
+  parallel_ranges(n, n >= kParallel ? 2 * ThreadPool::instance().size() : 1,
+                  [&](int64_t a, int64_t b) {
+                    if (act != StackActivation::Silu) {
+                      gelu_mul_range(g + a, u + a, b - a, act == StackActivation::Gelu);
+                    } else {
+                      silu_mul_range(g + a, u + a, b - a);
+                    }
+                  });
+}
+
+} // namespace stack
 
 dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   check_slots(a);
@@ -388,13 +395,17 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
       norm(l.post_norm, h.data(), t, hidden, xn.data());
       mlp_in = xn.data();
     }
-    const int64_t width = l.gate.out_features();
-    linears<2>({&l.gate, &l.up}, mlp_in, t, {gate.data(), up.data()});
-    add_lora(a, next_lora, li, kGate, mlp_in, gate.data(), lora_idx.data());
-    add_lora(a, next_lora, li, kUp, mlp_in, up.data(), lora_idx.data());
-    gated(l.activation, gate.data(), up.data(), t * width);
-    linear(l.down, gate.data(), t, tmp.data());
-    add_lora(a, next_lora, li, kDown, gate.data(), tmp.data(), lora_idx.data());
+    if (l.moe != nullptr) {
+      moe_block(*l.moe, l.activation, mlp_in, t, hidden, tmp.data());
+    } else {
+      const int64_t width = l.gate.out_features();
+      linears<2>({&l.gate, &l.up}, mlp_in, t, {gate.data(), up.data()});
+      add_lora(a, next_lora, li, kGate, mlp_in, gate.data(), lora_idx.data());
+      add_lora(a, next_lora, li, kUp, mlp_in, up.data(), lora_idx.data());
+      gated(l.activation, gate.data(), up.data(), t * width);
+      linear(l.down, gate.data(), t, tmp.data());
+      add_lora(a, next_lora, li, kDown, gate.data(), tmp.data(), lora_idx.data());
+    }
     if (l.norms & kPostMlp) norm(l.post_mlp_norm, tmp.data(), t, hidden, tmp.data());
     add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
   }

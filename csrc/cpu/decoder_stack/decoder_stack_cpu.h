@@ -58,6 +58,8 @@ enum class StackQkNorm : int { None = 0, PerHead = 1, AcrossHeads = 2 };
 // each norm present or not (`norms`), s the residual scale (Granite's
 // residual_multiplier, else 1), attention on paged caches (fp32, or fp16/bf16:
 // keys and values are rounded once, when written).
+struct StackMoe;  // cpu/decoder_stack/moe_block.h
+
 struct StackLayer {
   int norms = kPreAttention | kPreMlp;
   StackNorm input_norm{};      // pre-attention
@@ -66,7 +68,8 @@ struct StackLayer {
   StackNorm q_norm{}, k_norm{}; // [head_dim] per head, or [heads * head_dim] across
   StackNorm post_attn_norm{};
   StackNorm post_norm{};        // pre-MLP
-  StackLinear gate, up, down;
+  StackLinear gate, up, down;   // unused when moe is set
+  const StackMoe* moe = nullptr; // a mixture-of-experts MLP instead (held by its owner)
   StackNorm post_mlp_norm{};
   StackActivation activation = StackActivation::Silu;
   float residual_scale = 1.0f;

@@ -1,0 +1,104 @@
+#include "cpu/decoder_stack/moe_block.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "cpu/decoder_stack/stack_steps.h"
+#include "cpu/runtime/scratch.h"
+
+namespace vllm_metal::cpu {
+
+namespace {
+
+// The row's top_k experts (idx) and their weights (w) from its E logits.
+void route_row(const StackMoe& m, const float* logits, int64_t experts, int32_t* idx, float* w,
+               std::vector<int32_t>& order, std::vector<float>& p) {
+  const int k = m.top_k;
+  p.assign(logits, logits + experts);
+  if (m.scoring == MoeScoring::Softmax) {
+    const float top = *std::max_element(p.begin(), p.end());
+    double sum = 0.0;
+    for (auto& v : p) sum += (v = std::exp(v - top));
+    for (auto& v : p) v = static_cast<float>(v / sum);
+  }
+  order.resize(experts);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+  });
+  for (int j = 0; j < k; ++j) {
+    idx[j] = order[j];
+    w[j] = p[order[j]];
+  }
+  if (m.scoring == MoeScoring::SoftmaxOfTopK) {
+    const float top = w[0];
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += (w[j] = std::exp(w[j] - top));
+    for (int j = 0; j < k; ++j) w[j] /= sum;
+  } else if (m.normalize) {
+    float sum = 0.0f;
+    for (int j = 0; j < k; ++j) sum += w[j];
+    for (int j = 0; j < k; ++j) w[j] /= sum;
+  }
+  for (int j = 0; j < k; ++j) w[j] *= m.scale;
+}
+
+void experts(const StackExperts& e, const float* x, int64_t pairs_per_row, const int32_t* idx,
+             int64_t pairs, float* out) {
+  expert_matmul_cpu(e.w, ExpertIO{x, Elem::F32, pairs_per_row, idx, pairs, e.bias, e.bias_type,
+                                  out, Elem::F32});
+}
+
+int64_t rows_of(const ExpertStack& s) {
+  return s.quantized ? s.q.n : s.d.n;
+}
+
+} // namespace
+
+void moe_block(const StackMoe& m, StackActivation act, const float* x, int64_t t, int64_t hidden,
+               float* out) {
+  const int64_t num_experts = m.router.out_features();
+  const int64_t k = m.top_k, pairs = t * k;
+  const int64_t inter = rows_of(m.gate.w);
+  ScratchVector<float> logits(t * num_experts);
+  stack::linear(m.router, x, t, logits.data());
+  ScratchVector<int32_t> idx(pairs);
+  ScratchVector<float> weights(pairs);
+  std::vector<int32_t> order;
+  std::vector<float> p;
+  for (int64_t r = 0; r < t; ++r) {
+    route_row(m, logits.data() + r * num_experts, num_experts, idx.data() + r * k,
+              weights.data() + r * k, order, p);
+  }
+  ScratchVector<float> gate(pairs * inter), up(pairs * inter), down(pairs * hidden);
+  experts(m.gate, x, k, idx.data(), pairs, gate.data());
+  experts(m.up, x, k, idx.data(), pairs, up.data());
+  stack::gated(act, gate.data(), up.data(), pairs * inter);
+  experts(m.down, gate.data(), 1, idx.data(), pairs, down.data());
+  for (int64_t r = 0; r < t; ++r) {
+    float* o = out + r * hidden;
+    std::fill(o, o + hidden, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const float wj = weights[r * k + j];
+      const float* d = down.data() + (r * k + j) * hidden;
+      for (int64_t c = 0; c < hidden; ++c) o[c] += wj * d[c];
+    }
+  }
+  if (!m.has_shared) return;
+  const int64_t shared_inter = m.shared_gate.out_features();
+  ScratchVector<float> sg(t * shared_inter), su(t * shared_inter), sd(t * hidden);
+  stack::linear(m.shared_gate, x, t, sg.data());
+  stack::linear(m.shared_up, x, t, su.data());
+  stack::gated(act, sg.data(), su.data(), t * shared_inter);
+  stack::linear(m.shared_down, sg.data(), t, sd.data());
+  ScratchVector<float> g(m.has_shared_gate ? t : 0);
+  if (m.has_shared_gate) stack::linear(m.shared_gate_proj, x, t, g.data());
+  for (int64_t r = 0; r < t; ++r) {
+    const float s = m.has_shared_gate ? 1.0f / (1.0f + std::exp(-g[r])) : 1.0f;
+    for (int64_t c = 0; c < hidden; ++c) out[r * hidden + c] += s * sd[r * hidden + c];
+  }
+}
+
+} // namespace vllm_metal::cpu

@@ -1,0 +1,166 @@
+#include "ops/decoder_stack_moe.h"
+
+#include <string>
+
+#include "ops/cpu_inputs.h"
+#include "ops/stack_linears.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+using stack_spec::fail;
+
+namespace {
+
+struct ExpertIndex {
+  int w = -1, scales = -1, biases = -1, bias = -1;
+};
+
+enum Field {
+  kTopK, kScoring, kNormalize, kHasShared, kHasSharedGate,
+  kRouter = 5,
+  kExpertBits = 8, kExpertGroup, kExpertMxfp4, kExpertBias,
+  kShared = 12,
+  kSharedGateProj = 21,
+};
+
+void check_experts(const std::vector<mx::array>& arrays, const ExpertIndex& x, int bits, int gs,
+                   bool mxfp4, int64_t experts, int64_t n, int64_t k, const std::string& where) {
+  const mx::array& w = arrays[x.w];
+  if (w.ndim() != 3 || w.shape(0) != experts || w.shape(1) != n) {
+    fail(where + ": experts must be [" + std::to_string(experts) + ", " + std::to_string(n) +
+         ", ...]");
+  }
+  if (bits == 0) {
+    if (!is_linear_float(w.dtype()) || w.shape(2) != k) fail(where + ": float experts must be [E, n, k]");
+  } else {
+    if (w.dtype() != mx::uint32 || static_cast<int64_t>(w.shape(2)) * 32 != k * bits) {
+      fail(where + ": quantized experts must be uint32 [E, n, k * bits / 32]");
+    }
+    const mx::Shape groups = {static_cast<int>(experts), static_cast<int>(n),
+                              static_cast<int>(k / gs)};
+    const mx::array& s = arrays[x.scales];
+    if (s.shape() != groups || k % gs != 0) fail(where + ": scales must be [E, n, k / group_size]");
+    if (mxfp4 ? s.dtype() != mx::uint8
+              : !is_linear_float(s.dtype()) || arrays[x.biases].shape() != groups ||
+                    arrays[x.biases].dtype() != s.dtype()) {
+      fail(where + (mxfp4 ? ": mxfp4 scales must be uint8"
+                          : ": scales and biases must be float, one dtype"));
+    }
+  }
+  if (x.bias >= 0) {
+    const mx::array& b = arrays[x.bias];
+    if (b.ndim() != 2 || b.shape(0) != experts || b.shape(1) != n || !is_linear_float(b.dtype())) {
+      fail(where + ": expert bias must be float [E, n]");
+    }
+  }
+}
+
+cpu::StackExperts experts_of(const std::vector<mx::array>& arrays, const ExpertIndex& x, int bits,
+                             int gs, bool mxfp4) {
+  cpu::StackExperts e;
+  const mx::array& w = arrays[x.w];
+  e.w.experts = w.shape(0);
+  e.w.quantized = bits != 0;
+  const int64_t n = w.shape(1);
+  if (bits == 0) {
+    e.w.d = {w.data<void>(), elem_of(w.dtype()), n, w.shape(2)};
+  } else {
+    const mx::array& s = arrays[x.scales];
+    e.w.q = {w.data<uint32_t>(), s.data<void>(), mxfp4 ? nullptr : arrays[x.biases].data<void>(),
+             mxfp4 ? cpu::Elem::F32 : elem_of(s.dtype()), bits, gs, n,
+             static_cast<int64_t>(w.shape(2)) * 32 / bits};
+    e.w.q.mxfp4 = mxfp4;
+  }
+  if (x.bias >= 0) {
+    e.bias = arrays[x.bias].data<void>();
+    e.bias_type = elem_of(arrays[x.bias].dtype());
+  }
+  return e;
+}
+
+} // namespace
+
+DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int> ints, float scale,
+                                 int hidden, bool int8_activations) {
+  if (ints.size() != static_cast<size_t>(kMoeInts)) {
+    fail("a MoE spec holds " + std::to_string(kMoeInts) + " ints");
+  }
+  const int* f = ints.data();
+  const int bits = f[kExpertBits], gs = f[kExpertGroup];
+  const bool mxfp4 = f[kExpertMxfp4] != 0, shared = f[kHasShared] != 0;
+  const bool shared_gate = f[kHasSharedGate] != 0;
+  if (bits != 0 && bits != 4 && bits != 8) fail("MoE experts: bits must be 0, 4 or 8");
+  if (mxfp4 ? bits != 4 || gs != 32 : bits != 0 && gs != 32 && gs != 64 && gs != 128) {
+    fail("MoE experts: unsupported group size for their quantization");
+  }
+  if (f[kScoring] < 0 || f[kScoring] > static_cast<int>(cpu::MoeScoring::SoftmaxOfTopK)) {
+    fail("MoE: unknown scoring " + std::to_string(f[kScoring]));
+  }
+  if (shared_gate && !shared) fail("MoE: a shared gate needs a shared expert");
+
+  int next = 0;
+  const stack_spec::LinearIndex router = stack_spec::take_linear(f + kRouter, next);
+  ExpertIndex ex[3];
+  for (auto& e : ex) {
+    e.w = next++;
+    if (bits) {
+      e.scales = next++;
+      if (!mxfp4) e.biases = next++;
+    }
+    if (f[kExpertBias]) e.bias = next++;
+  }
+  stack_spec::LinearIndex sh[3];
+  if (shared) {
+    for (int j = 0; j < 3; ++j) sh[j] = stack_spec::take_linear(f + kShared + 3 * j, next);
+  }
+  stack_spec::LinearIndex sg;
+  if (shared_gate) sg = stack_spec::take_linear(f + kSharedGateProj, next);
+  if (static_cast<size_t>(next) != arrays.size()) {
+    fail("the MoE spec describes " + std::to_string(next) + " arrays, got " +
+         std::to_string(arrays.size()));
+  }
+
+  const mx::array& rw = arrays[router.w];
+  const int64_t experts = rw.ndim() == 2 ? rw.shape(0) : 0;
+  if (experts < 1) fail("MoE router must be [E, hidden]");
+  stack_spec::check_linear(arrays, router, experts, hidden, "MoE router");
+  const int top_k = f[kTopK];
+  if (top_k < 1 || top_k > experts) fail("MoE: top_k must be in [1, E]");
+  const mx::array& gw = arrays[ex[0].w];
+  if (gw.ndim() != 3) fail("MoE gate experts must be 3-D");
+  const int64_t inter = gw.shape(1);
+  check_experts(arrays, ex[0], bits, gs, mxfp4, experts, inter, hidden, "MoE gate experts");
+  check_experts(arrays, ex[1], bits, gs, mxfp4, experts, inter, hidden, "MoE up experts");
+  check_experts(arrays, ex[2], bits, gs, mxfp4, experts, hidden, inter, "MoE down experts");
+  if (shared) {
+    const int64_t shared_inter = arrays[sh[0].w].ndim() == 2 ? arrays[sh[0].w].shape(0) : 0;
+    stack_spec::check_linear(arrays, sh[0], shared_inter, hidden, "MoE shared gate_proj");
+    stack_spec::check_linear(arrays, sh[1], shared_inter, hidden, "MoE shared up_proj");
+    stack_spec::check_linear(arrays, sh[2], hidden, shared_inter, "MoE shared down_proj");
+  }
+  if (shared_gate) stack_spec::check_linear(arrays, sg, 1, hidden, "MoE shared expert gate");
+
+  for (auto& a : arrays) a = materialized(a);
+  arrays_ = std::move(arrays);
+  num_experts_ = static_cast<int>(experts);
+  view_.router = stack_spec::linear_of(arrays_, router, int8_activations);
+  view_.gate = experts_of(arrays_, ex[0], bits, gs, mxfp4);
+  view_.up = experts_of(arrays_, ex[1], bits, gs, mxfp4);
+  view_.down = experts_of(arrays_, ex[2], bits, gs, mxfp4);
+  view_.top_k = top_k;
+  view_.scoring = static_cast<cpu::MoeScoring>(f[kScoring]);
+  view_.normalize = f[kNormalize] != 0;
+  view_.scale = scale;
+  view_.has_shared = shared;
+  if (shared) {
+    view_.shared_gate = stack_spec::linear_of(arrays_, sh[0], int8_activations);
+    view_.shared_up = stack_spec::linear_of(arrays_, sh[1], int8_activations);
+    view_.shared_down = stack_spec::linear_of(arrays_, sh[2], int8_activations);
+  }
+  view_.has_shared_gate = shared_gate;
+  if (shared_gate) view_.shared_gate_proj = stack_spec::linear_of(arrays_, sg, int8_activations);
+}
+
+} // namespace vllm_metal
