@@ -23,6 +23,7 @@ enum Field {
   kExpertBits = 8, kExpertGroup, kExpertMxfp4, kExpertBias,
   kShared = 12,
   kSharedGateProj = 21,
+  kHasCorrection = 24, kGroups, kTopkGroup,
 };
 
 void check_experts(const std::vector<mx::array>& arrays, const ExpertIndex& x, int bits, int gs,
@@ -95,7 +96,7 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
   if (mxfp4 ? bits != 4 || gs != 32 : bits != 0 && gs != 32 && gs != 64 && gs != 128) {
     fail("MoE experts: unsupported group size for their quantization");
   }
-  if (f[kScoring] < 0 || f[kScoring] > static_cast<int>(cpu::MoeScoring::SoftmaxOfTopK)) {
+  if (f[kScoring] < 0 || f[kScoring] > static_cast<int>(cpu::MoeScoring::Sigmoid)) {
     fail("MoE: unknown scoring " + std::to_string(f[kScoring]));
   }
   if (shared_gate && !shared) fail("MoE: a shared gate needs a shared expert");
@@ -117,6 +118,7 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
   }
   stack_spec::LinearIndex sg;
   if (shared_gate) sg = stack_spec::take_linear(f + kSharedGateProj, next);
+  const int correction = f[kHasCorrection] != 0 ? next++ : -1;
   if (static_cast<size_t>(next) != arrays.size()) {
     fail("the MoE spec describes " + std::to_string(next) + " arrays, got " +
          std::to_string(arrays.size()));
@@ -141,6 +143,16 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
     stack_spec::check_linear(arrays, sh[2], hidden, shared_inter, "MoE shared down_proj");
   }
   if (shared_gate) stack_spec::check_linear(arrays, sg, 1, hidden, "MoE shared expert gate");
+  if (correction >= 0 && (arrays[correction].ndim() != 1 || arrays[correction].shape(0) != experts ||
+                          arrays[correction].dtype() != mx::float32)) {
+    fail("MoE correction bias must be float32 [E]");
+  }
+  const int n_group = f[kGroups], topk_group = f[kTopkGroup];
+  if (n_group < 1 || experts % n_group != 0 || topk_group < 1 || topk_group > n_group ||
+      (n_group > 1 && experts / n_group < 2) || topk_group * (experts / n_group) < top_k) {
+    fail("MoE: n_group must divide E into groups of at least 2, topk_group in [1, n_group] "
+         "holding at least top_k experts");
+  }
 
   for (auto& a : arrays) a = materialized(a);
   arrays_ = std::move(arrays);
@@ -159,6 +171,9 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
     view_.shared_up = stack_spec::linear_of(arrays_, sh[1], int8_activations);
     view_.shared_down = stack_spec::linear_of(arrays_, sh[2], int8_activations);
   }
+  view_.correction_bias = correction >= 0 ? arrays_[correction].data<float>() : nullptr;
+  view_.n_group = n_group;
+  view_.topk_group = topk_group;
   view_.has_shared_gate = shared_gate;
   if (shared_gate) view_.shared_gate_proj = stack_spec::linear_of(arrays_, sg, int8_activations);
 }

@@ -15,11 +15,13 @@ namespace vllm_metal {
 //   router (bits, group_size, has_bias),
 //   experts (bits (0: float), group_size, mxfp4, has_bias), for gate, up and down alike,
 //   shared gate, up, down (bits, group_size, has_bias each; read when has_shared),
-//   shared gate projection (bits, group_size, has_bias; read when has_shared_gate)
+//   shared gate projection (bits, group_size, has_bias; read when has_shared_gate),
+//   has_correction_bias, n_group, topk_group (Sigmoid scoring)
 // arrays, in order: the router (w [+ scales, biases] [+ bias]); the gate, up and
 // down experts, each w [E, n, k] [+ scales [+ biases]] [+ bias [E, n]]; the shared
-// expert's gate, up, down linears; the shared gate projection [1, hidden].
-inline constexpr int kMoeInts = 5 + 3 + 4 + 9 + 3;
+// expert's gate, up, down linears; the shared gate projection [1, hidden]; the
+// correction bias float32 [E].
+inline constexpr int kMoeInts = 5 + 3 + 4 + 9 + 3 + 3;
 
 class DecoderStackMoe {
  public:

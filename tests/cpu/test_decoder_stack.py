@@ -206,7 +206,8 @@ def test_half_precision_caches_match_the_module_path(cache_dtype):
 # Families whose blocks the stack computes (norm layouts, fused projections, NoPE
 # layers, GELU, multipliers), and families it must decline, each for its reason.
 TAKEN = ["gemma", "gemma2", "gemma3_text", "glm4", "granite", "minicpm", "olmo2", "phi3",
-         "smollm3", "exaone4", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "ernie4_5_moe"]
+         "smollm3", "exaone4", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "ernie4_5_moe",
+         "glm4_moe", "dots1"]
 DECLINED = {
     "hunyuan_v1_dense": "off by",   # q/k norms after RoPE: the probe step differs
     "ministral3": "off by",         # query scale grows with position: differs near 70000
@@ -214,7 +215,6 @@ DECLINED = {
     "gpt_neox": "no list of layers",
     "gemma4_text": "share KV entries",
     "gpt_oss": "sinks",
-    "glm4_moe": "MoEGate",          # sigmoid scores, grouped top-k: not yet in the stack
     "phimoe": "not an RMSNorm",
 }
 # The routing the probe finds for each MoE family the stack takes (mlx-lm's code).
@@ -222,7 +222,9 @@ DECLINED = {
 # weights to rounding), the first candidate the probe tries.
 ROUTING = {"qwen2_moe": "(softmax, top-k)", "qwen3_moe": "(softmax, top-k, renormalised)",
            "olmoe": "(softmax, top-k)", "mixtral": "(softmax, top-k, renormalised)",
-           "ernie4_5_moe": "(softmax, top-k, renormalised)"}
+           "ernie4_5_moe": "(softmax, top-k, renormalised)",
+           "glm4_moe": "(sigmoid, grouped top-k, renormalised)",
+           "dots1": "(sigmoid, grouped top-k, renormalised)"}
 
 
 def load_family(family: str):
@@ -263,7 +265,7 @@ def test_a_moe_spec_that_disagrees_with_its_arrays_is_refused():
 
     router = mx.zeros((4, 64))
     experts = [mx.zeros((4, 32, 64)), mx.zeros((4, 32, 64)), mx.zeros((4, 64, 32))]
-    ints = [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] + [0] * 12
+    ints = [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] + [0] * 12 + [0, 1, 1]
     moe = get_ops().DecoderStackMoe([router, *experts], ints, 1.0, 64)
     assert moe.num_experts == 4
     with pytest.raises(ValueError, match="top_k must be in"):

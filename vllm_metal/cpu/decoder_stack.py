@@ -66,10 +66,13 @@ _LAYOUTS = (
 _MLP_NAMES = ("mlp", "block_sparse_moe")
 # MoE routings the stack computes (cpu/decoder_stack/moe_block.h MoeScoring,
 # normalize): softmax over the experts then top-k, with or without renormalising
-# the k weights (Qwen2/3-MoE, OLMoE), and softmax over the top-k logits (Mixtral).
-# Which one a family does is found by the probe, as the norm layout is.
-_SOFTMAX, _SOFTMAX_OF_TOP_K = 0, 1
-_ROUTINGS = ((_SOFTMAX, False), (_SOFTMAX, True), (_SOFTMAX_OF_TOP_K, False))
+# the k weights (Qwen2/3-MoE, OLMoE), softmax over the top-k logits (Mixtral),
+# and sigmoid scores chosen with a correction bias among the best expert groups
+# (DeepSeek-V3's "noaux_tc": GLM-4 MoE, dots1). Which one a family does is found
+# by the probe, as the norm layout is.
+_SOFTMAX, _SOFTMAX_OF_TOP_K, _SIGMOID = 0, 1, 2
+_ROUTINGS = ((_SOFTMAX, False), (_SOFTMAX, True), (_SOFTMAX_OF_TOP_K, False),
+             (_SIGMOID, False), (_SIGMOID, True))
 # Attributes a MoE block keeps its top-k in, and its router under.
 _TOP_K_NAMES = ("num_experts_per_tok", "top_k", "k")
 _ROUTER_NAMES = ("gate", "router")
@@ -344,7 +347,18 @@ def _routing_name(routing: tuple[int, bool]) -> str:
     scoring, normalize = routing
     if scoring == _SOFTMAX_OF_TOP_K:
         return "softmax of the top-k logits"
-    return "softmax, top-k" + (", renormalised" if normalize else "")
+    kind = "sigmoid, grouped top-k" if scoring == _SIGMOID else "softmax, top-k"
+    return kind + (", renormalised" if normalize else "")
+
+
+def _router_rows(router: nn.Module, where: str) -> _Rows:
+    """A router as the stack takes it: a linear, or a gate holding its weight [E, hidden]
+    itself (DeepSeek-V3-style MoEGate: x @ weight.T)."""
+    weight = getattr(router, "weight", None)
+    if (type(router) not in (FastLinear, FastQuantizedLinear) and isinstance(weight, mx.array)
+            and weight.ndim == 2 and "scales" not in router):
+        return _Rows(0, 0, weight, None, None, None)
+    return _Rows.of(router, where)
 
 
 def _experts_of(layer: nn.Module) -> nn.Module | None:
@@ -383,11 +397,11 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
          int8_activations: bool, where: str) -> object:
     """The layer's DecoderStackMoe (csrc/ops/decoder_stack_moe.h)."""
     router = next((getattr(block, n) for n in _ROUTER_NAMES if hasattr(block, n)), None)
-    top_k = next((getattr(block, n) for n in _TOP_K_NAMES
-                  if isinstance(getattr(block, n, None), int)), None)
+    top_k = next((getattr(owner, n) for owner in (block, router) for n in _TOP_K_NAMES
+                  if isinstance(getattr(owner, n, None), int)), None)
     if router is None or top_k is None:
         raise Unsupported(f"{where}: {type(block).__name__} has no router or top-k the stack reads")
-    router_rows = _Rows.of(router, where)
+    router_rows = _router_rows(router, where)
     arrays = list(router_rows.arrays)
     specs = []
     for name in ("gate_proj", "up_proj", "down_proj"):
@@ -410,10 +424,18 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
         gate_spec = gate_rows.spec()
         arrays += gate_rows.arrays
     scoring, normalize = routing
+    groups = [0, 1, 1]
+    if scoring == _SIGMOID:
+        correction = getattr(router, "e_score_correction_bias", None)
+        if correction is not None:
+            arrays.append(correction.astype(mx.float32))
+        groups = [int(correction is not None), int(getattr(router, "n_group", 1) or 1),
+                  int(getattr(router, "topk_group", 1) or 1)]
     ints = [int(top_k), scoring, int(normalize), int(shared is not None),
             int(shared_gate is not None), *router_rows.spec(), *specs[0], *shared_specs,
-            *gate_spec]
-    scale = float(getattr(block, "routed_scaling_factor", 1.0) or 1.0)
+            *gate_spec, *groups]
+    scale = next((float(getattr(owner, "routed_scaling_factor")) for owner in (block, router)
+                  if getattr(owner, "routed_scaling_factor", None) is not None), 1.0)
     return get_ops().DecoderStackMoe(arrays, ints, scale, hidden, int8_activations)
 
 

@@ -12,6 +12,33 @@ namespace vllm_metal::cpu {
 
 namespace {
 
+// Zeroes the choice scores of the n_group - topk_group groups whose two best
+// scores sum lowest (ties: the later group goes).
+void prune_groups(const StackMoe& m, std::vector<float>& chosen) {
+  const int64_t per = static_cast<int64_t>(chosen.size()) / m.n_group;
+  std::vector<float> group(m.n_group);
+  for (int g = 0; g < m.n_group; ++g) {
+    float best = -INFINITY, second = -INFINITY;
+    for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+      const float v = chosen[e];
+      if (v > best) {
+        second = best;
+        best = v;
+      } else if (v > second) {
+        second = v;
+      }
+    }
+    group[g] = best + second;
+  }
+  std::vector<int> ranked(m.n_group);
+  std::iota(ranked.begin(), ranked.end(), 0);
+  std::stable_sort(ranked.begin(), ranked.end(), [&](int a, int b) { return group[a] > group[b]; });
+  for (int r = m.topk_group; r < m.n_group; ++r) {
+    const int g = ranked[r];
+    std::fill(chosen.begin() + g * per, chosen.begin() + (g + 1) * per, 0.0f);
+  }
+}
+
 // The row's top_k experts (idx) and their weights (w) from its E logits.
 void route_row(const StackMoe& m, const float* logits, int64_t experts, int32_t* idx, float* w,
                std::vector<int32_t>& order, std::vector<float>& p) {
@@ -23,10 +50,22 @@ void route_row(const StackMoe& m, const float* logits, int64_t experts, int32_t*
     for (auto& v : p) sum += (v = std::exp(v - top));
     for (auto& v : p) v = static_cast<float>(v / sum);
   }
+  std::vector<float> chosen;  // what selects (Sigmoid: p + bias, groups pruned)
+  const std::vector<float>* by = &p;
+  if (m.scoring == MoeScoring::Sigmoid) {
+    for (auto& v : p) v = 1.0f / (1.0f + std::exp(-v));
+    chosen = p;
+    if (m.correction_bias != nullptr) {
+      for (int64_t e = 0; e < experts; ++e) chosen[e] += m.correction_bias[e];
+    }
+    if (m.n_group > 1) prune_groups(m, chosen);
+    by = &chosen;
+  }
+  const std::vector<float>& sel = *by;
   order.resize(experts);
   std::iota(order.begin(), order.end(), 0);
   std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-    return p[a] > p[b] || (p[a] == p[b] && a < b);
+    return sel[a] > sel[b] || (sel[a] == sel[b] && a < b);
   });
   for (int j = 0; j < k; ++j) {
     idx[j] = order[j];
@@ -37,7 +76,7 @@ void route_row(const StackMoe& m, const float* logits, int64_t experts, int32_t*
     float sum = 0.0f;
     for (int j = 0; j < k; ++j) sum += (w[j] = std::exp(w[j] - top));
     for (int j = 0; j < k; ++j) w[j] /= sum;
-  } else if (m.normalize) {
+  } else if (m.normalize && (m.scoring != MoeScoring::Sigmoid || k > 1)) {
     float sum = 0.0f;
     for (int j = 0; j < k; ++j) sum += w[j];
     for (int j = 0; j < k; ++j) w[j] /= sum;

@@ -14,8 +14,12 @@ namespace vllm_metal::cpu {
 // How a row's router logits become its experts and their weights:
 //   Softmax        p = softmax(logits); the k largest p; weights p (then / sum if normalize)
 //   SoftmaxOfTopK  the k largest logits; weights softmax over those k
+//   Sigmoid        p = sigmoid(logits); experts chosen by p + correction_bias among
+//                  the topk_group best of n_group groups (a group scored by its two
+//                  best; the others' choices set to 0); weights p (then / sum if
+//                  normalize and k > 1): DeepSeek-V3's "noaux_tc"
 // then each weight times `scale`. Ties go to the lower expert index.
-enum class MoeScoring : int { Softmax = 0, SoftmaxOfTopK = 1 };
+enum class MoeScoring : int { Softmax = 0, SoftmaxOfTopK = 1, Sigmoid = 2 };
 
 // One expert projection: the stack [E, n, k] and an optional per-expert bias [E, n].
 struct StackExperts {
@@ -31,6 +35,8 @@ struct StackMoe {
   MoeScoring scoring = MoeScoring::Softmax;
   bool normalize = false;
   float scale = 1.0f;
+  const float* correction_bias = nullptr;  // Sigmoid: [E] or null
+  int n_group = 1, topk_group = 1;          // Sigmoid
   // Shared expert: a dense gated MLP over every row, times sigmoid(shared_gate(x))
   // when has_shared_gate (Qwen2-MoE), added to the experts' sum.
   bool has_shared = false;
