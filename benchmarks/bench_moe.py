@@ -9,7 +9,11 @@ built by mlx-lm's own classes (tests/family_models.py), quantized to 4 bits
 (group 64). The timed loop is the runner's forward (decode_loop.py): a 128-token
 prompt per sequence, then decode steps of 1 and 16 sequences; medians reported.
 
-    .venv/bin/python benchmarks/bench_moe.py [--steps 32] [--batches 1,16]
+    .venv/bin/python benchmarks/bench_moe.py [--steps 32] [--batches 1,16] [--ops]
+
+--ops times one expert projection instead: Qwen3-30B-A3B's gate projection (128
+experts of 768 x 2048, top-8, MLX 4-bit group 64) for 1-64 tokens, through the
+expert matmul and through MLX's own CPU gather_qmm (what mlx-lm's SwitchLinear runs).
 """
 
 from __future__ import annotations
@@ -63,6 +67,43 @@ def params(path: Path) -> tuple[float, float]:
     return total / 1e9, active / 1e9
 
 
+def ops_table(reps: int) -> None:
+    import time
+
+    from vllm_metal.ops.experts import expert_matmul
+
+    experts, n, k, top = 128, 768, 2048, 8
+    w, scales, biases = mx.quantize(mx.random.normal((experts, n, k), key=mx.random.key(0))
+                                    * k ** -0.5, group_size=64, bits=4)
+    mx.eval(w, scales, biases)
+
+    def best_ms(f, count):
+        mx.eval(f())
+        times = []
+        for _ in range(count):
+            start = time.perf_counter()
+            mx.eval(f())
+            times.append(time.perf_counter() - start)
+        return 1e3 * float(np.median(times))
+
+    print("| tokens | pairs | experts read | expert matmul ms | GB/s | MLX gather_qmm ms | speedup |")
+    print("|---|---|---|---|---|---|---|")
+    for tokens in (1, 4, 16, 64):
+        rng = np.random.default_rng(tokens)
+        idx = mx.array(np.stack([rng.permutation(experts)[:top] for _ in range(tokens)])
+                       .astype(np.int32))
+        x = mx.random.normal((tokens, k), key=mx.random.key(tokens))
+        ours = best_ms(lambda: expert_matmul(x, idx.reshape(-1), w, scales, biases, bits=4,
+                                             group_size=64), reps)
+        theirs = best_ms(lambda: mx.gather_qmm(x.reshape(tokens, 1, 1, k), w, scales, biases,
+                                               rhs_indices=idx, transpose=True, group_size=64,
+                                               bits=4), max(3, reps // 8))
+        touched = len(set(np.array(idx).ravel().tolist()))
+        gbytes = touched * n * (k // 2 + 2 * 4 * k // 64) / 1e9   # codes + fp32 scales/biases
+        print(f"| {tokens} | {tokens * top} | {touched} | {ours:.3f} | {gbytes / ours * 1e3:.1f} "
+              f"| {theirs:.2f} | {theirs / ours:.0f}x |")
+
+
 def main() -> None:
     from decode_loop import decode_steps
 
@@ -72,7 +113,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--ops", action="store_true", help="time one expert projection")
     args = parser.parse_args()
+    if args.ops:
+        return ops_table(args.steps)
     batches = [int(b) for b in args.batches.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -129,7 +129,18 @@ def render(results: dict[str, dict[str, str]], refused: dict[str, str],
     sweep = {re.sub(r"^.*\[(.*)\]$", r"\1", k): v for k, v in sweep.items()}
     others = sorted(f for f, s in sweep.items() if s == "passed"
                     and f not in FAMILIES and f not in refused)
+    mxfp4 = sorted(k.split("[")[1].rstrip("]") for k, v in quantized.items()
+                   if k.startswith("test_mxfp4_experts_match_mlx_lm[") and v == "passed")
     lines += [
+        "",
+        "Mixture-of-experts layers keep the family's own routing code and run their",
+        "expert products through vllm-metal's expert matmul (grouped by expert; float,",
+        "MLX 4/8-bit and MXFP4 experts; docs/kernels.md). Experts stored in MXFP4 with the",
+        "rest 8-bit, as mlx-community ships gpt-oss, give mlx-lm's outputs for: "
+        + ", ".join(mxfp4) + " (and gpt_oss through `vllm.LLM`).",
+        "The decoder stack takes MoE layers whose routing it computes (softmax or sigmoid",
+        "scores, grouped top-k, renormalised or not, shared experts); the others run",
+        "module by module.",
         "",
         "Multimodal checkpoints of Gemma 3, Gemma 4 and Mistral 3 are served text-only:",
         "their language model answers, and vLLM refuses image inputs.",
