@@ -20,6 +20,7 @@
 #include "ops/quantized_matmul.h"
 #include "ops/dense_matmul.h"
 #include "ops/expert_matmul.h"
+#include "ops/mla.h"
 #include "ops/embedding_gather.h"
 #include "ops/rms_norm.h"
 #include "ops/sample_tokens.h"
@@ -144,6 +145,38 @@ uint8 E8M0 scales [E, N, K / 32] and biases None; bias optional [E, N]. Returns
 in MLX's promotion of the x, weight (scales) and bias dtypes. Pairs are grouped by
 expert: each touched expert is read once. An idx outside [0, E) raises at
 evaluation.)");
+
+  m.def(
+      "latent_cache_write",
+      &vllm_metal::latent_cache_write,
+      "latent"_a,
+      "k_pe"_a,
+      "cache"_a,
+      "slot_mapping"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Store each token's [latent (rank), k_pe (rope_dim)] row in its paged slot of
+cache [num_blocks, block_size, rank + rope_dim] (MLA's latent cache), in place;
+returns the cache. Negative slots are skipped; a slot past the cache raises at
+evaluation.)");
+
+  m.def(
+      "mla_attention",
+      &vllm_metal::mla_attention,
+      "q_latent"_a,
+      "q_pe"_a,
+      "cache"_a,
+      "block_tables"_a,
+      "seq_lens"_a,
+      "cu_seqlens_q"_a,
+      "scale"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Weight-absorbed multi-head latent attention over a paged latent cache:
+q_latent [T, H, rank], q_pe [T, H, rope_dim] -> [T, H, rank] = softmax(scale *
+(q_latent . c + q_pe . k_pe)) @ c over each sequence's tokens up to the row's
+position; cache [num_blocks, block_size, rank + rope_dim]; block_tables [S, B],
+seq_lens [S], cu_seqlens_q [S + 1] as paged_attention.)");
 
   m.def(
       "embedding_gather",

@@ -101,6 +101,47 @@ def paged_attention_ref(
     return mx.concatenate(outputs, axis=0).astype(query.dtype)
 
 
+def latent_cache_write_ref(latent: mx.array, k_pe: mx.array, cache: mx.array,
+                           slot_mapping: mx.array) -> mx.array:
+    """The cache with rows [latent[t], k_pe[t]] at slot_mapping[t] (negative: skipped)."""
+    rows = mx.concatenate([latent, k_pe], axis=-1).astype(cache.dtype)
+    slots = slot_mapping.tolist()
+    src = [i for i, slot in enumerate(slots) if slot >= 0]
+    flat = cache.reshape(-1, cache.shape[-1])
+    if src:
+        flat[mx.array([slots[i] for i in src])] = rows[mx.array(src)]
+    return flat.reshape(cache.shape)
+
+
+def mla_attention_ref(q_latent: mx.array, q_pe: mx.array, cache: mx.array,
+                      block_tables: mx.array, seq_lens: mx.array, cu_seqlens_q: mx.array,
+                      scale: float) -> mx.array:
+    """Weight-absorbed MLA over a paged latent cache in float32; returns [T, H, rank].
+
+    Per sequence: gather its rows [ctx, rank + rope_dim], score each query head
+    against them (latent and positional parts), mask causally, softmax, weight
+    the latents."""
+    rank = q_latent.shape[-1]
+    block_size = cache.shape[1]
+    starts = cu_seqlens_q.tolist()
+    outputs = []
+    for i, ctx in enumerate(seq_lens.tolist()):
+        q_len = starts[i + 1] - starts[i]
+        if q_len == 0:
+            continue
+        blocks = block_tables[i, : math.ceil(ctx / block_size)]
+        rows = cache[blocks].reshape(-1, cache.shape[-1])[:ctx].astype(mx.float32)
+        q = mx.concatenate([q_latent[starts[i]:starts[i + 1]],
+                            q_pe[starts[i]:starts[i + 1]]], axis=-1).astype(mx.float32)
+        scores = mx.einsum("qhd,kd->hqk", q, rows) * scale
+        allowed = mx.arange(ctx)[None, :] <= mx.arange(ctx - q_len, ctx)[:, None]
+        probs = mx.softmax(mx.where(allowed, scores, -mx.inf), axis=-1)
+        outputs.append(mx.einsum("hqk,kd->qhd", probs, rows[:, :rank]))
+    if not outputs:
+        return mx.zeros(q_latent.shape, dtype=q_latent.dtype)
+    return mx.concatenate(outputs, axis=0).astype(q_latent.dtype)
+
+
 def quantized_matmul_ref(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, *,
                          bits: int, group_size: int, bias: mx.array | None = None) -> mx.array:
     """x [..., K] @ W.T for MLX affine-quantized W; returns [..., N].
