@@ -14,6 +14,7 @@
 #include "host_info.h"
 #include "dispatch/dispatch_bindings.h"
 #include "dispatch/experts_bindings.h"
+#include "dispatch/mla_bindings.h"
 #include "dispatch/lora_bindings.h"
 #include "ops/paged_attention.h"
 #include "ops/reshape_and_cache.h"
@@ -371,4 +372,5 @@ y's buffer holds the result when nothing else holds y.)");
   vllm_metal::bind_dispatch_debug(debug);
   vllm_metal::bind_lora_debug(debug);
   vllm_metal::bind_experts_debug(debug);
+  vllm_metal::bind_mla_debug(debug);
 }

@@ -6,8 +6,13 @@
 
 #include "cpu/mla/mla_cpu.h"
 #include "cpu/runtime/strided_copy.h"
+#include "dispatch/mla_launch_plan.h"
+#include "metal/kernel_library.h"
+#include "metal/mla_metal.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
+#include "ops/eval_layout.h"
+#include "platform.h"
 
 namespace vllm_metal {
 
@@ -21,6 +26,19 @@ namespace {
 
 mx::array as_int32(const mx::array& a, const mx::Stream& s) {
   return mx::contiguous(a.dtype() == mx::int32 ? a : mx::astype(a, mx::int32, s), false, s);
+}
+
+// The stream the op runs on: the GPU only with the kernels loaded, one dtype
+// for the rows and the cache, and widths the kernels take.
+mx::Stream stream_for(mx::StreamOrDevice s, mx::Dtype rows, const mx::array& cache, int rank, int rope) {
+  auto stream = mx::to_stream(s);
+  const bool gpu = stream.device == mx::Device::gpu && metal::kernels_configured() &&
+      rows == cache.dtype() && cache.flags().row_contiguous && dispatch::metal_supports_mla(rank, rope);
+  return stream.device == mx::Device::gpu && !gpu ? mx::default_stream(mx::Device::cpu) : stream;
+}
+
+[[noreturn]] void no_gpu(const char* name) {
+  throw std::runtime_error(std::string(name) + " has no GPU implementation on this platform; use the CPU stream.");
 }
 
 } // namespace
@@ -40,7 +58,7 @@ mx::array latent_cache_write(const mx::array& latent, const mx::array& k_pe, con
       !mx::issubdtype(slot_mapping.dtype(), mx::integer)) {
     fail(op, "slot_mapping must be integer [T]");
   }
-  auto stream = mx::to_stream(s);
+  auto stream = stream_for(s, latent.dtype(), cache, latent.shape(1), k_pe.shape(1));
   return mx::array(cache.shape(), cache.dtype(), std::make_shared<LatentCacheWrite>(stream),
                    {mx::contiguous(latent, false, stream), mx::contiguous(k_pe, false, stream),
                     cache, as_int32(slot_mapping, stream)});
@@ -89,10 +107,12 @@ mx::array mla_attention(const mx::array& q_latent, const mx::array& q_pe, const 
     if (!mx::issubdtype(a->dtype(), mx::integer)) fail(op, "the metadata must be integer arrays");
   }
   if (!std::isfinite(scale)) fail(op, "scale must be finite");
-  auto stream = mx::to_stream(s);
+  auto stream = stream_for(s, q_latent.dtype(), cache, q_latent.shape(2), q_pe.shape(2));
+  const bool gpu = stream.device == mx::Device::gpu;
+  auto rows = [&](const mx::array& a) { return gpu ? mx::contiguous(a, false, stream) : a; };
   return mx::array(q_latent.shape(), q_latent.dtype(), std::make_shared<MlaAttention>(stream, scale),
-                   {q_latent, q_pe, cache, as_int32(block_tables, stream), as_int32(seq_lens, stream),
-                    as_int32(cu_seqlens_q, stream)});
+                   {rows(q_latent), rows(q_pe), cache, as_int32(block_tables, stream),
+                    as_int32(seq_lens, stream), as_int32(cu_seqlens_q, stream)});
 }
 
 void MlaAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -125,6 +145,29 @@ void MlaAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
     a.out_type = elem_of(out_type);
     cpu::mla_attention_cpu(a);
   });
+}
+
+void LatentCacheWrite::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+#if VLLM_METAL_APPLE()
+  require_row_contiguous("latent_cache_write", inputs, {"latent", "k_pe", "cache", "slot_mapping"});
+  metal::latent_cache_write_gpu(stream(), inputs, outputs[0]);
+#else
+  (void)inputs;
+  (void)outputs;
+  no_gpu(name());
+#endif
+}
+
+void MlaAttention::eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+#if VLLM_METAL_APPLE()
+  require_row_contiguous("mla_attention", inputs,
+                         {"q_latent", "q_pe", "cache", "block_tables", "seq_lens", "cu_seqlens_q"});
+  metal::mla_attention_gpu(stream(), inputs, outputs[0], scale_);
+#else
+  (void)inputs;
+  (void)outputs;
+  no_gpu(name());
+#endif
 }
 
 } // namespace vllm_metal

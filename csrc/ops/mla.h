@@ -7,7 +7,6 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
-#include "ops/cpu_only_primitive.h"
 
 namespace vllm_metal {
 
@@ -48,12 +47,17 @@ mlx::core::array mla_attention(
     float scale,
     mlx::core::StreamOrDevice s = {});
 
-class LatentCacheWrite : public CpuOnlyPrimitive {
+// Both run on the GPU stream (kernels_v2/mla.metal) when the kernels are loaded,
+// the queries (latents), cache and output share a kernel dtype and the widths
+// fit the kernels; otherwise on the CPU.
+class LatentCacheWrite : public mlx::core::Primitive {
  public:
-  explicit LatentCacheWrite(mlx::core::Stream stream)
-      : CpuOnlyPrimitive(stream, "run it on the CPU stream") {}
+  explicit LatentCacheWrite(mlx::core::Stream stream) : mlx::core::Primitive(stream) {}
 
   void eval_cpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
   const char* name() const override {
@@ -68,12 +72,14 @@ class LatentCacheWrite : public CpuOnlyPrimitive {
   }
 };
 
-class MlaAttention : public CpuOnlyPrimitive {
+class MlaAttention : public mlx::core::Primitive {
  public:
-  MlaAttention(mlx::core::Stream stream, float scale)
-      : CpuOnlyPrimitive(stream, "run it on the CPU stream"), scale_(scale) {}
+  MlaAttention(mlx::core::Stream stream, float scale) : mlx::core::Primitive(stream), scale_(scale) {}
 
   void eval_cpu(
+      const std::vector<mlx::core::array>& inputs,
+      std::vector<mlx::core::array>& outputs) override;
+  void eval_gpu(
       const std::vector<mlx::core::array>& inputs,
       std::vector<mlx::core::array>& outputs) override;
   const char* name() const override {

@@ -38,6 +38,9 @@ def host_names(ext) -> set[str]:
         for bits, mxfp4 in ((0, False), (4, False), (8, False), (4, True)):
             names.add(ext.debug.experts_launch_plan(dtype, bits, 1, 2, 64, 8, 4, group_size=32,
                                                     mxfp4=mxfp4)["kernel"])
+        for op in ("latent_cache_write", "mla_attention"):
+            names.add(ext.debug.mla_launch_plan(op, dtype, 1, num_seqs=1, num_heads=1, rank=64, rope_dim=16,
+                                                block_size=16, num_blocks=1, max_blocks_per_seq=1)["kernel"])
     return names
 
 
@@ -51,7 +54,8 @@ def test_host_names_are_exactly_the_instantiations(kernels, ext):
     assert host_names(ext) == instantiated
     # 63 varlen + 36 GQA decode (12 specializations x 3 dtypes) + 21 reduce + 3 cache writes
     # + 9 LoRA (shrink, expand, expand_add x 3 dtypes) + 12 experts (float, q4, q8, mxfp4 x 3 dtypes)
-    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 12
+    # + 6 MLA (cache write, attention x 3 dtypes)
+    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 12 + 6
 
 
 def test_block_size_instantiations_follow_constants_py(kernels):
