@@ -35,6 +35,7 @@ MAX_POS = 4096
 WINDOW = 16
 MOE_EXPERTS = 4
 MOE_INTER = 128
+MLA_RANK = 64
 
 _DIMS = dict(hidden_size=HIDDEN, num_hidden_layers=2, intermediate_size=INTER,
              num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
@@ -178,6 +179,20 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         moe_intermediate_size=MOE_INTER, num_shared_experts=1, num_dense_layers=1,
         sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"] * 2,
         n_group=2, topk_group=1, route_scale=2.5, mup_enabled=True,
+        tie_word_embeddings=False)),
+    # Multi-head latent attention (a compressed KV row per token; queries absorbed
+    # into the latent space), with DeepSeek-V3-style routed and shared experts.
+    "deepseek_v3": ("DeepseekV3ForCausalLM", dict(
+        kv_lora_rank=MLA_RANK, q_lora_rank=96, qk_rope_head_dim=32, qk_nope_head_dim=32,
+        v_head_dim=48, n_routed_experts=MOE_EXPERTS, num_experts_per_tok=2,
+        moe_intermediate_size=MOE_INTER, n_shared_experts=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, first_k_dense_replace=1,
+        topk_method="noaux_tc", scoring_func="sigmoid", tie_word_embeddings=False)),
+    "glm4_moe_lite": ("Glm4MoeLiteForCausalLM", dict(
+        kv_lora_rank=MLA_RANK, q_lora_rank=None, qk_rope_head_dim=32, qk_nope_head_dim=32,
+        v_head_dim=48, n_routed_experts=MOE_EXPERTS, num_experts_per_tok=2,
+        moe_intermediate_size=MOE_INTER, n_shared_experts=1, routed_scaling_factor=1.8,
+        norm_topk_prob=True, first_k_dense_replace=1, num_nextn_predict_layers=0,
         tie_word_embeddings=False)),
 }
 

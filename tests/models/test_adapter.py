@@ -153,3 +153,42 @@ def test_phi3small_block_sparse_attention_is_refused_by_name():
     model = module.Model(module.ModelArgs.from_dict(_config(module)))
     with pytest.raises(UnsupportedModelError, match=r"^phi3small: .*mask as an array"):
         ModelAdapter(model)
+
+
+def test_latent_attention_caches_one_row_per_token():
+    """MLA layers (DeepSeek-V3 shape) cache [latent, k_pe] rows: one KV head of
+    rank + rope_dim, no values; vLLM gets its MLA spec, half a K/V page."""
+    from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
+    from vllm_metal.attention.latent_attention import LatentAttention
+    from vllm_metal.v1.model_lifecycle import derive_dims
+
+    loaded = load_model(str(cached_family_model("deepseek_v3")), mx.float32, select_backend())
+    entries = loaded.adapter.entries
+    assert {(e.num_kv_heads, e.head_dim, e.latent_rank) for e in entries} == {(1, 64 + 32, 64)}
+    assert all(isinstance(layer.self_attn, LatentAttention) for layer in loaded.model.model.layers)
+    dims = derive_dims(loaded.adapter)
+    assert dims.latent and (dims.num_kv_heads, dims.head_dim) == (1, 96)
+    cache = PagedKVCache(dims.num_layers, 5, 16, 1, 96, mx.float32, latent=True)
+    assert cache.value_caches == [None] * dims.num_layers
+    assert cache.nbytes == dims.num_layers * 5 * 16 * 96 * 4 == PagedKVCache.bytes_per_block(
+        dims.num_layers, 16, 1, 96, mx.float32, latent=True) * 5
+    cache.copy_blocks([1], [2])
+    cache.zero_blocks([3])
+    assert cache.value_caches == [None] * dims.num_layers
+
+
+def test_latent_attention_that_the_wrapper_does_not_reproduce_is_refused_by_name():
+    from mlx_lm.models import deepseek_v3
+
+    class Doubled(deepseek_v3.DeepseekV3Attention):
+        def __call__(self, x, mask=None, cache=None):
+            return 2 * super().__call__(x, mask, cache)
+
+    from mlx_lm.utils import load_model as mlx_load
+
+    model, _ = mlx_load(cached_family_model("deepseek_v3"))
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = Doubled
+    with pytest.raises(UnsupportedModelError, match=r"deepseek_v3: .*Doubled: the paged latent "
+                                                    r"attention differs"):
+        ModelAdapter(model)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from vllm_metal import ops
+from vllm_metal.ops.mla import latent_cache_write, mla_attention
 
 
 @dataclass
@@ -62,6 +63,25 @@ class ForwardContext:
             k, v, self.key_caches[entry], self.value_caches[entry],
             self.metadata.slot_mapping[self.group_of(entry)])
         self._written[id(keys)] = (entry, keys)
+
+    def write_latent(self, entry: int, latent: mx.array, k_pe: mx.array) -> None:
+        """Store this step's latent rows of MLA entry ``entry``: latent [total_q, rank],
+        k_pe [total_q, rope_dim] into its cache [num_blocks, block_size, 1, rank + rope_dim]."""
+        cache = self.key_caches[entry]
+        flat = cache.reshape(cache.shape[0], cache.shape[1], cache.shape[3])
+        written = latent_cache_write(latent, k_pe, flat,
+                                         self.metadata.slot_mapping[self.group_of(entry)])
+        self.key_caches[entry] = written.reshape(cache.shape)
+
+    def attend_latent(self, entry: int, q_latent: mx.array, q_pe: mx.array,
+                      scale: float) -> mx.array:
+        """q_latent [total_q, H, rank], q_pe [total_q, H, rope_dim] -> [total_q, H, rank]:
+        weight-absorbed MLA over entry's latent cache."""
+        cache = self.key_caches[entry]
+        meta = self.metadata
+        return mla_attention(
+            q_latent, q_pe, cache.reshape(cache.shape[0], cache.shape[1], cache.shape[3]),
+            meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale)
 
     def group_of(self, entry: int) -> int:
         return 0 if self.groups is None else self.groups[entry]

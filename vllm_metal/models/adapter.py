@@ -24,7 +24,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from vllm_metal.attention import paged_attention
+from vllm_metal.attention import latent_attention, paged_attention
 from vllm_metal.attention.context import (AttentionMetadata, ForwardContext, forward_context,
                                           get_forward_context)
 from vllm_metal.attention.layer_cache import LayerCache, install_paged_sdpa
@@ -52,6 +52,9 @@ class KVEntry:
     window: int | None     # sliding window in tokens; None: full attention
     softcap: float | None
     has_sinks: bool
+    # Multi-head latent attention: the latent width of each cached row [latent,
+    # k_pe] (head_dim = rank + rope_dim, one KV head); None for K/V attention.
+    latent_rank: int | None = None
 
 
 class ModelAdapter:
@@ -65,7 +68,7 @@ class ModelAdapter:
         self.backbone: nn.Module = getattr(self.text_model, self.backbone_name)
         install_paged_sdpa()
         windows = _cache_windows(self.text_model, self.family)
-        _wrap_self_computing(self.text_model)
+        _wrap_self_computing(self.text_model, self.family)
         self.caches = [LayerCache(i) for i in range(len(windows))]
         _place_absolute_positions(self.backbone, self.caches)
         self.entries, self.hidden_size = self._probe_backbone(windows)
@@ -123,7 +126,8 @@ class ModelAdapter:
                     "through mlx-lm's scaled_dot_product_attention; vllm-metal cannot page it")
             num_kv_heads, head_dim, value_dim = kv
             num_heads, scale, window, softcap, sinks = attn
-            if value_dim != head_dim:
+            latent = probe.latent.get(i)
+            if value_dim != head_dim and latent is None:
                 raise UnsupportedModelError(
                     f"{self.family}: {self._where(i)} has keys of size {head_dim} and values "
                     f"of size {value_dim}; the paged cache holds equal sizes")
@@ -138,7 +142,7 @@ class ModelAdapter:
                     f"{self.family}: KV entry {i} keeps {rotating} tokens but its layer "
                     f"masks a window of {window}")
             entries.append(KVEntry(num_kv_heads, head_dim, num_heads, scale, window,
-                                   softcap, sinks))
+                                   softcap, sinks, latent))
         return entries, int(out.shape[-1])
 
     def _probe_head(self) -> tuple[int, bool, tuple[nn.Module, bool] | None]:
@@ -183,6 +187,7 @@ class _Probe(ForwardContext):
         super().__init__(meta, [None] * num_entries, [None] * num_entries)
         self.kv: dict[int, tuple[int, int, int]] = {}
         self.attn: dict[int, tuple[int, float, int | None, float | None, bool]] = {}
+        self.latent: dict[int, int] = {}   # MLA entries: their latent rank
 
     def write(self, entry: int, keys: mx.array, values: mx.array) -> None:
         _check_rows(keys, values)
@@ -198,6 +203,21 @@ class _Probe(ForwardContext):
                             None if softcap is None else float(softcap), sinks is not None)
         shape = (queries.shape[0], queries.shape[1], 1, self.kv[entry][2])
         return mx.zeros(shape, dtype=queries.dtype)
+
+
+    def write_latent(self, entry: int, latent: mx.array, k_pe: mx.array) -> None:
+        if latent.ndim != 2 or k_pe.ndim != 2 or latent.shape[0] != _PROBE_ROWS:
+            raise UnsupportedModelError(f"latent rows of shape {tuple(latent.shape)}")
+        width = int(latent.shape[1] + k_pe.shape[1])
+        self.kv[entry] = (1, width, width)
+        self.latent[entry] = int(latent.shape[1])
+
+    def attend_latent(self, entry: int, q_latent: mx.array, q_pe: mx.array,
+                      scale: float) -> mx.array:
+        if entry not in self.latent:
+            raise UnsupportedModelError(f"KV entry {entry} is attended before it is written")
+        self.attn[entry] = (int(q_latent.shape[1]), float(scale), None, None, False)
+        return mx.zeros(q_latent.shape, dtype=q_latent.dtype)
 
 
 def _check_rows(*arrays: mx.array) -> None:
@@ -303,13 +323,30 @@ def _attention_of(layer: nn.Module) -> nn.Module | None:
     return None
 
 
-def _wrap_self_computing(text_model: nn.Module) -> None:
-    """Swap the attention modules PagedAttention reproduces (idempotent)."""
+def _wrap_self_computing(text_model: nn.Module, family: str) -> None:
+    """Swap the attention modules PagedAttention or LatentAttention reproduce
+    (idempotent); a latent one whose wrapper does not reproduce it is refused."""
+    hidden = None
     for layer in _layers(text_model) or ():
         for name in _ATTENTION_NAMES:
             module = getattr(layer, name, None)
-            if isinstance(module, nn.Module) and paged_attention.wraps(module):
+            if not isinstance(module, nn.Module):
+                continue
+            if paged_attention.wraps(module):
                 setattr(layer, name, paged_attention.PagedAttention(module))
+            elif latent_attention.is_latent(module):
+                wrapper = latent_attention.LatentAttention(module)
+                if hidden is None:
+                    hidden = _hidden_size(module)
+                why = latent_attention.check_latent(wrapper, hidden, _float_dtype(module))
+                if why is not None:
+                    raise UnsupportedModelError(f"{family}: {_qualname(module)}: {why}")
+                setattr(layer, name, wrapper)
+
+
+def _hidden_size(attention: nn.Module) -> int:
+    """The model width an attention module reads (its o_proj's output rows)."""
+    return int(attention.o_proj["weight"].shape[0])
 
 
 class RowPositions(nn.Module):

@@ -24,6 +24,9 @@ class ModelDims:
     num_kv_heads: int
     head_dim: int
     vocab_size: int
+    # Multi-head latent attention: every entry caches one latent row per token
+    # (num_kv_heads 1, head_dim = rank + rope_dim), no separate values.
+    latent: bool = False
 
 
 @dataclass
@@ -106,15 +109,15 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
 
 def derive_dims(adapter: ModelAdapter) -> ModelDims:
     """The paged cache's dimensions; refused when KV entries differ in shape."""
-    shapes = {(e.num_kv_heads, e.head_dim) for e in adapter.entries}
+    shapes = {(e.num_kv_heads, e.head_dim, e.latent_rank) for e in adapter.entries}
     if len(shapes) != 1:
         raise UnsupportedModelError(
-            f"{adapter.family}: its layers differ in (KV heads, head size) {sorted(shapes)}; "
-            "vllm-metal's paged cache needs one shape for all layers")
-    (num_kv_heads, head_dim), = shapes
+            f"{adapter.family}: its layers differ in (KV heads, head size, latent rank) "
+            f"{sorted(shapes, key=str)}; vllm-metal's paged cache needs one shape for all layers")
+    (num_kv_heads, head_dim, latent_rank), = shapes
     num_heads = max(e.num_heads for e in adapter.entries)
     return ModelDims(len(adapter.entries), num_heads, num_kv_heads, head_dim,
-                     adapter.vocab_size)
+                     adapter.vocab_size, latent=latent_rank is not None)
 
 
 def parameter_bytes(model: nn.Module) -> int:

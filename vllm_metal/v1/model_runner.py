@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheSpec,
-                                        SlidingWindowSpec)
+                                        MLAAttentionSpec, SlidingWindowSpec)
 from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, LogprobsLists,
                              ModelRunnerOutput)
 
@@ -114,28 +114,33 @@ class MetalModelRunner:
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """One spec per KV entry: sliding-window layers as vLLM's sliding-window
-        kind, so its hybrid manager frees the blocks that left their window."""
+        kind, so its hybrid manager frees the blocks that left their window;
+        latent (MLA) layers as vLLM's MLA kind, one row per token, no values."""
         dims = self.loaded.dims
         common = dict(block_size=self.block_size, num_kv_heads=dims.num_kv_heads,
                       head_size=dims.head_dim, dtype=torch_dtype_from_mlx(self.kv_dtype))
         specs: dict[str, KVCacheSpec] = {}
         for i, entry in enumerate(self.loaded.adapter.entries):
-            specs[_entry_name(i)] = (
-                FullAttentionSpec(**common) if entry.window is None
-                else SlidingWindowSpec(**common, sliding_window=entry.window))
+            if entry.latent_rank is not None:
+                specs[_entry_name(i)] = MLAAttentionSpec(**common)
+            elif entry.window is None:
+                specs[_entry_name(i)] = FullAttentionSpec(**common)
+            else:
+                specs[_entry_name(i)] = SlidingWindowSpec(**common, sliding_window=entry.window)
         return specs
 
     def kv_bytes_per_block(self) -> int:
         dims = self.loaded.dims
         return PagedKVCache.bytes_per_block(dims.num_layers, self.block_size,
-                                            dims.num_kv_heads, dims.head_dim, self.kv_dtype)
+                                            dims.num_kv_heads, dims.head_dim, self.kv_dtype,
+                                            latent=dims.latent)
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         dims = self.loaded.dims
         groups, tensor_of = _layout(kv_cache_config, dims.num_layers)
         self.kv_cache = PagedKVCache(dims.num_layers, kv_cache_config.num_blocks, self.block_size,
                                      dims.num_kv_heads, dims.head_dim, self.kv_dtype,
-                                     tensor_of=tensor_of, groups=groups)
+                                     tensor_of=tensor_of, groups=groups, latent=dims.latent)
         self.input_batch.set_num_groups(len(kv_cache_config.kv_cache_groups))
         huge = self.backend.commit_kv_cache(self.kv_cache)
         logger.info("KV cache: %d blocks of %d tokens, %.1f MiB, %d group(s), committed%s",
@@ -157,7 +162,7 @@ class MetalModelRunner:
         blocks = -(-num_tokens // self.block_size)
         dims = self.loaded.dims
         cache = PagedKVCache(dims.num_layers, blocks + 1, self.block_size,
-                             dims.num_kv_heads, dims.head_dim, self.kv_dtype)
+                             dims.num_kv_heads, dims.head_dim, self.kv_dtype, latent=dims.latent)
         step = _synthetic_prefill(np.array([num_tokens], dtype=np.int32), blocks, self.block_size)
         arrays, scratch = self.forward_peak(step, cache)
         del cache

@@ -1,4 +1,5 @@
-"""The paged KV cache: one K and one V array per layer, shared with the kernels."""
+"""The paged KV cache: one K and one V array per layer, shared with the kernels
+(or, for multi-head latent attention, one latent array per layer)."""
 
 from __future__ import annotations
 
@@ -15,36 +16,46 @@ class PagedKVCache:
     vLLM's hybrid cache, entries of different KV cache groups share one buffer
     (``tensor_of``): a block id belongs to one group at a time, so their rows
     never meet; ``groups`` says which block table each entry reads.
+
+    ``latent``: multi-head latent attention (vLLM's MLA layout): each entry keeps
+    one array of rows [latent, k_pe] (num_kv_heads 1, head_dim rank + rope_dim)
+    in ``key_caches``, and ``value_caches`` holds None.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int,
                  num_kv_heads: int, head_dim: int, dtype: mx.Dtype, *,
                  tensor_of: Sequence[int] | None = None,
-                 groups: Sequence[int] | None = None) -> None:
+                 groups: Sequence[int] | None = None, latent: bool = False) -> None:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
         self.tensor_of = list(range(num_layers)) if tensor_of is None else list(tensor_of)
         self.groups = None if groups is None else list(groups)
+        self.latent = latent
         keys = {t: mx.zeros(shape, dtype=dtype) for t in sorted(set(self.tensor_of))}
-        values = {t: mx.zeros(shape, dtype=dtype) for t in keys}
         self.key_caches = [keys[t] for t in self.tensor_of]
-        self.value_caches = [values[t] for t in self.tensor_of]
-        mx.eval(self.key_caches, self.value_caches)
+        if latent:
+            self.value_caches: list[mx.array | None] = [None] * len(self.tensor_of)
+        else:
+            values = {t: mx.zeros(shape, dtype=dtype) for t in keys}
+            self.value_caches = [values[t] for t in self.tensor_of]
+        mx.eval(self._lists())
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int,
-                        head_dim: int, dtype: mx.Dtype) -> int:
-        return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.size
+                        head_dim: int, dtype: mx.Dtype, latent: bool = False) -> int:
+        return (1 if latent else 2) * num_layers * block_size * num_kv_heads * head_dim * dtype.size
+
+    def _lists(self) -> list[list[mx.array]]:
+        return [self.key_caches] if self.latent else [self.key_caches, self.value_caches]
 
     def buffers(self) -> list[mx.array]:
-        """Each distinct K and V buffer once."""
+        """Each distinct K and V (or latent) buffer once."""
         first = {}
         for entry, t in enumerate(self.tensor_of):
             first.setdefault(t, entry)
-        return [caches[e] for caches in (self.key_caches, self.value_caches)
-                for e in first.values()]
+        return [caches[e] for caches in self._lists() for e in first.values()]
 
     @property
     def nbytes(self) -> int:
@@ -67,13 +78,13 @@ class PagedKVCache:
 
     def _update_buffers(self, update) -> None:
         """Apply ``update`` once per buffer and point every entry sharing it at the result."""
-        for caches in (self.key_caches, self.value_caches):
+        for caches in self._lists():
             done: dict[int, mx.array] = {}
             for entry, t in enumerate(self.tensor_of):
                 if t not in done:
                     done[t] = update(caches[entry])
                 caches[entry] = done[t]
-        mx.eval(self.key_caches, self.value_caches)
+        mx.eval(self._lists())
 
 
 def _set_rows(cache: mx.array, idx: mx.array, rows) -> mx.array:

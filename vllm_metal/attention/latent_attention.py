@@ -1,0 +1,107 @@
+"""LatentAttention: an mlx-lm multi-head latent attention module (DeepSeek-V3,
+GLM-4 MoE Lite, Mistral 4, Kimi K2.5, ...) over vLLM's paged latent cache.
+
+mlx-lm's MLA modules cache the compressed KV row of each token (the normalised
+latent and its rotated positional key) and attend by hand: positional scores as
+an additive mask array, the latent either expanded per head (a prompt) or
+absorbed into the queries (a decode step). A LayerCache cannot page that, so
+modules of this shape are wrapped: the family's own projections, norms and RoPE
+compute the rows, ``write_latent`` stores [latent, k_pe] per token, and
+``attend_latent`` runs weight-absorbed attention over the cache for every row
+(prompt or decode alike); ``unembed_out`` and ``o_proj`` finish as the family does.
+
+A module is wrapped only if it has the attributes that shape implies, and only
+after one small prompt through the wrapper (on a scratch paged cache) reproduced
+the module's own dense forward; otherwise the model is refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from vllm_metal.attention.context import (AttentionMetadata, ForwardContext, forward_context,
+                                          get_forward_context)
+from vllm_metal.attention.layer_cache import LayerCache
+
+_PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "embed_q", "unembed_out", "o_proj", "rope")
+_SIZES = ("num_heads", "qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank", "scale")
+# Rows of the load-time check, and how close it must come (fp32 arithmetic on both
+# sides; the family expands the latent for a prompt, the wrapper absorbs it).
+_CHECK_ROWS = 7
+_CHECK_RTOL = {mx.float32: 1e-3}
+_HALF_RTOL = 3e-2
+
+
+def is_latent(module: nn.Module) -> bool:
+    """The module has the parts of mlx-lm's absorbed-MLA attention."""
+    has = lambda n: getattr(module, n, None) is not None  # noqa: E731
+    queries = has("q_proj") or all(has(n) for n in ("q_a_proj", "q_a_layernorm", "q_b_proj"))
+    return queries and all(has(n) for n in _PARTS + _SIZES)
+
+
+class LatentAttention(nn.Module):
+    """Wraps one MLA module; x [total_q, 1, hidden] (one token per row) -> same shape."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.num_heads = int(inner.num_heads)
+        self.nope = int(inner.qk_nope_head_dim)
+        self.rope_dim = int(inner.qk_rope_head_dim)
+        self.rank = int(inner.kv_lora_rank)
+        self.scale = float(inner.scale)
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if not isinstance(cache, LayerCache):
+            raise RuntimeError("LatentAttention runs only inside a paged forward")
+        inner = self.inner
+        rows, length, _ = x.shape
+        heads, rank = self.num_heads, self.rank
+        if getattr(inner, "q_proj", None) is not None:
+            q = inner.q_proj(x)
+        else:
+            q = inner.q_b_proj(inner.q_a_layernorm(inner.q_a_proj(x)))
+        q = q.reshape(rows, length, heads, self.nope + self.rope_dim).transpose(0, 2, 1, 3)
+        q_nope, q_pe = mx.split(q, [self.nope], axis=-1)
+        compressed, k_pe = mx.split(inner.kv_a_proj_with_mqa(x), [rank], axis=-1)
+        k_pe = k_pe.reshape(rows, length, 1, self.rope_dim).transpose(0, 2, 1, 3)
+        latent = inner.kv_a_layernorm(compressed)
+        q_pe = inner.rope(q_pe, cache.offset)
+        k_pe = inner.rope(k_pe, cache.offset)
+        ctx = get_forward_context()
+        ctx.write_latent(cache.entry, latent.reshape(rows, rank),
+                         k_pe.reshape(rows, self.rope_dim).astype(latent.dtype))
+        q_latent = inner.embed_q(q_nope).reshape(rows, heads, rank)
+        out = ctx.attend_latent(cache.entry, q_latent,
+                                q_pe.reshape(rows, heads, self.rope_dim).astype(q_latent.dtype),
+                                self.scale)
+        out = inner.unembed_out(out[:, :, None, :])   # [rows, heads, 1, v_head_dim]
+        return inner.o_proj(out.transpose(0, 2, 1, 3).reshape(rows, length, -1))
+
+
+def check_latent(wrapper: LatentAttention, hidden: int, dtype: mx.Dtype) -> str | None:
+    """None if the wrapper reproduces its module's dense forward on a small prompt,
+    else what differs."""
+    inner = wrapper.inner
+    rows = _CHECK_ROWS
+    x = (0.5 * mx.random.normal((rows, hidden), key=mx.random.key(3))).astype(dtype)
+    causal = mx.tril(mx.ones((rows, rows), dtype=mx.bool_))
+    want = inner(x[None], mask=causal, cache=None)[0]
+    block = 16
+    blocks = -(-rows // block)
+    cache = mx.zeros((blocks + 1, block, 1, wrapper.rank + wrapper.rope_dim), dtype=want.dtype)
+    i32 = lambda v: mx.array(v, dtype=mx.int32)  # noqa: E731
+    meta = AttentionMetadata(i32(list(range(rows))), i32([0, rows]), i32([rows]),
+                             [i32([list(range(1, blocks + 1))])],
+                             [i32([block + r for r in range(rows)])])
+    with forward_context(ForwardContext(meta, [cache], [None])):
+        got = wrapper(x[:, None, :], cache=LayerCache(0))[:, 0]
+    want, got = want.astype(mx.float32), got.astype(mx.float32)
+    scale = max(float(mx.abs(want).max()), 1e-6)
+    error = float(mx.abs(got - want).max()) / scale
+    if error <= _CHECK_RTOL.get(want.dtype if dtype == mx.float32 else dtype, _HALF_RTOL):
+        return None
+    return f"the paged latent attention differs from the module's own forward by {error:.2g}"
