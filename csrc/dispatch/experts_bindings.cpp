@@ -6,6 +6,7 @@
 #include <string>
 
 #include "dispatch/experts_launch_plan.h"
+#include "dispatch/launch_dict.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -29,10 +30,7 @@ void bind_experts_debug(nb::module_& m) {
         p.has_bias = has_bias;
         p.mxfp4 = mxfp4;
         const auto plan = dispatch::plan_experts(p);
-        nb::dict out;
-        out["kernel"] = plan.launch.kernel;
-        out["grid"] = nb::make_tuple(plan.launch.grid[0], plan.launch.grid[1], plan.launch.grid[2]);
-        out["threads"] = nb::make_tuple(plan.launch.threads[0], plan.launch.threads[1], plan.launch.threads[2]);
+        nb::dict out = launch_dict(plan.launch);
         out["params"] = nb::bytes(reinterpret_cast<const char*>(&plan.params), sizeof(plan.params));
         return out;
       },

@@ -5,24 +5,13 @@
 #include <cstddef>
 #include <string>
 
+#include "dispatch/launch_dict.h"
 #include "dispatch/lora_launch_plan.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace vllm_metal {
-
-namespace {
-
-nb::dict launch_dict(const dispatch::KernelLaunch& l) {
-  nb::dict out;
-  out["kernel"] = l.kernel;
-  out["grid"] = nb::make_tuple(l.grid[0], l.grid[1], l.grid[2]);
-  out["threads"] = nb::make_tuple(l.threads[0], l.threads[1], l.threads[2]);
-  return out;
-}
-
-}  // namespace
 
 void bind_lora_debug(nb::module_& m) {
   m.def(

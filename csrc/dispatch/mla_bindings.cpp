@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string>
 
+#include "dispatch/launch_dict.h"
 #include "dispatch/mla_launch_plan.h"
 
 namespace nb = nanobind;
@@ -15,10 +16,7 @@ namespace vllm_metal {
 namespace {
 
 nb::dict plan_dict(const dispatch::MlaPlan& plan) {
-  nb::dict out;
-  out["kernel"] = plan.launch.kernel;
-  out["grid"] = nb::make_tuple(plan.launch.grid[0], plan.launch.grid[1], plan.launch.grid[2]);
-  out["threads"] = nb::make_tuple(plan.launch.threads[0], plan.launch.threads[1], plan.launch.threads[2]);
+  nb::dict out = launch_dict(plan.launch);
   out["params"] = nb::bytes(reinterpret_cast<const char*>(&plan.params), sizeof(plan.params));
   return out;
 }
