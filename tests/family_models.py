@@ -194,6 +194,20 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         moe_intermediate_size=MOE_INTER, n_shared_experts=1, routed_scaling_factor=1.8,
         norm_topk_prob=True, first_k_dense_replace=1, num_nextn_predict_layers=0,
         tie_word_embeddings=False)),
+    # Expanded MLA in mlx-lm (kv_b_proj whole): split per head at load, latent cache.
+    "deepseek_v2": ("DeepseekV2ForCausalLM", dict(
+        kv_lora_rank=MLA_RANK, q_lora_rank=96, qk_rope_head_dim=32, qk_nope_head_dim=32,
+        v_head_dim=48, n_routed_experts=MOE_EXPERTS, num_experts_per_tok=2,
+        moe_intermediate_size=MOE_INTER, n_shared_experts=1, first_k_dense_replace=1,
+        topk_method="greedy", tie_word_embeddings=False,
+        rope_scaling=dict(type="yarn", factor=1.0, original_max_position_embeddings=MAX_POS,
+                          beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=0.0))),
+    "minicpm3": ("MiniCPM3ForCausalLM", dict(
+        kv_lora_rank=MLA_RANK, q_lora_rank=96, qk_rope_head_dim=32, qk_nope_head_dim=32,
+        dim_model_base=64, scale_depth=1.4, scale_emb=12.0, num_key_value_heads=HEADS,
+        tie_word_embeddings=False,
+        rope_scaling=dict(type="longrope", long_factor=[1.0] * 16, short_factor=[1.0] * 16,
+                          original_max_position_embeddings=MAX_POS))),
 }
 
 # Model types transformers 5 has no configuration class for (their hub

@@ -192,3 +192,21 @@ def test_latent_attention_that_the_wrapper_does_not_reproduce_is_refused_by_name
     with pytest.raises(UnsupportedModelError, match=r"deepseek_v3: .*Doubled: the paged latent "
                                                     r"attention differs"):
         ModelAdapter(model)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "minicpm3"])
+def test_expanded_latent_attention_is_cut_into_the_absorbed_pair(family):
+    """mlx-lm's DeepSeek-V2 and MiniCPM3 keep kv_b_proj whole and cache expanded
+    K/V; the wrapper cuts it per head (quantized rows stay quantized) and caches the
+    latent rows instead; the family's kv_b_proj is gone, not kept beside the cut."""
+    from vllm_metal.attention.latent_attention import LatentAttention
+
+    for bits in (None, 4):
+        path = cached_family_model(family, **({"quantize_bits": bits, "group_size": 32}
+                                              if bits else {}))
+        loaded = load_model(str(path), mx.float32, select_backend())
+        assert {(e.num_kv_heads, e.latent_rank) for e in loaded.adapter.entries} == {(1, 64)}
+        attention = loaded.model.model.layers[0].self_attn
+        assert isinstance(attention, LatentAttention)
+        assert "kv_b_proj" not in attention.inner
+        assert ("scales" in attention.kv_b_uk) == (bits is not None)

@@ -335,12 +335,16 @@ def _wrap_self_computing(text_model: nn.Module, family: str) -> None:
             if paged_attention.wraps(module):
                 setattr(layer, name, paged_attention.PagedAttention(module))
             elif latent_attention.is_latent(module):
-                wrapper = latent_attention.LatentAttention(module)
+                try:
+                    wrapper = latent_attention.LatentAttention(module)
+                except ValueError as e:
+                    raise UnsupportedModelError(f"{family}: {_qualname(module)}: {e}") from e
                 if hidden is None:
                     hidden = _hidden_size(module)
                 why = latent_attention.check_latent(wrapper, hidden, _float_dtype(module))
                 if why is not None:
                     raise UnsupportedModelError(f"{family}: {_qualname(module)}: {why}")
+                wrapper.drop_expanded()
                 setattr(layer, name, wrapper)
 
 
