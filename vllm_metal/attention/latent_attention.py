@@ -17,7 +17,8 @@ head for the queries, W_UV per head for the output), so they too cache one laten
 row per token.
 
 A module is wrapped only if it has the attributes that shape implies, and only
-after one small prompt through the wrapper (on a scratch paged cache) reproduced
+after one small prompt through the wrapper (on a scratch paged cache; once per
+module class, the check being of its code) reproduced
 the module's own dense forward; otherwise the model is refused by name.
 """
 

@@ -327,6 +327,7 @@ def _wrap_self_computing(text_model: nn.Module, family: str) -> None:
     """Swap the attention modules PagedAttention or LatentAttention reproduce
     (idempotent); a latent one whose wrapper does not reproduce it is refused."""
     hidden = None
+    checked: set[type] = set()  # the check is of the class's code: once per class
     for layer in _layers(text_model) or ():
         for name in _ATTENTION_NAMES:
             module = getattr(layer, name, None)
@@ -339,11 +340,13 @@ def _wrap_self_computing(text_model: nn.Module, family: str) -> None:
                     wrapper = latent_attention.LatentAttention(module)
                 except ValueError as e:
                     raise UnsupportedModelError(f"{family}: {_qualname(module)}: {e}") from e
-                if hidden is None:
-                    hidden = _hidden_size(module)
-                why = latent_attention.check_latent(wrapper, hidden, _float_dtype(module))
-                if why is not None:
-                    raise UnsupportedModelError(f"{family}: {_qualname(module)}: {why}")
+                if type(module) not in checked:
+                    if hidden is None:
+                        hidden = _hidden_size(module)
+                    why = latent_attention.check_latent(wrapper, hidden, _float_dtype(module))
+                    if why is not None:
+                        raise UnsupportedModelError(f"{family}: {_qualname(module)}: {why}")
+                    checked.add(type(module))
                 wrapper.drop_expanded()
                 setattr(layer, name, wrapper)
 
