@@ -190,7 +190,8 @@ def _add_tensor(writer, name: str, array: np.ndarray, kind: str) -> None:
     else:
         qtype = gguf.GGMLQuantizationType[kind]
         if kind in ("Q4_K", "Q5_K", "Q6_K"):
-            data = gguf_kquants.quantize(array, kind)
+            rows = gguf_kquants.quantize(array.reshape(-1, array.shape[-1]), kind)
+            data = rows.reshape(*array.shape[:-1], -1)
         else:
             try:
                 data = gguf.quants.quantize(array, qtype)
@@ -217,7 +218,19 @@ FAMILY_ARCHS = {
     "granite": ("granite", "GRANITE", True, False),
     "starcoder2": ("starcoder2", "STARCODER2", False, False),
     "smollm3": ("smollm3", "SMOLLM3", True, False),
+    "qwen2_moe": ("qwen2moe", "QWEN2MOE", False, False),
+    "qwen3_moe": ("qwen3moe", "QWEN3MOE", False, False),
+    "mixtral": ("llama", "LLAMA", True, False),
+    "olmoe": ("olmoe", "OLMOE", False, False),
 }
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
+# llama.cpp's converter: HF's per-expert matrices, stacked, are these GGUF tensors.
+_EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
+                   "down_proj": "ffn_down_exps"}
+# llama-quantize keeps routers in float and falls back to a 32-block type for rows that
+# are no multiple of a K-quant's 256-weight super-block.
+_FLOAT_TENSORS = ("ffn_gate_inp", "ffn_gate_inp_shexp")
+_K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 # Config values llama.cpp cannot store and instead fixes (Gemma's query scale is
 # 1/sqrt(head_dim) below 27B; Gemma 3 windows all but every 6th layer; SmolLM3 skips
 # RoPE on every 4th layer).
@@ -226,6 +239,7 @@ FAMILY_GGUF_OVERRIDES = {
     "gemma3_text": dict(query_pre_attn_scalar=64, num_hidden_layers=6,
                         sliding_window_pattern=6),
     "smollm3": dict(no_rope_layer_interval=4),
+    "qwen3_moe": dict(mlp_only_layers=[]),  # llama.cpp runs every qwen3moe layer as MoE
 }
 
 
@@ -257,13 +271,18 @@ def make_family_gguf(path: str | Path, family: str, qtype: str = "F32", *,
                                      config["num_hidden_layers"])
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     for hf_name, array in sorted(weights.items()):
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        name = gguf_tensor_name(names, hf_name)
         kind = name.rsplit(".", 2)[-2]
         if permute and kind in heads:
             array = llama_cpp_permute(array, heads[kind])
         if norm_offset and hf_name.endswith("norm.weight"):
             array = array + 1.0
-        chosen = (tensor_types or {}).get(name, qtype if array.ndim == 2 else "F32")
+        if kind == "ffn_gate_inp_shexp":
+            array = array.reshape(-1)  # llama.cpp declares it [n_embd]
+        matrix = array.ndim >= 2 and kind not in _FLOAT_TENSORS
+        chosen = (tensor_types or {}).get(name, qtype if matrix else "F32")
+        if chosen in _K_FALLBACK and array.shape[-1] % 256:
+            chosen = _K_FALLBACK[chosen]
         _add_tensor(writer, name, array, chosen)
     scaling = config.get("rope_scaling") or {}
     if family == "phi3" and scaling.get("type") == "longrope":
@@ -275,6 +294,16 @@ def make_family_gguf(path: str | Path, family: str, qtype: str = "F32", *,
     writer.write_tensors_to_file()
     writer.close()
     return Path(path)
+
+
+def gguf_tensor_name(names, mlx_name: str) -> str:
+    """The GGUF tensor an mlx-lm checkpoint parameter is written as (its stacked experts
+    `...switch_mlp.gate_proj.weight` as llama.cpp's `blk.N.ffn_gate_exps.weight`)."""
+    if ".switch_mlp." in mlx_name:
+        _, _, layer, rest = mlx_name.split(".", 3)
+        projection, suffix = rest.split(".switch_mlp.")[1].split(".")
+        return f"blk.{layer}.{_EXPERT_TENSORS[projection]}.{suffix}"
+    return names.get_name(mlx_name, try_suffixes=(".weight", ".bias"))
 
 
 def recipe_types(family: str, recipe: dict[str, str], **overrides: Any) -> dict[str, str]:
@@ -290,8 +319,8 @@ def recipe_types(family: str, recipe: dict[str, str], **overrides: Any) -> dict[
     types = {}
     for file in src.glob("*.safetensors"):
         for hf_name, array in load_file(str(file)).items():
-            name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-            if array.ndim == 2 and name.rsplit(".", 2)[-2] in recipe:
+            name = gguf_tensor_name(names, hf_name)
+            if array.ndim >= 2 and name.rsplit(".", 2)[-2] in recipe:
                 types[name] = recipe[name.rsplit(".", 2)[-2]]
     return types
 
@@ -325,6 +354,13 @@ def _write_family_hparams(writer, family: str, config: dict[str, Any]) -> None:
         writer.add_rope_scaling_orig_ctx_len(
             config.get("original_max_position_embeddings", config["max_position_embeddings"]))
         writer.add_sliding_window(config.get("sliding_window") or 0)
+    if family in MOE_FAMILIES:
+        writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config.get("moe_intermediate_size")
+                                              or config["intermediate_size"])
+    if family == "qwen2_moe":
+        writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     if family == "granite":
         writer.add_attention_scale(config["attention_multiplier"])
         writer.add_embedding_scale(config["embedding_multiplier"])

@@ -50,7 +50,9 @@ def mlx_lm_with_gguf_values(path: Path, family: str, **overrides):
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load_model
 
-    from tests.gguf_models import FAMILY_ARCHS, family_source, llama_cpp_permute
+    from tests.gguf_models import (
+        FAMILY_ARCHS, family_source, gguf_tensor_name, llama_cpp_permute,
+    )
 
     model, config = load_model(family_source(family, **overrides))
     _, member, permute, norm_offset = FAMILY_ARCHS[family]
@@ -60,7 +62,7 @@ def mlx_lm_with_gguf_values(path: Path, family: str, **overrides):
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     values = []
     for name, param in tree_flatten(model.parameters()):
-        tensor = stored[names.get_name(name, try_suffixes=(".weight", ".bias"))]
+        tensor = stored[gguf_tensor_name(names, name)]
         array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         array = np.asarray(array, np.float32).reshape(param.shape)
         if tensor.tensor_type == gguf.GGMLQuantizationType.Q6_K:

@@ -91,6 +91,12 @@ FAMILY_KEYS = {
                 "residual_multiplier"),
     "starcoder2": ("norm_epsilon",),
     "smollm3": ("no_rope_layer_interval",),
+    "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                  "shared_expert_intermediate_size"),
+    "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                  "norm_topk_prob", "mlp_only_layers"),
+    "mixtral": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
+    "olmoe": ("num_experts", "num_experts_per_tok", "intermediate_size", "norm_topk_prob"),
 }
 
 
@@ -166,6 +172,20 @@ def test_k_quant_logits_match_transformers(family_gguf, family):
     # transformers' starcoder2 GELU is not MLX's tanh approximation bit for bit (the float
     # file differs by 2e-4 too); a wrong block decode would differ by far more.
     assert_close_logits(logits(model), ref, rtol=1e-3 if family == "starcoder2" else 2e-5)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "qwen3_moe"])
+def test_moe_logits_match_transformers(family_gguf, family, qtype):
+    """transformers' GGUF reader stacks nothing: it splits the expert tensors back into
+    per-expert HF matrices and runs its own MoE; its logits are an independent check of
+    the expert layout, the routing keys and the shared expert."""
+    from tests.gguf.reference import transformers_gguf_model, transformers_logits
+
+    path = family_gguf(family, qtype)
+    model, _ = load_gguf_model(path)
+    ref = transformers_logits(transformers_gguf_model(path), PROMPT)
+    assert_close_logits(logits(model), ref, rtol=2e-5)
 
 
 @pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "IQ4_XS", "IQ2_XXS", "TQ1_0"])

@@ -24,6 +24,7 @@ _GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10_000.0
 # counts), by 1/sqrt(head_dim) otherwise; neither file format stores the scalar.
 _GEMMA2_27B_LAYERS, _GEMMA3_27B_LAYERS = 46, 62
 _SMOLLM3_NO_ROPE_STEP = 4
+_GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
 
 
 class Metadata:
@@ -150,6 +151,56 @@ def _granite(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _experts(md: Metadata, config: dict[str, Any]) -> tuple[int, int, int]:
+    """(experts, experts per token, expert MLP width) of a MoE file whose family routes
+    as llama.cpp's softmax MoE does; refuses keys mlx-lm's model would ignore."""
+    count, used = int(md.get("expert_count")), int(md.get("expert_used_count"))
+    if not 0 < used <= count:
+        raise ValueError(f"GGUF {md.arch}.expert_used_count {used} is not in 1..{count}")
+    gating = md.get("expert_gating_func", _GATING_SOFTMAX)
+    if int(gating) != _GATING_SOFTMAX:
+        raise ValueError(f"GGUF {md.arch}.expert_gating_func {gating} (not softmax) is not "
+                         f"what mlx-lm's {md.arch} model routes with; not supported")
+    scale = float(md.get("expert_weights_scale", 1.0))
+    if scale not in (0.0, 1.0):  # llama.cpp: 0 means unset
+        raise ValueError(f"GGUF {md.arch}.expert_weights_scale {scale} is not applied by "
+                         f"mlx-lm's {md.arch} model; not supported")
+    # llama.cpp's fallback when a converter wrote no expert width.
+    width = int(md.uniform("expert_feed_forward_length", config["intermediate_size"] // used))
+    return count, used, width
+
+
+def _qwen2moe(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    count, used, width = _experts(md, config)
+    shared = int(md.uniform("expert_shared_feed_forward_length", config["intermediate_size"]))
+    return {**_qwen(md, config), "num_experts": count, "num_experts_per_tok": used,
+            "moe_intermediate_size": width, "shared_expert_intermediate_size": shared}
+
+
+def _qwen3moe(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    count, used, width = _experts(md, config)
+    # llama.cpp runs every qwen3moe layer as MoE with the top-k weights renormalised.
+    return {**_qwen(md, config), "num_experts": count, "num_experts_per_tok": used,
+            "moe_intermediate_size": width, "decoder_sparse_step": 1,
+            "mlp_only_layers": [], "norm_topk_prob": True}
+
+
+def _mixtral(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    count, used, width = _experts(md, config)
+    if "blk.0.attn_q.bias" in md.tensors:
+        raise ValueError("GGUF llama file with experts and attention biases: mlx-lm's "
+                         "mixtral model has no attention bias; not supported")
+    return {"num_local_experts": count, "num_experts_per_tok": used,
+            "intermediate_size": width}
+
+
+def _olmoe(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    count, used, width = _experts(md, config)
+    # llama.cpp's olmoe keeps the top-k softmax weights as they are.
+    return {"num_experts": count, "num_experts_per_tok": used, "intermediate_size": width,
+            "norm_topk_prob": False}
+
+
 def _smollm3(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
     # llama.cpp skips RoPE on every 4th layer of SmolLM3 and stores no key for it.
     return {**_biases(md, config), "no_rope_layer_interval": _SMOLLM3_NO_ROPE_STEP}
@@ -163,6 +214,12 @@ ARCHITECTURES: dict[str, Architecture] = {
                           extra=_qwen),
     "qwen3": Architecture("Qwen3ForCausalLM", "qwen3", "QWEN3", False, 0.0, "silu",
                           extra=_qwen),
+    "qwen2moe": Architecture("Qwen2MoeForCausalLM", "qwen2_moe", "QWEN2MOE", False, 0.0,
+                             "silu", extra=_qwen2moe),
+    "qwen3moe": Architecture("Qwen3MoeForCausalLM", "qwen3_moe", "QWEN3MOE", False, 0.0,
+                             "silu", extra=_qwen3moe),
+    "olmoe": Architecture("OlmoeForCausalLM", "olmoe", "OLMOE", False, 0.0, "silu",
+                          extra=_olmoe),
     "gemma": Architecture("GemmaForCausalLM", "gemma", "GEMMA", False, 1.0,
                           "gelu_pytorch_tanh"),
     "gemma2": Architecture("Gemma2ForCausalLM", "gemma2", "GEMMA2", False, 1.0,
@@ -181,6 +238,12 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
+# Mixtral files are tagged "llama" too; llama.cpp runs a layer as MoE when the file
+# has experts (`llama.expert_count` > 0).
+_MIXTRAL = Architecture("MixtralForCausalLM", "mixtral", "LLAMA", True, 0.0, "silu",
+                        extra=_mixtral)
+
+
 def architecture_of(metadata: dict[str, Any]) -> tuple[str, Architecture]:
     """(general.architecture, its facts); ValueError naming it if unsupported."""
     arch = metadata.get("general.architecture")
@@ -188,4 +251,6 @@ def architecture_of(metadata: dict[str, Any]) -> tuple[str, Architecture]:
         raise ValueError(
             f"GGUF architecture {arch!r} is not supported by vllm-metal; supported: "
             f"{', '.join(ARCHITECTURES)}")
+    if arch == "llama" and int(metadata.get("llama.expert_count") or 0) > 0:
+        return arch, _MIXTRAL
     return arch, ARCHITECTURES[arch]

@@ -35,7 +35,7 @@ def hf_config_from_gguf(header: GGUFHeader) -> dict[str, Any]:
         "architectures": [spec.hf_architecture],
         "model_type": spec.model_type,
         "hidden_size": hidden,
-        "intermediate_size": int(md.uniform("feed_forward_length")),
+        "intermediate_size": _feed_forward(md),
         "num_hidden_layers": int(md.uniform("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(md.uniform("attention.head_count_kv", heads)),
@@ -59,6 +59,14 @@ def hf_config_from_gguf(header: GGUFHeader) -> dict[str, Any]:
         if token_id is not None:
             config[f"{hf_name}_token_id"] = int(token_id)
     return config
+
+
+def _feed_forward(md: Metadata) -> int:
+    """The dense MLP width; a MoE file without one states only its experts' width."""
+    width = md.uniform("feed_forward_length", None)
+    if width is None and md.get("expert_count", None):
+        width = md.uniform("expert_feed_forward_length")
+    return int(width if width is not None else md.uniform("feed_forward_length"))
 
 
 def _rope(header: GGUFHeader, md: Metadata, head_dim: int, base: float) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 from vllm_metal.gguf.architectures import Architecture
 from vllm_metal.gguf.header import GGUFHeader
 from vllm_metal.gguf.quants import (
-    DENSE_TYPES, GROUP_SIZE, QUANTIZED_TYPES, SUPPORTED_TYPES, byte_size, to_mlx,
+    DENSE_TYPES, GROUP_SIZE, QUANTIZED_TYPES, SUPPORTED_TYPES, MLXTensor, byte_size, to_mlx,
 )
 
 # Tensors that configure the model (read into config.json) rather than parameterize it.
@@ -52,6 +52,45 @@ def unpermute_rows(array: mx.array, n_heads: int) -> mx.array:
     return split.swapaxes(1, 2).reshape(array.shape)
 
 
+# mlx-lm stacks a MoE layer's experts in `switch_mlp`; the name table knows the HF
+# checkpoints' spellings of the stacked experts.
+_EXPERT_SPELLINGS = {"gate_proj": ("gate_proj", "w1"), "up_proj": ("up_proj", "w3"),
+                     "down_proj": ("down_proj", "w2")}
+
+
+def _tensor_base(names, module: str) -> str | None:
+    """GGUF tensor base name (`blk.N.kind`) of an mlx-lm module path, or None."""
+    owner, _, rest = module.partition(".switch_mlp.")
+    if not rest:
+        return names.get_name(module)
+    for spelling in _EXPERT_SPELLINGS.get(rest, ()):
+        base = names.get_name(f"{owner}.experts.{spelling}")
+        if base:
+            return base
+    return None
+
+
+def _converted(header: GGUFHeader, info) -> MLXTensor:
+    """One tensor as MLX parameters; a stack of experts [E, N, K] converts as E * N rows
+    and keeps its leading expert axis."""
+    raw = header.read_raw(info.name, byte_size(info.ggml_type, info.shape))
+    if len(info.shape) != 3 or info.ggml_type in DENSE_TYPES:
+        return to_mlx(raw, info.ggml_type, info.shape)
+    experts, rows, cols = info.shape
+    flat = to_mlx(raw, info.ggml_type, (experts * rows, cols))
+    return MLXTensor({k: a.reshape(experts, rows, -1) for k, a in flat.arrays.items()},
+                     flat.bits)
+
+
+def _squeezed_to(array: mx.array, shape: tuple[int, ...], tensor: str) -> mx.array:
+    """A dense tensor stored without the parameter's unit axes (llama.cpp declares
+    qwen2moe's shared-expert gate [n_embd], mlx-lm holds it [1, n_embd])."""
+    if [d for d in array.shape if d != 1] != [d for d in shape if d != 1]:
+        raise ValueError(f"GGUF tensor {tensor!r} has shape {tuple(array.shape)}; the model "
+                         f"expects {tuple(shape)}")
+    return array.reshape(shape)
+
+
 def gguf_weights(
     header: GGUFHeader, model: nn.Module, spec: Architecture, config: dict[str, Any],
 ) -> tuple[dict[str, mx.array], dict[str, dict[str, int]]]:
@@ -68,9 +107,9 @@ def gguf_weights(
     weights: dict[str, mx.array] = {}
     quantization: dict[str, dict[str, int]] = {}
     used = set(CONFIG_TENSORS)
-    for param, _ in tree_flatten(model.parameters()):
+    for param, value in tree_flatten(model.parameters()):
         module, suffix = param.rsplit(".", 1)
-        base = names.get_name(module)
+        base = _tensor_base(names, module)
         tensor = f"{base}.{suffix}" if base else None
         if tensor not in header.tensors:
             raise ValueError(
@@ -78,9 +117,10 @@ def gguf_weights(
                 f"{param!r}" + (f" (looked for {tensor!r})" if tensor else ""))
         used.add(tensor)
         info = header.tensors[tensor]
-        converted = to_mlx(header.read_raw(tensor, byte_size(info.ggml_type, info.shape)),
-                           info.ggml_type, info.shape)
+        converted = _converted(header, info)
         arrays = converted.arrays
+        if converted.bits is None and arrays["weight"].shape != value.shape:
+            arrays = {"weight": _squeezed_to(arrays["weight"], value.shape, tensor)}
         kind = base.rsplit(".", 1)[-1]
         if spec.pairwise_rope and kind in heads:
             arrays = {k: unpermute_rows(a, heads[kind]) for k, a in arrays.items()}
