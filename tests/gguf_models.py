@@ -222,8 +222,13 @@ FAMILY_ARCHS = {
     "qwen3_moe": ("qwen3moe", "QWEN3MOE", False, False),
     "mixtral": ("llama", "LLAMA", True, False),
     "olmoe": ("olmoe", "OLMOE", False, False),
+    "gpt_oss": ("gpt-oss", "GPT_OSS", False, False),
 }
-MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gpt_oss")
+# llama.cpp's llama and olmoe read the experts' width from feed_forward_length.
+_EXPERT_WIDTH_KEY = ("qwen2_moe", "qwen3_moe", "gpt_oss")
+# gpt-oss files as llama.cpp's converter writes them from OpenAI's checkpoints.
+MXFP4_EXPERTS = {"ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4"}
 # llama.cpp's converter: HF's per-expert matrices, stacked, are these GGUF tensors.
 _EXPERT_TENSORS = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps",
                    "down_proj": "ffn_down_exps"}
@@ -279,7 +284,7 @@ def make_family_gguf(path: str | Path, family: str, qtype: str = "F32", *,
             array = array + 1.0
         if kind == "ffn_gate_inp_shexp":
             array = array.reshape(-1)  # llama.cpp declares it [n_embd]
-        matrix = array.ndim >= 2 and kind not in _FLOAT_TENSORS
+        matrix = array.ndim >= 2 and name.endswith(".weight") and kind not in _FLOAT_TENSORS
         chosen = (tensor_types or {}).get(name, qtype if matrix else "F32")
         if chosen in _K_FALLBACK and array.shape[-1] % 256:
             chosen = _K_FALLBACK[chosen]
@@ -303,7 +308,9 @@ def gguf_tensor_name(names, mlx_name: str) -> str:
         _, _, layer, rest = mlx_name.split(".", 3)
         projection, suffix = rest.split(".switch_mlp.")[1].split(".")
         return f"blk.{layer}.{_EXPERT_TENSORS[projection]}.{suffix}"
-    return names.get_name(mlx_name, try_suffixes=(".weight", ".bias"))
+    name = names.get_name(mlx_name, try_suffixes=(".weight", ".bias"))
+    # A bare parameter (gpt-oss's `self_attn.sinks`): the converter adds ".weight".
+    return name if name.endswith((".weight", ".bias")) else f"{name}.weight"
 
 
 def recipe_types(family: str, recipe: dict[str, str], **overrides: Any) -> dict[str, str]:
@@ -320,7 +327,7 @@ def recipe_types(family: str, recipe: dict[str, str], **overrides: Any) -> dict[
     for file in src.glob("*.safetensors"):
         for hf_name, array in load_file(str(file)).items():
             name = gguf_tensor_name(names, hf_name)
-            if array.ndim >= 2 and name.rsplit(".", 2)[-2] in recipe:
+            if array.ndim >= 2 and name.endswith(".weight") and name.rsplit(".", 2)[-2] in recipe:
                 types[name] = recipe[name.rsplit(".", 2)[-2]]
     return types
 
@@ -357,8 +364,11 @@ def _write_family_hparams(writer, family: str, config: dict[str, Any]) -> None:
     if family in MOE_FAMILIES:
         writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
+    if family in _EXPERT_WIDTH_KEY:
         writer.add_expert_feed_forward_length(config.get("moe_intermediate_size")
                                               or config["intermediate_size"])
+    if family == "gpt_oss":
+        writer.add_sliding_window(config["sliding_window"])
     if family == "qwen2_moe":
         writer.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
     if family == "granite":

@@ -18,7 +18,7 @@ from vllm.inputs import TokensPrompt
 from tests.e2e import mlx_reference
 from tests.e2e.conftest import PROMPTS, make_llm
 from tests.family_models import FAMILIES, REMOTE_CODE, cached_family_model
-from tests.gguf_models import FAMILY_ARCHS, make_family_gguf, recipe_types
+from tests.gguf_models import FAMILY_ARCHS, MXFP4_EXPERTS, make_family_gguf, recipe_types
 
 MAX_TOKENS = 16
 TOP_LOGPROBS = 3
@@ -75,6 +75,13 @@ def test_gguf_family_matches_mlx_lm(family, tmp_path_factory):
     path = tmp_path_factory.mktemp(f"gguf-{family}") / "model-Q4_K_M.gguf"
     make_family_gguf(path, family, "Q4_K", tensor_types=recipe_types(family, recipe))
     _check_engine(path, family, _POOL_BLOCKS.get(f"gguf-{family}", 17))
+
+
+def test_gguf_mxfp4_experts_match_mlx_lm(tmp_path_factory):
+    """gpt-oss as llama.cpp converts it: MXFP4 experts, Q8_0 elsewhere."""
+    path = tmp_path_factory.mktemp("gguf-gpt_oss-mxfp4") / "model-MXFP4.gguf"
+    make_family_gguf(path, "gpt_oss", "Q8_0", tensor_types=recipe_types("gpt_oss", MXFP4_EXPERTS))
+    _check_engine(path, "gpt_oss")
 
 
 def _check_engine(model_dir, family, pool_blocks=None):

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from tests.gguf.reference import assert_close_logits, mlx_lm_with_gguf_values
-from tests.gguf_models import FAMILY_ARCHS, family_source, make_family_gguf, recipe_types
+from tests.gguf_models import (
+    FAMILY_ARCHS, MXFP4_EXPERTS, family_source, make_family_gguf, recipe_types,
+)
 from vllm_metal.gguf.config import hf_config_from_gguf
 from vllm_metal.gguf.header import read_header
 from vllm_metal.gguf.loader import load_gguf_model
@@ -97,6 +99,8 @@ FAMILY_KEYS = {
                   "norm_topk_prob", "mlp_only_layers"),
     "mixtral": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
     "olmoe": ("num_experts", "num_experts_per_tok", "intermediate_size", "norm_topk_prob"),
+    "gpt_oss": ("num_local_experts", "num_experts_per_tok", "intermediate_size",
+                "sliding_window", "layer_types"),
 }
 
 
@@ -172,6 +176,21 @@ def test_k_quant_logits_match_transformers(family_gguf, family):
     # transformers' starcoder2 GELU is not MLX's tanh approximation bit for bit (the float
     # file differs by 2e-4 too); a wrong block decode would differ by far more.
     assert_close_logits(logits(model), ref, rtol=1e-3 if family == "starcoder2" else 2e-5)
+
+
+def test_mxfp4_experts_stay_mxfp4(tmp_path):
+    """gpt-oss as llama.cpp converts OpenAI's checkpoint: MXFP4 experts become MLX mxfp4
+    layers holding the same codes and exponents (the `gguf` package's dequantizer is the
+    reference), the rest Q8_0."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+
+    path = make_family_gguf(tmp_path / "m.gguf", "gpt_oss", "Q8_0",
+                            tensor_types=recipe_types("gpt_oss", MXFP4_EXPERTS))
+    model, _ = load_gguf_model(path)
+    experts = [m for _, m in model.named_modules() if isinstance(m, QuantizedSwitchLinear)]
+    assert len(experts) == 3 * 4 and all(m.mode == "mxfp4" for m in experts)
+    ref = mlx_lm_with_gguf_values(path, "gpt_oss")
+    assert_close_logits(logits(model), logits(ref), rtol=2e-5)
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K"])

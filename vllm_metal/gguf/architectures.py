@@ -24,7 +24,7 @@ _GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10_000.0
 # counts), by 1/sqrt(head_dim) otherwise; neither file format stores the scalar.
 _GEMMA2_27B_LAYERS, _GEMMA3_27B_LAYERS = 46, 62
 _SMOLLM3_NO_ROPE_STEP = 4
-_GATING_SOFTMAX = 1  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX
+_GPT_OSS_PERIOD = 2  # llama.cpp's default: even layers slide
 
 
 class Metadata:
@@ -151,34 +151,36 @@ def _granite(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _experts(md: Metadata, config: dict[str, Any]) -> tuple[int, int, int]:
-    """(experts, experts per token, expert MLP width) of a MoE file whose family routes
-    as llama.cpp's softmax MoE does; refuses keys mlx-lm's model would ignore."""
+def _experts(md: Metadata, width_key: str | None) -> tuple[int, int, int | None]:
+    """(experts, experts per token, expert MLP width or None) of a MoE file.
+
+    llama.cpp fixes each family's gating itself (its `expert_gating_func` key is read by
+    DeepSeek-style families only), as mlx-lm's models do; a weight scale neither model
+    applies is refused. `width_key` None: the family's experts are feed_forward_length
+    wide (llama.cpp's llama and olmoe read no expert width).
+    """
     count, used = int(md.get("expert_count")), int(md.get("expert_used_count"))
     if not 0 < used <= count:
         raise ValueError(f"GGUF {md.arch}.expert_used_count {used} is not in 1..{count}")
-    gating = md.get("expert_gating_func", _GATING_SOFTMAX)
-    if int(gating) != _GATING_SOFTMAX:
-        raise ValueError(f"GGUF {md.arch}.expert_gating_func {gating} (not softmax) is not "
-                         f"what mlx-lm's {md.arch} model routes with; not supported")
-    scale = float(md.get("expert_weights_scale", 1.0))
+    scale = float(md.get("expert_weights_scale", 0.0))
     if scale not in (0.0, 1.0):  # llama.cpp: 0 means unset
         raise ValueError(f"GGUF {md.arch}.expert_weights_scale {scale} is not applied by "
                          f"mlx-lm's {md.arch} model; not supported")
-    # llama.cpp's fallback when a converter wrote no expert width.
-    width = int(md.uniform("expert_feed_forward_length", config["intermediate_size"] // used))
-    return count, used, width
+    width = md.uniform(width_key, None) if width_key else None
+    return count, used, None if width is None else int(width)
 
 
 def _qwen2moe(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
-    count, used, width = _experts(md, config)
+    count, used, width = _experts(md, "expert_feed_forward_length")
+    width = width or config["intermediate_size"] // used  # llama.cpp's fallback
     shared = int(md.uniform("expert_shared_feed_forward_length", config["intermediate_size"]))
     return {**_qwen(md, config), "num_experts": count, "num_experts_per_tok": used,
             "moe_intermediate_size": width, "shared_expert_intermediate_size": shared}
 
 
 def _qwen3moe(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
-    count, used, width = _experts(md, config)
+    count, used, width = _experts(md, "expert_feed_forward_length")
+    width = width or config["intermediate_size"] // used  # llama.cpp's fallback
     # llama.cpp runs every qwen3moe layer as MoE with the top-k weights renormalised.
     return {**_qwen(md, config), "num_experts": count, "num_experts_per_tok": used,
             "moe_intermediate_size": width, "decoder_sparse_step": 1,
@@ -186,19 +188,38 @@ def _qwen3moe(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _mixtral(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
-    count, used, width = _experts(md, config)
+    count, used, _ = _experts(md, None)
     if "blk.0.attn_q.bias" in md.tensors:
         raise ValueError("GGUF llama file with experts and attention biases: mlx-lm's "
                          "mixtral model has no attention bias; not supported")
-    return {"num_local_experts": count, "num_experts_per_tok": used,
-            "intermediate_size": width}
+    return {"num_local_experts": count, "num_experts_per_tok": used}
 
 
 def _olmoe(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
-    count, used, width = _experts(md, config)
+    count, used, _ = _experts(md, None)
     # llama.cpp's olmoe keeps the top-k softmax weights as they are.
-    return {"num_experts": count, "num_experts_per_tok": used, "intermediate_size": width,
-            "norm_topk_prob": False}
+    return {"num_experts": count, "num_experts_per_tok": used, "norm_topk_prob": False}
+
+
+def _gpt_oss(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    # Routing (top-k of the raw logits, softmax over those k) and the clamped SwiGLU are
+    # fixed by llama.cpp and mlx-lm alike.
+    count, used, width = _experts(md, "expert_feed_forward_length")
+    base_swa = md.get("rope.freq_base_swa", None)
+    if base_swa is not None and float(base_swa) != config["rope_theta"]:
+        raise ValueError(f"GGUF gpt-oss.rope.freq_base_swa {base_swa} differs from "
+                         "rope.freq_base; mlx-lm's gpt_oss has one RoPE base")
+    period = int(md.uniform("attention.sliding_window_pattern", _GPT_OSS_PERIOD))
+    # llama.cpp: layer i slides iff i % period < period - 1.
+    layers = config["num_hidden_layers"]
+    types = ["sliding_attention" if i % period < period - 1 else "full_attention"
+             for i in range(layers)]
+    if "full_attention" not in types or "sliding_attention" not in types:
+        raise ValueError(f"GGUF gpt-oss sliding_window_pattern {period} over {layers} layers "
+                         "leaves no sliding or no full layer; mlx-lm's gpt_oss needs both")
+    return {"num_local_experts": count, "num_experts_per_tok": used,
+            "intermediate_size": width if width is not None else config["intermediate_size"],
+            "sliding_window": int(md.get("attention.sliding_window")), "layer_types": types}
 
 
 def _smollm3(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
@@ -220,6 +241,8 @@ ARCHITECTURES: dict[str, Architecture] = {
                              "silu", extra=_qwen3moe),
     "olmoe": Architecture("OlmoeForCausalLM", "olmoe", "OLMOE", False, 0.0, "silu",
                           extra=_olmoe),
+    "gpt-oss": Architecture("GptOssForCausalLM", "gpt_oss", "GPT_OSS", False, 0.0, "silu",
+                            extra=_gpt_oss),
     "gemma": Architecture("GemmaForCausalLM", "gemma", "GEMMA", False, 1.0,
                           "gelu_pytorch_tanh"),
     "gemma2": Architecture("Gemma2ForCausalLM", "gemma2", "GEMMA2", False, 1.0,

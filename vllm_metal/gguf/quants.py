@@ -10,6 +10,8 @@ are groups of 32 with one scale and one offset maps onto it exactly:
   Q6_K                    -> 8-bit, group 32, nearest: its scales are per 16 weights,
                              which no MLX group size holds; re-quantized from the exact
                              float values (error measured in docs/supported_models.md)
+  MXFP4                   -> MLX's mxfp4 mode: the same E2M1 codes and E8M0 scale per 32
+                             weights, only the nibbles reordered (exact)
 
 Scales and offsets are computed in float32 and rounded only when the model is cast to
 its serving dtype. We decode the blocks ourselves rather than dequantize with the `gguf`
@@ -31,8 +33,9 @@ GROUP_SIZE = 32
 _F32, _F16, _BF16 = 0, 1, 30
 DENSE_TYPES = (_F32, _F16, _BF16)
 # type id -> (weights per block, bytes per block)
+_MXFP4 = 39
 _BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
-           12: (256, 144), 13: (256, 176), 14: (256, 210)}
+           12: (256, 144), 13: (256, 176), 14: (256, 210), _MXFP4: (32, 17)}
 QUANTIZED_TYPES = tuple(_BLOCKS)
 SUPPORTED_TYPES = tuple(GGML_TYPE_NAMES[t] for t in (*DENSE_TYPES, *QUANTIZED_TYPES))
 NEAREST_TYPES = ("Q6_K",)
@@ -49,6 +52,7 @@ class MLXTensor:
 
     arrays: dict[str, mx.array]
     bits: int | None = None
+    mode: str = "affine"  # or "mxfp4": {"weight", "scales" uint8 E8M0}, no biases
 
 
 def byte_size(ggml_type: int, shape: tuple[int, ...]) -> int:
@@ -82,6 +86,13 @@ def to_mlx(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> MLXTensor
     blocks = raw.reshape(-1, size)
     if ggml_type == 14:
         return _nearest_8bit(blocks, rows, cols)
+    if ggml_type == _MXFP4:
+        # Byte 0 of a block is the E8M0 exponent; byte 1 + j holds weight j in its low
+        # nibble and weight j + 16 in its high one (ggml's block_mxfp4).
+        return MLXTensor({
+            "weight": mx.array(_pack(_nibbles(blocks[:, 1:17]).reshape(rows, cols), 4)),
+            "scales": mx.array(np.ascontiguousarray(blocks[:, 0]).reshape(rows, cols // 32)),
+        }, 4, "mxfp4")
     levels, scales, biases = _DECODERS[ggml_type](blocks)
     bits = 4 if ggml_type in (2, 3, 12) else 8
     return MLXTensor({

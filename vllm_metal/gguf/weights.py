@@ -79,7 +79,7 @@ def _converted(header: GGUFHeader, info) -> MLXTensor:
     experts, rows, cols = info.shape
     flat = to_mlx(raw, info.ggml_type, (experts * rows, cols))
     return MLXTensor({k: a.reshape(experts, rows, -1) for k, a in flat.arrays.items()},
-                     flat.bits)
+                     flat.bits, flat.mode)
 
 
 def _squeezed_to(array: mx.array, shape: tuple[int, ...], tensor: str) -> mx.array:
@@ -111,6 +111,10 @@ def gguf_weights(
         module, suffix = param.rsplit(".", 1)
         base = _tensor_base(names, module)
         tensor = f"{base}.{suffix}" if base else None
+        if tensor not in header.tensors and names.get_name(param):
+            # A bare parameter (gpt-oss's `self_attn.sinks`): the converter adds ".weight".
+            base, suffix = names.get_name(param), "weight"
+            tensor = f"{base}.weight"
         if tensor not in header.tensors:
             raise ValueError(
                 f"GGUF file has no tensor for the {config['model_type']} model's parameter "
@@ -130,7 +134,8 @@ def gguf_weights(
             if suffix != "weight":
                 raise ValueError(f"GGUF tensor {tensor!r} is {info.type_name}; only weight "
                                  "matrices may be quantized")
-            quantization[module] = {"group_size": GROUP_SIZE, "bits": converted.bits}
+            quantization[module] = {"group_size": GROUP_SIZE, "bits": converted.bits,
+                                    "mode": converted.mode}
         for key, array in arrays.items():
             weights[f"{module}.{key}" if key != "weight" else param] = array
     unused = sorted(set(header.tensors) - used)
