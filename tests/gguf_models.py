@@ -223,10 +223,16 @@ FAMILY_ARCHS = {
     "mixtral": ("llama", "LLAMA", True, False),
     "olmoe": ("olmoe", "OLMOE", False, False),
     "gpt_oss": ("gpt-oss", "GPT_OSS", False, False),
+    "deepseek_v3": ("deepseek2", "DEEPSEEK2", False, False),
+    "deepseek_v2": ("deepseek2", "DEEPSEEK2", False, False),
 }
-MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gpt_oss")
+LATENT_FAMILIES = ("deepseek_v3", "deepseek_v2")
+MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "gpt_oss", *LATENT_FAMILIES)
 # llama.cpp's llama and olmoe read the experts' width from feed_forward_length.
-_EXPERT_WIDTH_KEY = ("qwen2_moe", "qwen3_moe", "gpt_oss")
+_EXPERT_WIDTH_KEY = ("qwen2_moe", "qwen3_moe", "gpt_oss", *LATENT_FAMILIES)
+# mlx-lm's absorbed MLA holds llama.cpp's split kv_b halves as they are stored.
+_LATENT_TENSORS = {"self_attn.embed_q": "attn_k_b", "self_attn.unembed_out": "attn_v_b",
+                   "mlp.gate.e_score_correction_bias": "exp_probs_b"}
 # gpt-oss files as llama.cpp's converter writes them from OpenAI's checkpoints.
 MXFP4_EXPERTS = {"ffn_gate_exps": "MXFP4", "ffn_up_exps": "MXFP4", "ffn_down_exps": "MXFP4"}
 # llama.cpp's converter: HF's per-expert matrices, stacked, are these GGUF tensors.
@@ -275,6 +281,15 @@ def make_family_gguf(path: str | Path, family: str, qtype: str = "F32", *,
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, member),
                                      config["num_hidden_layers"])
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    for hf_name in [n for n in weights if n.endswith("self_attn.kv_b_proj.weight")]:
+        # llama.cpp's converter: per head, the first nope rows are K (stored transposed),
+        # the next v rows V.
+        layer, kv_b = hf_name.split(".")[2], weights.pop(hf_name)
+        split = kv_b.reshape(config["num_attention_heads"], -1, kv_b.shape[-1])
+        nope = config["qk_nope_head_dim"]
+        weights[f"model.layers.{layer}.self_attn.embed_q.weight"] = np.ascontiguousarray(
+            split[:, :nope].swapaxes(1, 2))
+        weights[f"model.layers.{layer}.self_attn.unembed_out.weight"] = split[:, nope:]
     for hf_name, array in sorted(weights.items()):
         name = gguf_tensor_name(names, hf_name)
         kind = name.rsplit(".", 2)[-2]
@@ -304,6 +319,11 @@ def make_family_gguf(path: str | Path, family: str, qtype: str = "F32", *,
 def gguf_tensor_name(names, mlx_name: str) -> str:
     """The GGUF tensor an mlx-lm checkpoint parameter is written as (its stacked experts
     `...switch_mlp.gate_proj.weight` as llama.cpp's `blk.N.ffn_gate_exps.weight`)."""
+    for mlx, kind in _LATENT_TENSORS.items():
+        if f".{mlx}" in mlx_name:
+            layer = mlx_name.split(".")[2]
+            suffix = "bias" if kind == "exp_probs_b" else mlx_name.rsplit(".", 1)[-1]
+            return f"blk.{layer}.{kind}.{suffix}"
     if ".switch_mlp." in mlx_name:
         _, _, layer, rest = mlx_name.split(".", 3)
         projection, suffix = rest.split(".switch_mlp.")[1].split(".")
@@ -332,6 +352,39 @@ def recipe_types(family: str, recipe: dict[str, str], **overrides: Any) -> dict[
     return types
 
 
+def _write_latent_hparams(writer, family: str, config: dict[str, Any]) -> None:
+    """DeepseekV2Model.set_gguf_parameters in llama.cpp's converter."""
+    rank, rope = config["kv_lora_rank"], config["qk_rope_head_dim"]
+    writer.add_key_length(rank + rope)
+    writer.add_value_length(rank)
+    writer.add_key_length_mla(config["qk_nope_head_dim"] + rope)
+    writer.add_value_length_mla(config["v_head_dim"])
+    writer.add_kv_lora_rank(rank)
+    if config.get("q_lora_rank"):
+        writer.add_q_lora_rank(config["q_lora_rank"])
+    writer.add_rope_dimension_count(rope)
+    writer.add_leading_dense_block_count(config["first_k_dense_replace"])
+    writer.add_expert_shared_count(config["n_shared_experts"])
+    writer.add_expert_weights_scale(config.get("routed_scaling_factor", 1.0))
+    if config.get("norm_topk_prob"):
+        writer.add_expert_weights_norm(True)
+    if config.get("scoring_func") == "sigmoid":
+        import gguf
+
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if config.get("n_group"):
+        writer.add_expert_group_count(config["n_group"])
+        writer.add_expert_group_used_count(config["topk_group"])
+    scaling = config.get("rope_scaling") or {}
+    if scaling.get("type") == "yarn":
+        import gguf
+
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(scaling["factor"])
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        writer.add_rope_scaling_yarn_log_mul(0.1 * scaling["mscale_all_dim"])
+
+
 def _write_family_hparams(writer, family: str, config: dict[str, Any]) -> None:
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     writer.add_context_length(config["max_position_embeddings"])
@@ -339,14 +392,16 @@ def _write_family_hparams(writer, family: str, config: dict[str, Any]) -> None:
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_block_count(config["num_hidden_layers"])
     writer.add_head_count(heads)
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_head_count_kv(1 if family in LATENT_FAMILIES else config["num_key_value_heads"])
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_vocab_size(config["vocab_size"])
     if family == "starcoder2":
         writer.add_layer_norm_eps(config["norm_epsilon"])
     else:
         writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    if family not in ("phi3",):
+    if family in LATENT_FAMILIES:
+        _write_latent_hparams(writer, family, config)
+    elif family not in ("phi3",):
         writer.add_key_length(config["head_dim"])
         writer.add_value_length(config["head_dim"])
     if family == "gemma2":
@@ -362,7 +417,8 @@ def _write_family_hparams(writer, family: str, config: dict[str, Any]) -> None:
             config.get("original_max_position_embeddings", config["max_position_embeddings"]))
         writer.add_sliding_window(config.get("sliding_window") or 0)
     if family in MOE_FAMILIES:
-        writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
+        writer.add_expert_count(config.get("num_experts") or config.get("n_routed_experts")
+                                or config["num_local_experts"])
         writer.add_expert_used_count(config["num_experts_per_tok"])
     if family in _EXPERT_WIDTH_KEY:
         writer.add_expert_feed_forward_length(config.get("moe_intermediate_size")

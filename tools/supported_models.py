@@ -194,8 +194,9 @@ def render(results: dict[str, dict[str, str]], refused: dict[str, str],
         "are groups of 32 weights with one scale and one offset. "
         f"{', '.join(NEAREST_TYPES)} has a scale per 16 weights, which no MLX group size",
         "holds: it is re-quantized to 8 bits per 32 weights, each weight moving at most",
-        "half an 8-bit step (measured error: docs/gguf.md). Every other type (Q2_K, Q3_K,",
-        "the IQ and TQ types, MXFP4) is refused by name.",
+        "half an 8-bit step (measured error: docs/gguf.md). MXFP4 (gpt-oss's experts) stays",
+        "MXFP4 (MLX's mxfp4 mode, the same codes and exponents). Every other type (Q2_K,",
+        "Q3_K, the IQ and TQ types) is refused by name.",
         "",
     ]
     return "\n".join(lines)

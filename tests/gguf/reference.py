@@ -61,10 +61,18 @@ def mlx_lm_with_gguf_values(path: Path, family: str, **overrides):
     stored = {t.name: t for t in gguf.GGUFReader(path).tensors}
     heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
     values = []
+    def values_of(tensor):
+        return np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+
     for name, param in tree_flatten(model.parameters()):
+        if name.endswith("self_attn.kv_b_proj.weight"):  # DeepSeek-V2: stored split
+            layer = name.split(".")[2]
+            keys = values_of(stored[f"blk.{layer}.attn_k_b.weight"]).swapaxes(1, 2)
+            joined = np.concatenate([keys, values_of(stored[f"blk.{layer}.attn_v_b.weight"])], 1)
+            values.append((name, mx.array(joined.reshape(param.shape))))
+            continue
         tensor = stored[gguf_tensor_name(names, name)]
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        array = np.asarray(array, np.float32).reshape(param.shape)
+        array = values_of(tensor).reshape(param.shape)
         if tensor.tensor_type == gguf.GGMLQuantizationType.Q6_K:
             array = _nearest_8bit(array)
         kind = tensor.name.rsplit(".", 2)[-2]

@@ -13,7 +13,7 @@ import pytest
 
 from tests.gguf.reference import assert_close_logits, mlx_lm_with_gguf_values
 from tests.gguf_models import (
-    FAMILY_ARCHS, MXFP4_EXPERTS, family_source, make_family_gguf, recipe_types,
+    FAMILY_ARCHS, LATENT_FAMILIES, MXFP4_EXPERTS, family_source, make_family_gguf, recipe_types,
 )
 from vllm_metal.gguf.config import hf_config_from_gguf
 from vllm_metal.gguf.header import read_header
@@ -99,6 +99,14 @@ FAMILY_KEYS = {
                   "norm_topk_prob", "mlp_only_layers"),
     "mixtral": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
     "olmoe": ("num_experts", "num_experts_per_tok", "intermediate_size", "norm_topk_prob"),
+    "deepseek_v3": ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                    "v_head_dim", "n_routed_experts", "num_experts_per_tok",
+                    "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace",
+                    "routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob",
+                    "scoring_func", "topk_method"),
+    "deepseek_v2": ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                    "v_head_dim", "n_routed_experts", "num_experts_per_tok",
+                    "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"),
     "gpt_oss": ("num_local_experts", "num_experts_per_tok", "intermediate_size",
                 "sliding_window", "layer_types"),
 }
@@ -108,8 +116,10 @@ FAMILY_KEYS = {
 def test_config_carries_the_family_values(family_gguf, family):
     source = json.loads((family_source(family) / "config.json").read_text())
     config = hf_config_from_gguf(read_header(family_gguf(family)))
+    # An MLA file stores one latent "kv head"; its config states HF's (= query heads).
+    kv_heads = () if family in LATENT_FAMILIES else ("num_key_value_heads",)
     for key in ("architectures", "model_type", "hidden_size", "num_hidden_layers",
-                "num_attention_heads", "num_key_value_heads", "vocab_size",
+                "num_attention_heads", *kv_heads, "vocab_size",
                 "tie_word_embeddings", *FAMILY_KEYS.get(family, ())):
         if key in source:  # mlx-lm's gemma3_text writes no tie flag
             assert config[key] == pytest.approx(source[key]), key

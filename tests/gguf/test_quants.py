@@ -115,3 +115,17 @@ def test_byte_size_matches_gguf(kind):
 def test_rows_that_are_not_whole_blocks_are_refused():
     with pytest.raises(ValueError, match="multiple of 256"):
         to_mlx(np.zeros(144, np.uint8), 12, (1, 128))
+
+
+def test_mxfp4_keeps_every_code_and_exponent():
+    """Random bytes: every E2M1 code in both nibbles, exponents across E8M0's range
+    (denormal 2^-127 included); MLX's mxfp4 dequantization equals gguf's exactly."""
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, (ROWS * COLS // 32, 17), dtype=np.uint8)
+    raw[:, 0] = rng.integers(0, 160, len(raw))
+    tensor = to_mlx(raw.reshape(-1), int(gguf.GGMLQuantizationType.MXFP4), (ROWS, COLS))
+    assert (tensor.bits, tensor.mode) == (4, "mxfp4") and "biases" not in tensor.arrays
+    a = tensor.arrays
+    values = mx.dequantize(a["weight"], a["scales"], group_size=32, bits=4, mode="mxfp4",
+                           dtype=mx.float32)
+    np.testing.assert_array_equal(np.array(values), reference(raw.reshape(ROWS, -1), "MXFP4"))

@@ -16,6 +16,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_metal.gguf.rope_scaling import rope_scaling_from_gguf
+
 # llama.cpp's loader defaults when a Gemma 2 file lacks the softcap keys.
 _GEMMA2_ATTN_SOFTCAP, _GEMMA2_FINAL_SOFTCAP = 50.0, 30.0
 # llama.cpp: Gemma 3 windows every layer but each 6th; local layers use RoPE base 1e4.
@@ -25,6 +27,8 @@ _GEMMA3_PATTERN, _GEMMA3_LOCAL_BASE = 6, 10_000.0
 _GEMMA2_27B_LAYERS, _GEMMA3_27B_LAYERS = 46, 62
 _SMOLLM3_NO_ROPE_STEP = 4
 _GPT_OSS_PERIOD = 2  # llama.cpp's default: even layers slide
+_SOFTMAX, _SIGMOID = 1, 2  # llama.cpp's expert_gating_func values
+_GLM_FLASH_VOCAB = 154_880
 
 
 class Metadata:
@@ -68,6 +72,7 @@ class Architecture:
     norm_offset: float  # converter added this to every `*norm.weight`
     hidden_act: str
     layer_norm: bool = False  # LayerNorm with bias (eps under layer_norm_epsilon)
+    latent: bool = False  # MLA: key/value/RoPE sizes are the family's own keys
     extra: Callable[[Metadata, dict[str, Any]], dict[str, Any]] | None = None
 
 
@@ -151,19 +156,21 @@ def _granite(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _experts(md: Metadata, width_key: str | None) -> tuple[int, int, int | None]:
+def _experts(md: Metadata, width_key: str | None,
+             scaled: bool = False) -> tuple[int, int, int | None]:
     """(experts, experts per token, expert MLP width or None) of a MoE file.
 
     llama.cpp fixes each family's gating itself (its `expert_gating_func` key is read by
     DeepSeek-style families only), as mlx-lm's models do; a weight scale neither model
     applies is refused. `width_key` None: the family's experts are feed_forward_length
-    wide (llama.cpp's llama and olmoe read no expert width).
+    wide (llama.cpp's llama and olmoe read no expert width). `scaled`: the family's
+    model applies `expert_weights_scale` itself.
     """
     count, used = int(md.get("expert_count")), int(md.get("expert_used_count"))
     if not 0 < used <= count:
         raise ValueError(f"GGUF {md.arch}.expert_used_count {used} is not in 1..{count}")
     scale = float(md.get("expert_weights_scale", 0.0))
-    if scale not in (0.0, 1.0):  # llama.cpp: 0 means unset
+    if not scaled and scale not in (0.0, 1.0):  # llama.cpp: 0 means unset
         raise ValueError(f"GGUF {md.arch}.expert_weights_scale {scale} is not applied by "
                          f"mlx-lm's {md.arch} model; not supported")
     width = md.uniform(width_key, None) if width_key else None
@@ -222,6 +229,67 @@ def _gpt_oss(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
             "sliding_window": int(md.get("attention.sliding_window")), "layer_types": types}
 
 
+def _deepseek2(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek V2/V3-style MLA + MoE. Sigmoid-scored files (V3, Kimi K2, GLM-4.7-Flash)
+    run as mlx-lm's deepseek_v3 (absorbed MLA: attn_k_b / attn_v_b are its per-head
+    matrices as stored); softmax-scored ones (V2, V2-Lite) as deepseek_v2."""
+    if md.get("attention.key_length_mla", None) is None:
+        raise ValueError("GGUF deepseek2 file without attention.key_length_mla: converted "
+                         "before llama.cpp split attn_kv_b (MLA); re-convert it")
+    count, used, width = _experts(md, "expert_feed_forward_length", scaled=True)
+    rope = int(md.uniform("rope.dimension_count"))
+    layers, vocab = config["num_hidden_layers"], config["vocab_size"]
+    # llama.cpp's default when the key is absent: sigmoid for GLM-4.7-Flash, else softmax.
+    glm_flash = layers in (47, 48) and vocab == _GLM_FLASH_VOCAB
+    gating = int(md.get("expert_gating_func", _SIGMOID if glm_flash else _SOFTMAX))
+    groups = int(md.get("expert_group_count", 1))
+    norm = bool(md.get("expert_weights_norm", False))
+    q_lora = md.get("attention.q_lora_rank", None)
+    out = {
+        "num_key_value_heads": config["num_attention_heads"], "head_dim": rope,
+        "kv_lora_rank": int(md.get("attention.kv_lora_rank")),
+        "q_lora_rank": None if "blk.0.attn_q.weight" in md.tensors or q_lora is None
+        else int(q_lora),
+        "qk_rope_head_dim": rope,
+        "qk_nope_head_dim": int(md.uniform("attention.key_length_mla")) - rope,
+        "v_head_dim": int(md.uniform("attention.value_length_mla")),
+        "n_routed_experts": count, "num_experts_per_tok": used,
+        "moe_intermediate_size": width or config["intermediate_size"],
+        "n_shared_experts": int(md.get("expert_shared_count", 0)) or None,
+        "first_k_dense_replace": int(md.get("leading_dense_block_count", 0)),
+        "routed_scaling_factor": float(md.get("expert_weights_scale", 0.0)) or 1.0,
+        "n_group": groups, "topk_group": int(md.get("expert_group_used_count", groups)),
+        "rope_scaling": _deepseek_rope(md, rope, config["rope_theta"]),
+    }
+    if gating == _SIGMOID:
+        return {**out, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": norm}
+    if gating != _SOFTMAX:
+        raise ValueError(f"GGUF deepseek2.expert_gating_func {gating} is neither softmax nor "
+                         "sigmoid; not supported")
+    # mlx-lm's deepseek_v2 never renormalises, and limits groups by their best expert
+    # where llama.cpp sums the best two: refuse what the two would run differently.
+    if norm or groups > 1 or any(".exp_probs_b." in t for t in md.tensors):
+        raise ValueError("GGUF deepseek2 file with softmax routing and expert_weights_norm, "
+                         "expert groups or an expert bias: mlx-lm's deepseek_v2 routes "
+                         "differently from llama.cpp; not supported")
+    return {**out, "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+            "topk_method": "greedy"}
+
+
+def _deepseek_rope(md: Metadata, dims: int, base: float) -> dict[str, Any] | None:
+    scaling = rope_scaling_from_gguf(md.raw, md.arch, None, dims, base)
+    if scaling is None:
+        return None
+    if scaling["rope_type"] != "yarn":
+        raise ValueError(f"GGUF deepseek2 rope scaling {scaling['rope_type']!r} is not "
+                         "supported (mlx-lm's DeepSeek models take yarn)")
+    # The converter stores 0.1 * mscale_all_dim; llama.cpp then takes mscale equal to it
+    # (DeepSeek's configs set the two alike), which cancels in the RoPE magnitude.
+    all_dim = float(md.get("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+    return {**scaling, "type": "yarn", "mscale": all_dim or 1.0, "mscale_all_dim": all_dim}
+
+
 def _smollm3(md: Metadata, config: dict[str, Any]) -> dict[str, Any]:
     # llama.cpp skips RoPE on every 4th layer of SmolLM3 and stores no key for it.
     return {**_biases(md, config), "no_rope_layer_interval": _SMOLLM3_NO_ROPE_STEP}
@@ -241,6 +309,8 @@ ARCHITECTURES: dict[str, Architecture] = {
                              "silu", extra=_qwen3moe),
     "olmoe": Architecture("OlmoeForCausalLM", "olmoe", "OLMOE", False, 0.0, "silu",
                           extra=_olmoe),
+    "deepseek2": Architecture("DeepseekV3ForCausalLM", "deepseek_v3", "DEEPSEEK2", False, 0.0,
+                              "silu", latent=True, extra=_deepseek2),
     "gpt-oss": Architecture("GptOssForCausalLM", "gpt_oss", "GPT_OSS", False, 0.0, "silu",
                             extra=_gpt_oss),
     "gemma": Architecture("GemmaForCausalLM", "gemma", "GEMMA", False, 1.0,

@@ -28,7 +28,7 @@ def hf_config_from_gguf(header: GGUFHeader) -> dict[str, Any]:
     hidden = int(md.uniform("embedding_length"))
     heads = int(md.uniform("attention.head_count"))
     head_dim = int(md.uniform("attention.key_length", hidden // heads))
-    if int(md.uniform("attention.value_length", head_dim)) != head_dim:
+    if not spec.latent and int(md.uniform("attention.value_length", head_dim)) != head_dim:
         raise ValueError("GGUF key_length != value_length is not supported")
     rope_theta = float(md.uniform("rope.freq_base", 10000.0))
     config: dict[str, Any] = {
@@ -51,7 +51,8 @@ def hf_config_from_gguf(header: GGUFHeader) -> dict[str, Any]:
         config["norm_epsilon"] = float(md.uniform("attention.layer_norm_epsilon"))
     else:
         config["rms_norm_eps"] = float(md.uniform("attention.layer_norm_rms_epsilon"))
-    config.update(_rope(header, md, head_dim, rope_theta))
+    if not spec.latent:  # a latent family's extra states its own head and RoPE sizes
+        config.update(_rope(header, md, head_dim, rope_theta))
     if spec.extra is not None:
         config.update(spec.extra(md, config))
     for gguf_name, hf_name in (("bos", "bos"), ("eos", "eos"), ("padding", "pad")):

@@ -52,22 +52,38 @@ def unpermute_rows(array: mx.array, n_heads: int) -> mx.array:
     return split.swapaxes(1, 2).reshape(array.shape)
 
 
-# mlx-lm stacks a MoE layer's experts in `switch_mlp`; the name table knows the HF
-# checkpoints' spellings of the stacked experts.
+# mlx-lm's spellings the name table does not know -> HF spellings it does: stacked
+# experts (`switch_mlp`), absorbed MLA's per-head matrices, DeepSeek V3's selection bias.
 _EXPERT_SPELLINGS = {"gate_proj": ("gate_proj", "w1"), "up_proj": ("up_proj", "w3"),
                      "down_proj": ("down_proj", "w2")}
+_MODULE_SPELLINGS = {"self_attn.embed_q": "self_attn.k_b_proj",
+                     "self_attn.unembed_out": "self_attn.v_b_proj"}
+_PARAM_SPELLINGS = {"gate.e_score_correction_bias": ("gate.e_score_correction", "bias")}
 
 
-def _tensor_base(names, module: str) -> str | None:
-    """GGUF tensor base name (`blk.N.kind`) of an mlx-lm module path, or None."""
+def _tensor_name(names, header: GGUFHeader, param: str) -> tuple[str | None, str | None]:
+    """(GGUF tensor name or None, its base `blk.N.kind` or None) of an mlx-lm parameter."""
+    module, suffix = param.rsplit(".", 1)
+    candidates = [module]
     owner, _, rest = module.partition(".switch_mlp.")
-    if not rest:
-        return names.get_name(module)
-    for spelling in _EXPERT_SPELLINGS.get(rest, ()):
-        base = names.get_name(f"{owner}.experts.{spelling}")
-        if base:
-            return base
-    return None
+    if rest:
+        candidates = [f"{owner}.experts.{s}" for s in _EXPERT_SPELLINGS.get(rest, ())]
+    for mlx, hf in _MODULE_SPELLINGS.items():
+        if module.endswith(mlx):
+            candidates = [module[:-len(mlx)] + hf]
+    for mlx, (hf, hf_suffix) in _PARAM_SPELLINGS.items():
+        if param.endswith(mlx):
+            candidates, suffix = [param[:-len(mlx)] + hf], hf_suffix
+    for candidate in candidates:
+        base = names.get_name(candidate)
+        if base and f"{base}.{suffix}" in header.tensors:
+            return f"{base}.{suffix}", base
+    base = names.get_name(param)
+    if base and f"{base}.weight" in header.tensors:
+        # A bare parameter (gpt-oss's `self_attn.sinks`): the converter adds ".weight".
+        return f"{base}.weight", base
+    base = names.get_name(candidates[0]) if candidates else None
+    return (f"{base}.{suffix}" if base else None), base
 
 
 def _converted(header: GGUFHeader, info) -> MLXTensor:
@@ -91,6 +107,42 @@ def _squeezed_to(array: mx.array, shape: tuple[int, ...], tensor: str) -> mx.arr
     return array.reshape(shape)
 
 
+def _kv_b(header: GGUFHeader, names, module: str, config: dict[str, Any],
+          used: set[str]) -> mx.array:
+    """DeepSeek-V2's expanded kv_b_proj [heads * (nope + v), kv_lora] from llama.cpp's
+    split halves: attn_k_b [heads, kv_lora, nope] (transposed) and attn_v_b [heads, v,
+    kv_lora]. Quantized halves are quantized along different axes than kv_b's rows, so
+    the (small) matrix is rebuilt in float from their exact values."""
+    base = names.get_name(module)
+    legacy = f"{base}.weight"
+    if legacy in header.tensors:
+        used.add(legacy)
+        return _dense(header, legacy)
+    k_b = names.get_name(module.replace("kv_b_proj", "k_b_proj")) + ".weight"
+    v_b = names.get_name(module.replace("kv_b_proj", "v_b_proj")) + ".weight"
+    for tensor in (k_b, v_b):
+        if tensor not in header.tensors:
+            raise ValueError(f"GGUF file has no tensor {tensor!r} for the "
+                             f"{config['model_type']} model's {module!r}")
+    used.update((k_b, v_b))
+    keys = _dense(header, k_b).swapaxes(1, 2)  # [heads, nope, kv_lora]
+    values = _dense(header, v_b)  # [heads, v, kv_lora]
+    joined = mx.concatenate([keys, values], axis=1)
+    return joined.reshape(-1, joined.shape[-1])
+
+
+def _dense(header: GGUFHeader, tensor: str) -> mx.array:
+    """A tensor's exact float32 values, quantized or not."""
+    info = header.tensors[tensor]
+    converted = _converted(header, info)
+    if converted.bits is None:
+        return converted.arrays["weight"].astype(mx.float32)
+    arrays = converted.arrays
+    return mx.dequantize(arrays["weight"], arrays["scales"], arrays.get("biases"),
+                         group_size=GROUP_SIZE, bits=converted.bits, mode=converted.mode,
+                         dtype=mx.float32)
+
+
 def gguf_weights(
     header: GGUFHeader, model: nn.Module, spec: Architecture, config: dict[str, Any],
 ) -> tuple[dict[str, mx.array], dict[str, dict[str, int]]]:
@@ -109,12 +161,10 @@ def gguf_weights(
     used = set(CONFIG_TENSORS)
     for param, value in tree_flatten(model.parameters()):
         module, suffix = param.rsplit(".", 1)
-        base = _tensor_base(names, module)
-        tensor = f"{base}.{suffix}" if base else None
-        if tensor not in header.tensors and names.get_name(param):
-            # A bare parameter (gpt-oss's `self_attn.sinks`): the converter adds ".weight".
-            base, suffix = names.get_name(param), "weight"
-            tensor = f"{base}.weight"
+        if module.endswith("self_attn.kv_b_proj"):
+            weights[param] = _kv_b(header, names, module, config, used)
+            continue
+        tensor, base = _tensor_name(names, header, param)
         if tensor not in header.tensors:
             raise ValueError(
                 f"GGUF file has no tensor for the {config['model_type']} model's parameter "
