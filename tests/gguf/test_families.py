@@ -226,24 +226,8 @@ def test_other_types_are_refused_by_name(tmp_path, qtype):
 
 
 def test_a_tensor_the_model_has_no_place_for_is_refused(tmp_path, family_gguf):
-    import gguf
-
-    source = family_gguf("olmo2")
-    reader = gguf.GGUFReader(source)
-    path = tmp_path / "extra.gguf"
-    writer = gguf.GGUFWriter(str(path), "olmo2")
-    for field in reader.fields.values():
-        if field.name.startswith(("GGUF.", "general.architecture")):
-            continue
-        writer.add_key_value(field.name, field.contents(), field.types[0],
-                             field.types[-1] if len(field.types) > 1 else None)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
-    writer.add_tensor("blk.0.ffn_gate_exps.weight", np.zeros((2, 32, 32), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    extra = {"blk.0.ffn_gate_exps.weight": np.zeros((2, 32, 32), np.float32)}
+    path = _rewritten(family_gguf("olmo2"), tmp_path / "extra.gguf", tensors=extra)
     with pytest.raises(ValueError, match=r"'blk\.0\.ffn_gate_exps\.weight' has no place"):
         load_gguf_model(path)
 
@@ -303,3 +287,67 @@ def test_gemma3_irregular_window_flags_are_refused(family_gguf):
         "gemma3.attention.sliding_window_pattern": [True, False, False, True, True, False]})
     with pytest.raises(ValueError, match="do not repeat with one period"):
         hf_config_from_gguf(header)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
+def test_deepseek_yarn_mscale_matches_the_source(family_gguf, family):
+    """The converter stores 0.1 * mscale_all_dim as yarn_log_multiplier; the loaded model
+    must scale RoPE and the softmax as the source config does (prompt past the original
+    context, so the interpolated frequencies matter)."""
+    from mlx_lm.utils import load_model
+
+    scaling = dict(type="yarn", factor=4.0, original_max_position_embeddings=16, beta_fast=32,
+                   beta_slow=1, mscale=0.707, mscale_all_dim=0.707)
+    overrides = dict(rope_scaling=scaling, max_position_embeddings=64)
+    model, config = load_gguf_model(family_gguf(family, **overrides))
+    assert config["rope_scaling"]["mscale_all_dim"] == pytest.approx(0.707)
+    source, _ = load_model(family_source(family, **overrides))
+    plain, _ = load_model(family_source(family))
+    ids = mx.array([PROMPT * 2])
+    ours, ref = (np.array(m(ids)[0]) for m in (model, source))
+    assert_close_logits(ours, ref, rtol=1e-5)
+    assert np.abs(np.array(plain(ids)[0]) - ref).max() > 1e-2 * np.abs(ref).max()
+
+
+def _rewritten(source: Path, path: Path, drop=(), tensors=None, **metadata) -> Path:
+    """A copy of the GGUF at `source` with metadata keys dropped or set (int/float/bool)
+    and float32 `tensors` (name -> array) added."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(path), arch)
+    for field in reader.fields.values():
+        if field.name.startswith(("GGUF.", "general.architecture")) or field.name in drop \
+                or field.name in metadata:
+            continue
+        writer.add_key_value(field.name, field.contents(), field.types[0],
+                             field.types[-1] if len(field.types) > 1 else None)
+    for key, value in metadata.items():
+        kind = (gguf.GGUFValueType.BOOL if isinstance(value, bool) else gguf.GGUFValueType.UINT32
+                if isinstance(value, int) else gguf.GGUFValueType.FLOAT32)
+        writer.add_key_value(key, value, kind)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    for name, array in (tensors or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("family,change,message", [
+    ("qwen3_moe", dict(**{"qwen3moe.expert_weights_scale": 2.5}), "expert_weights_scale 2.5"),
+    ("gpt_oss", dict(**{"gpt-oss.rope.freq_base_swa": 1234.0}), "freq_base_swa"),
+    ("deepseek_v2", dict(**{"deepseek2.expert_group_count": 2}), "routes differently"),
+    ("deepseek_v2", dict(**{"deepseek2.expert_weights_norm": True}), "routes differently"),
+    ("deepseek_v3", dict(**{"deepseek2.expert_gating_func": 3}), "neither softmax nor sigmoid"),
+    ("deepseek_v3", dict(drop=("deepseek2.attention.key_length_mla",)), "re-convert"),
+])
+def test_moe_files_mlx_lm_would_run_differently_are_refused(family_gguf, tmp_path, family,
+                                                             change, message):
+    path = _rewritten(family_gguf(family), tmp_path / "changed.gguf", **change)
+    with pytest.raises(ValueError, match=message):
+        hf_config_from_gguf(read_header(path))
