@@ -20,10 +20,16 @@ struct ExpertIndex {
 enum Field {
   kTopK, kScoring, kNormalize, kHasShared, kHasSharedGate,
   kRouter = 5,
-  kExpertBits = 8, kExpertGroup, kExpertMxfp4, kExpertBias,
-  kShared = 12,
-  kSharedGateProj = 21,
-  kHasCorrection = 24, kGroups, kTopkGroup,
+  kExperts = 8,  // 4 ints per projection: bits, group_size, mxfp4, has_bias
+  kShared = 20,
+  kSharedGateProj = 29,
+  kHasCorrection = 32, kGroups, kTopkGroup,
+};
+
+// One expert projection's storage, as its 4 spec ints give it.
+struct ExpertSpec {
+  int bits, gs;
+  bool mxfp4, bias;
 };
 
 void check_experts(const std::vector<mx::array>& arrays, const ExpertIndex& x, int bits, int gs,
@@ -89,12 +95,16 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
     fail("a MoE spec holds " + std::to_string(kMoeInts) + " ints");
   }
   const int* f = ints.data();
-  const int bits = f[kExpertBits], gs = f[kExpertGroup];
-  const bool mxfp4 = f[kExpertMxfp4] != 0, shared = f[kHasShared] != 0;
-  const bool shared_gate = f[kHasSharedGate] != 0;
-  if (bits != 0 && bits != 4 && bits != 8) fail("MoE experts: bits must be 0, 4 or 8");
-  if (mxfp4 ? bits != 4 || gs != 32 : bits != 0 && gs != 32 && gs != 64 && gs != 128) {
-    fail("MoE experts: unsupported group size for their quantization");
+  const bool shared = f[kHasShared] != 0, shared_gate = f[kHasSharedGate] != 0;
+  ExpertSpec spec[3];
+  for (int j = 0; j < 3; ++j) {
+    const int* g = f + kExperts + 4 * j;
+    spec[j] = {g[0], g[1], g[2] != 0, g[3] != 0};
+    const auto [bits, gs, mxfp4, bias] = spec[j];
+    if (bits != 0 && bits != 4 && bits != 8) fail("MoE experts: bits must be 0, 4 or 8");
+    if (mxfp4 ? bits != 4 || gs != 32 : bits != 0 && gs != 32 && gs != 64 && gs != 128) {
+      fail("MoE experts: unsupported group size for their quantization");
+    }
   }
   if (f[kScoring] < 0 || f[kScoring] > static_cast<int>(cpu::MoeScoring::Sigmoid)) {
     fail("MoE: unknown scoring " + std::to_string(f[kScoring]));
@@ -104,13 +114,13 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
   int next = 0;
   const stack_spec::LinearIndex router = stack_spec::take_linear(f + kRouter, next);
   ExpertIndex ex[3];
-  for (auto& e : ex) {
-    e.w = next++;
-    if (bits) {
-      e.scales = next++;
-      if (!mxfp4) e.biases = next++;
+  for (int j = 0; j < 3; ++j) {
+    ex[j].w = next++;
+    if (spec[j].bits) {
+      ex[j].scales = next++;
+      if (!spec[j].mxfp4) ex[j].biases = next++;
     }
-    if (f[kExpertBias]) e.bias = next++;
+    if (spec[j].bias) ex[j].bias = next++;
   }
   stack_spec::LinearIndex sh[3];
   if (shared) {
@@ -133,9 +143,12 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
   const mx::array& gw = arrays[ex[0].w];
   if (gw.ndim() != 3) fail("MoE gate experts must be 3-D");
   const int64_t inter = gw.shape(1);
-  check_experts(arrays, ex[0], bits, gs, mxfp4, experts, inter, hidden, "MoE gate experts");
-  check_experts(arrays, ex[1], bits, gs, mxfp4, experts, inter, hidden, "MoE up experts");
-  check_experts(arrays, ex[2], bits, gs, mxfp4, experts, hidden, inter, "MoE down experts");
+  const char* names[3] = {"MoE gate experts", "MoE up experts", "MoE down experts"};
+  for (int j = 0; j < 3; ++j) {
+    const bool down = j == 2;
+    check_experts(arrays, ex[j], spec[j].bits, spec[j].gs, spec[j].mxfp4, experts,
+                  down ? hidden : inter, down ? inter : hidden, names[j]);
+  }
   if (shared) {
     const int64_t shared_inter = arrays[sh[0].w].ndim() == 2 ? arrays[sh[0].w].shape(0) : 0;
     stack_spec::check_linear(arrays, sh[0], shared_inter, hidden, "MoE shared gate_proj");
@@ -158,9 +171,10 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
   arrays_ = std::move(arrays);
   num_experts_ = static_cast<int>(experts);
   view_.router = stack_spec::linear_of(arrays_, router, int8_activations);
-  view_.gate = experts_of(arrays_, ex[0], bits, gs, mxfp4);
-  view_.up = experts_of(arrays_, ex[1], bits, gs, mxfp4);
-  view_.down = experts_of(arrays_, ex[2], bits, gs, mxfp4);
+  cpu::StackExperts* views[3] = {&view_.gate, &view_.up, &view_.down};
+  for (int j = 0; j < 3; ++j) {
+    *views[j] = experts_of(arrays_, ex[j], spec[j].bits, spec[j].gs, spec[j].mxfp4);
+  }
   view_.top_k = top_k;
   view_.scoring = static_cast<cpu::MoeScoring>(f[kScoring]);
   view_.normalize = f[kNormalize] != 0;

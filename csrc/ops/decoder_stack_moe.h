@@ -13,7 +13,8 @@ namespace vllm_metal {
 // ints (kMoeInts):
 //   top_k, scoring (cpu::MoeScoring), normalize, has_shared, has_shared_gate,
 //   router (bits, group_size, has_bias),
-//   experts (bits (0: float), group_size, mxfp4, has_bias), for gate, up and down alike,
+//   gate, up and down experts (bits (0: float), group_size, mxfp4, has_bias each: GGUF
+//   files store the down experts at another precision than the gate and up ones),
 //   shared gate, up, down (bits, group_size, has_bias each; read when has_shared),
 //   shared gate projection (bits, group_size, has_bias; read when has_shared_gate),
 //   has_correction_bias, n_group, topk_group (Sigmoid scoring)
@@ -21,7 +22,7 @@ namespace vllm_metal {
 // down experts, each w [E, n, k] [+ scales [+ biases]] [+ bias [E, n]]; the shared
 // expert's gate, up, down linears; the shared gate projection [1, hidden]; the
 // correction bias float32 [E].
-inline constexpr int kMoeInts = 5 + 3 + 4 + 9 + 3 + 3;
+inline constexpr int kMoeInts = 5 + 3 + 12 + 9 + 3 + 3;
 
 class DecoderStackMoe {
  public:

@@ -260,12 +260,29 @@ def test_mxfp4_experts_in_the_stack_match_the_module_path():
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_gguf_experts_of_mixed_precision_run_in_the_stack(family, tmp_path):
+    """llama.cpp's K-quant files store the down experts in another type than the gate
+    and up ones (here Q4_K -> 4-bit, the 128-wide down rows' Q5_0 fallback -> 8-bit)."""
+    from tests.gguf_models import make_family_gguf
+
+    loaded = load_cpu(str(make_family_gguf(tmp_path / "m.gguf", family, "Q4_K")))
+    switch = loaded.model.model.layers[0].mlp.switch_mlp
+    assert (switch.gate_proj.bits, switch.down_proj.bits) == (4, 8)
+    assert loaded.backbone.stack is not None
+    got, _, _ = _run(loaded, STEPS, seed=6)
+    want, _, _ = _run(module_path(loaded), STEPS, seed=6)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+
+
 def test_a_moe_spec_that_disagrees_with_its_arrays_is_refused():
     from vllm_metal.native import get_ops
 
     router = mx.zeros((4, 64))
     experts = [mx.zeros((4, 32, 64)), mx.zeros((4, 32, 64)), mx.zeros((4, 64, 32))]
-    ints = [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] + [0] * 12 + [0, 1, 1]
+    # top_k..., router (3), gate/up/down experts (4 each), shared (9), shared gate (3), groups
+    ints = [2, 0, 0, 0, 0] + [0] * 3 + [0] * 12 + [0] * 9 + [0] * 3 + [0, 1, 1]
     moe = get_ops().DecoderStackMoe([router, *experts], ints, 1.0, 64)
     assert moe.num_experts == 4
     with pytest.raises(ValueError, match="top_k must be in"):

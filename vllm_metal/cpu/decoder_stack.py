@@ -408,8 +408,6 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
         got, spec = _expert_arrays(getattr(switch, name))
         arrays += got
         specs.append(spec)
-    if len(set(specs)) != 1:
-        raise Unsupported(f"{where}: the gate, up and down experts are stored differently")
     shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
     shared_gate = getattr(block, "shared_expert_gate", None) if shared is not None else None
     shared_specs = [0, 0, 0] * 3
@@ -432,7 +430,8 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
         groups = [int(correction is not None), int(getattr(router, "n_group", 1) or 1),
                   int(getattr(router, "topk_group", 1) or 1)]
     ints = [int(top_k), scoring, int(normalize), int(shared is not None),
-            int(shared_gate is not None), *router_rows.spec(), *specs[0], *shared_specs,
+            int(shared_gate is not None), *router_rows.spec(), *(v for s in specs for v in s),
+            *shared_specs,
             *gate_spec, *groups]
     scale = next((float(getattr(owner, "routed_scaling_factor")) for owner in (block, router)
                   if getattr(owner, "routed_scaling_factor", None) is not None), 1.0)
