@@ -68,6 +68,7 @@ class HeadProjection(nn.Module):
             if biases is not None:
                 self.biases = biases
         self.bits, self.group_size, self.transpose = bits, group_size, transpose
+        self.mode = "affine"  # rows cut from an MLX affine (or float) kv_b_proj
         self.freeze()
 
     def __call__(self, x: mx.array) -> mx.array:

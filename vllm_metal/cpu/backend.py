@@ -91,6 +91,9 @@ class CpuBackend(Backend):
         from vllm_metal.cpu.decoder_stack import plan_decoder_stack
         from vllm_metal.cpu.fast_linears import count_fast_modules
 
+        # Again (it is idempotent): the adapter's wrappers made modules of their own
+        # (LatentAttention's per-head projections).
+        self.prepare_weights(model)
         if envs.VLLM_METAL_CPU_HUGE_PAGES:
             _weights_on_huge_pages(model)
         fast = count_fast_modules(model)

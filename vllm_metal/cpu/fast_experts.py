@@ -58,16 +58,22 @@ def fast_expert_class(module: nn.Module) -> type | None:
         w = module["weight"]
         return FastSwitchLinear if w.ndim == 3 and w.dtype in _FLOATS else None
     if kind is QuantizedSwitchLinear:
-        scales, biases = module["scales"], module.get("biases")
-        codes = (module["weight"].dtype == mx.uint32 and module["weight"].ndim == 3
-                 and module.global_scale is None)
-        affine = (module.mode == "affine" and module.bits in BITS
-                  and module.group_size in GROUP_SIZES and biases is not None
-                  and scales.dtype in _FLOATS and biases.dtype == scales.dtype)
-        mxfp4 = (module.mode == "mxfp4" and module.bits == 4 and module.group_size == 32
-                 and biases is None and scales.dtype == mx.uint8)
-        return FastQuantizedSwitchLinear if codes and (affine or mxfp4) else None
+        return FastQuantizedSwitchLinear if quantized_stack_ok(module) else None
     return None
+
+
+def quantized_stack_ok(module: nn.Module) -> bool:
+    """A quantized [E, N, K] stack the expert matmul reads: MLX affine at the linear
+    kernels' bits and group sizes, or MXFP4."""
+    scales, biases = module["scales"], module.get("biases")
+    codes = (module["weight"].dtype == mx.uint32 and module["weight"].ndim == 3
+             and getattr(module, "global_scale", None) is None)
+    affine = (module.mode == "affine" and module.bits in BITS
+              and module.group_size in GROUP_SIZES and biases is not None
+              and scales.dtype in _FLOATS and biases.dtype == scales.dtype)
+    mxfp4 = (module.mode == "mxfp4" and module.bits == 4 and module.group_size == 32
+             and biases is None and scales.dtype == mx.uint8)
+    return codes and (affine or mxfp4)
 
 
 def _pair_rows(x: mx.array, indices: mx.array) -> mx.array | None:

@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.cpu.fast_experts import FAST_EXPERT_CLASSES, fast_expert_class
+from vllm_metal.cpu.fast_heads import FAST_HEAD_CLASSES, fast_head_class
 from vllm_metal.native import get_ops
 from vllm_metal.ops.linear import (BITS, GROUP_SIZES, dense_matmul, embedding_gather,
                                    quantized_matmul)
@@ -169,7 +170,7 @@ def _as_activation(module: nn.Module, rows: mx.array) -> mx.array:
 def _fast_class(module: nn.Module) -> type | None:
     # Exact types only: a subclass may have changed what __call__ computes.
     kind = type(module)
-    experts = fast_expert_class(module)
+    experts = fast_expert_class(module) or fast_head_class(module)
     if experts is not None:
         return experts
     if kind is nn.Linear and _dense_ok(module):
@@ -184,7 +185,7 @@ def _fast_class(module: nn.Module) -> type | None:
 
 
 _FAST_CLASSES = (FastLinear, FastEmbedding, FastQuantizedLinear, FastQuantizedEmbedding,
-                 *FAST_EXPERT_CLASSES)
+                 *FAST_EXPERT_CLASSES, *FAST_HEAD_CLASSES)
 
 
 def _dense_ok(module: nn.Module) -> bool:
