@@ -43,10 +43,13 @@ struct LayerIndex {
   int post_norm = -1;
   int post_mlp_norm = -1;
   int freqs = -1;
+  int sinks = -1;
 };
 
 // The tail of a layer's ints, after the linears' (bits, group_size, has_bias).
-enum Tail { kQkNorm, kRopeDims, kRopeTraditional, kRopeHasFreqs, kWindow, kNorms, kActivation };
+enum Tail {
+  kQkNorm, kRopeDims, kRopeTraditional, kRopeHasFreqs, kWindow, kNorms, kActivation, kHasSinks
+};
 
 std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_arrays) {
   if (ints.empty() || ints.size() % kStackLayerInts != 0) {
@@ -73,6 +76,7 @@ std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_ar
     for (int j = 4; j < kStackLinears; ++j) take_linear(j);
     if (norms & cpu::kPostMlp) L.post_mlp_norm = next++;
     if (tail[kRopeHasFreqs]) L.freqs = next++;
+    if (tail[kHasSinks]) L.sinks = next++;
   }
   if (static_cast<size_t>(next) != num_arrays) {
     fail("the spec describes " + std::to_string(next) + " arrays, got " +
@@ -163,7 +167,7 @@ DecoderStackWeights::DecoderStackWeights(
     }
     if (tail[kNorms] < 0 || tail[kNorms] > 15) fail(where + ": norms must be a 4-bit mask");
     if (tail[kActivation] < static_cast<int>(cpu::StackActivation::Silu) ||
-        tail[kActivation] > static_cast<int>(cpu::StackActivation::Gelu)) {
+        tail[kActivation] > static_cast<int>(cpu::StackActivation::SwigluOai)) {
       fail(where + ": unknown activation " + std::to_string(tail[kActivation]));
     }
     if (tail[kQkNorm] < 0 || tail[kQkNorm] > 2) fail(where + ": qk_norm must be 0, 1 or 2");
@@ -179,6 +183,10 @@ DecoderStackWeights::DecoderStackWeights(
     if (L.freqs >= 0) {
       check_vector(arrays[L.freqs], rope_dims / 2, where + " rope freqs");
       if (arrays[L.freqs].dtype() != mx::float32) fail(where + ": rope freqs must be float32");
+    }
+    if (L.sinks >= 0) {
+      check_vector(arrays[L.sinks], num_heads, where + " sinks");
+      if (arrays[L.sinks].dtype() != mx::float32) fail(where + ": sinks must be float32");
     }
   }
 
@@ -219,6 +227,7 @@ DecoderStackWeights::DecoderStackWeights(
     l.attn_scale = f[5];
     l.softcap = f[6];
     l.sliding_window = tail[kWindow];
+    l.sinks = L.sinks >= 0 ? arrays_[L.sinks].data<float>() : nullptr;
     layers_.push_back(l);
   }
 }

@@ -207,14 +207,13 @@ def test_half_precision_caches_match_the_module_path(cache_dtype):
 # layers, GELU, multipliers), and families it must decline, each for its reason.
 TAKEN = ["gemma", "gemma2", "gemma3_text", "glm4", "granite", "minicpm", "olmo2", "phi3",
          "smollm3", "exaone4", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "ernie4_5_moe",
-         "glm4_moe", "dots1"]
+         "glm4_moe", "dots1", "gpt_oss"]
 DECLINED = {
     "hunyuan_v1_dense": "off by",   # q/k norms after RoPE: the probe step differs
     "ministral3": "off by",         # query scale grows with position: differs near 70000
     "cohere": "not an RMSNorm",     # LayerNorm
     "gpt_neox": "no list of layers",
     "gemma4_text": "share KV entries",
-    "gpt_oss": "sinks",
     "phimoe": "not an RMSNorm",
 }
 # The routing the probe finds for each MoE family the stack takes (mlx-lm's code).
@@ -224,7 +223,9 @@ ROUTING = {"qwen2_moe": "(softmax, top-k)", "qwen3_moe": "(softmax, top-k, renor
            "olmoe": "(softmax, top-k)", "mixtral": "(softmax, top-k, renormalised)",
            "ernie4_5_moe": "(softmax, top-k, renormalised)",
            "glm4_moe": "(sigmoid, grouped top-k, renormalised)",
-           "dots1": "(sigmoid, grouped top-k, renormalised)"}
+           "dots1": "(sigmoid, grouped top-k, renormalised)",
+           # gpt-oss's softmax over its top-k logits: as Mixtral's.
+           "gpt_oss": "(softmax, top-k, renormalised)"}
 
 
 def load_family(family: str):
@@ -249,10 +250,11 @@ def test_moe_routing_is_the_familys(family, routing):
     assert load_family(family).backbone.stack.layout.endswith(routing)
 
 
-def test_mxfp4_experts_in_the_stack_match_the_module_path():
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_mxfp4_experts_in_the_stack_match_the_module_path(family):
     from tests.family_models import cached_family_model
 
-    loaded = load_cpu(str(cached_family_model("qwen3_moe", quantize_bits=8, quantize_mode="mxfp4")))
+    loaded = load_cpu(str(cached_family_model(family, quantize_bits=8, quantize_mode="mxfp4")))
     assert loaded.backbone.stack is not None
     got, _, _ = _run(loaded, STEPS, seed=5)
     want, _, _ = _run(module_path(loaded), STEPS, seed=5)

@@ -45,7 +45,9 @@ _CACHE_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 # StackNorms bits (csrc/cpu/decoder_stack/decoder_stack_cpu.h).
 _PRE_ATTN, _POST_ATTN, _PRE_MLP, _POST_MLP = 1, 2, 4, 8
-_SILU, _GELU_TANH, _GELU = 0, 1, 2
+_SILU, _GELU_TANH, _GELU, _SWIGLU_OAI = 0, 1, 2, 3
+# csrc/cpu/decoder_stack/decoder_stack_cpu.h's SwigluOai constants (gpt-oss's).
+_SWIGLU_OAI_ALPHA, _SWIGLU_OAI_LIMIT = 1.702, 7.0
 _QK_NONE, _QK_PER_HEAD, _QK_ACROSS = 0, 1, 2
 
 # Where families keep each norm: (norms mask, attribute per slot in the order
@@ -191,13 +193,12 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
     for index, layer in enumerate(adapter.backbone.layers):
         where = f"layer {index}"
         facts = adapter.entries[index]
-        if facts.has_sinks:
-            raise Unsupported(f"{where} attends with sinks")
         heads.add((facts.num_heads, facts.num_kv_heads, facts.head_dim))
         inner = getattr(layer, "self_attn", None)
         if inner is None:
             raise Unsupported(f"{where} has no self_attn")
         inner = getattr(inner, "inner", inner)  # PagedAttention wraps Gemma 2's own
+        sinks = _sinks(inner, facts, where)
         q_rows = facts.num_heads * facts.head_dim
         kv_rows = facts.num_kv_heads * facts.head_dim
         attn = _projections(inner, ("q_proj", "k_proj", "v_proj"), "qkv_proj",
@@ -234,7 +235,7 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
         if switch is None:
             activation = _activation(mlp, where)
         ints += [qk, rope["dims"], int(rope["traditional"]), int(rope["freqs"] is not None),
-                 int(facts.window or 0), norms, activation]
+                 int(facts.window or 0), norms, activation, int(sinks is not None)]
         slot = [_norm_weight(getattr(layer, n), f"{where} {n}") if n else None for n in names]
         eps = [w[1] if w else 0.0 for w in slot]
         floats += [eps[0], eps[2], qk_eps, rope["base"] or 0.0, rope["scale"], facts.scale,
@@ -253,6 +254,8 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
             arrays.append(slot[3][0])
         if rope["freqs"] is not None:
             arrays.append(rope["freqs"].astype(mx.float32))
+        if sinks is not None:
+            arrays.append(sinks)
     if len(heads) != 1:
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
@@ -261,6 +264,18 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
         int8_activations, moe_layers, moe), embed_scale,
         _layout_name(names) + (f" ({_routing_name(routing)})" if moe else ""),
         StackLoRA(bank, sites) if sites else None)
+
+
+def _sinks(inner: nn.Module, facts, where: str) -> mx.array | None:
+    """float32 [num_heads]: the per-head sink logits the layer attends with (its
+    ``sinks``, as gpt-oss passes them to the attention), or None; the probe step checks
+    that this is what the module adds."""
+    if not facts.has_sinks:
+        return None
+    sinks = getattr(inner, "sinks", None)
+    if not isinstance(sinks, mx.array) or sinks.shape != (facts.num_heads,):
+        raise Unsupported(f"{where} attends with sinks that are not its [heads] `sinks`")
+    return sinks.astype(mx.float32)
 
 
 def _layout_name(names: tuple) -> str:
@@ -376,9 +391,15 @@ def _experts_of(layer: nn.Module) -> nn.Module | None:
 def _expert_activation(switch: nn.Module, where: str) -> int:
     from mlx_lm.models.switch_layers import SwiGLU
 
-    if type(getattr(switch, "activation", None)) is not SwiGLU:
-        raise Unsupported(f"{where}: experts with an activation other than SwiGLU")
-    return _SILU
+    from mlx_lm.models.activations import SwigluOAI
+
+    activation = getattr(switch, "activation", None)
+    if type(activation) is SwiGLU:
+        return _SILU
+    if (type(activation) is SwigluOAI and activation._alpha == _SWIGLU_OAI_ALPHA
+            and activation._limit == _SWIGLU_OAI_LIMIT):
+        return _SWIGLU_OAI
+    raise Unsupported(f"{where}: experts with an activation other than SwiGLU or gpt-oss's")
 
 
 def _expert_arrays(layer: nn.Module) -> tuple[list[mx.array], tuple[int, int, int, int]]:

@@ -275,6 +275,20 @@ void add_lora(const StackArgs& a, size_t& next, int li, int p, const float* x, f
 
 namespace stack {
 
+namespace {
+
+// Elementwise and a small share of a MoE layer's time (the experts' matmuls
+// dominate): plain code, the compiler vectorises the clamps.
+void swiglu_oai_range(float* g, const float* u, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = std::min(g[i], kSwigluOaiLimit);
+    const float y = std::clamp(u[i], -kSwigluOaiLimit, kSwigluOaiLimit);
+    g[i] = x / (1.0f + std::exp(-kSwigluOaiAlpha * x)) * (y + 1.0f);
+  }
+}
+
+} // namespace
+
 void linear(const StackLinear& l, const float* x, int64_t t, float* out) {
   LinearIO io{x, Elem::F32, t, l.bias, l.bias_type, out, Elem::F32, l.int8_activations};
   if (l.quant.bits) {
@@ -288,7 +302,9 @@ void gated(StackActivation act, float* g, const float* u, int64_t n) {
   constexpr int64_t kParallel = 1 << 16;  // a prefill chunk's MLP, not a decode step's
   parallel_ranges(n, n >= kParallel ? 2 * ThreadPool::instance().size() : 1,
                   [&](int64_t a, int64_t b) {
-                    if (act != StackActivation::Silu) {
+                    if (act == StackActivation::SwigluOai) {
+                      swiglu_oai_range(g + a, u + a, b - a);
+                    } else if (act != StackActivation::Silu) {
                       gelu_mul_range(g + a, u + a, b - a, act == StackActivation::Gelu);
                     } else {
                       silu_mul_range(g + a, u + a, b - a);
@@ -383,6 +399,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     pa.value_cache = a.value_caches[li];
     pa.scale = l.attn_scale;
     pa.softcap = l.softcap;
+    pa.sinks = l.sinks;
     run_paged_attention_cpu(pa, route);
 
     linear(l.o, attn.data(), t, tmp.data());

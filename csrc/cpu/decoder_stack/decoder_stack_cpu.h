@@ -48,7 +48,9 @@ enum StackNorms : int {
 };
 
 // Gated MLP: down(act(gate(y)) * up(y)); GELU exact (erf) or its tanh approximation.
-enum class StackActivation : int { Silu = 0, GeluTanh = 1, Gelu = 2 };
+// SwigluOai (gpt-oss): g = min(g, 7), u = clamp(u, -7, 7), g * sigmoid(1.702 g) * (u + 1).
+enum class StackActivation : int { Silu = 0, GeluTanh = 1, Gelu = 2, SwigluOai = 3 };
+inline constexpr float kSwigluOaiAlpha = 1.702f, kSwigluOaiLimit = 7.0f;
 
 // q/k RMSNorm: none, per head (over head_dim), or across heads (over the whole
 // projection, as OLMo 2 does).
@@ -83,6 +85,7 @@ struct StackLayer {
   float attn_scale;
   int sliding_window; // 0: full context
   float softcap;      // 0: off
+  const float* sinks = nullptr; // [num_heads]: attention sinks (gpt-oss), or none
 };
 
 // A layer's projections, in the order the stack computes them.
