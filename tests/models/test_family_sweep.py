@@ -33,6 +33,8 @@ _CANNOT_BUILD = {"olmo": "needs the ai2-olmo package (exits without it)",
                  "phi3small": "mlx-lm's own forward crashes MLX's CPU backend intermittently",
                  "gemma4": "its vision tower's defaults are 4B parameters (gemma4_text is "
                            "in tests/family_models.py)"}
+if not mx.metal.is_available():
+    _CANNOT_BUILD["muse_spark"] = "its forward runs mlx-lm's Metal-only kernels (mlx_lm.kernels)"
 
 _INTS = dict(hidden_size=256, num_hidden_layers=2, intermediate_size=512, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, vocab_size=1024, max_position_embeddings=4096,
@@ -65,6 +67,58 @@ _OVERRIDES = {
                  layer_types=["conv", "full_attention"]),
     "phi": dict(partial_rotary_factor=0.5),
     "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2),
+    "Klear": dict(mlp_only_layers=[]),
+    # Groups of two experts each: its group score sums a group's top two.
+    # layer_group_size=2: layer 0 is a KDA (linear attention) layer, layer 1 MLA.
+    "bailing_moe_v3": dict(n_group=2, topk_group=1, layer_group_size=2),
+    "exaone_moe": dict(layer_types=["sliding_attention", "full_attention"],
+                       is_moe_layer=[False, True]),
+    "hunyuan": dict(rope_scaling={"alpha": 1000.0, "factor": 1.0, "type": "dynamic"}),
+    "kimi_k25": dict(text_config=dict(_INTS)),   # a deepseek_v3 text model
+    # kda_layers counts from 1: layer 0 is KDA (linear attention), layer 1 MLA.
+    "kimi_k3": dict(text_config=dict(_INTS, num_experts_per_token=2, linear_attn_config=dict(
+        kda_layers=[1], num_heads=4, head_dim=64, short_conv_kernel_size=4))),
+    # mlx-lm's llama4 masks with cache[3] (four layers at least) and its MoE is top-1.
+    "llama4": dict(text_config=dict(_INTS, **_FLOATS, model_type="llama4_text",
+                                    num_hidden_layers=4, num_experts_per_tok=1,
+                                    attention_bias=False, attention_chunk_size=16,
+                                    interleave_moe_layer_step=2, intermediate_size_mlp=512,
+                                    rope_scaling=None, use_qk_norm=True)),
+    # mla_scale_*_lora=False leaves the attributes its forward reads unset.
+    "longcat_flash": dict(ffn_hidden_size=512, expert_ffn_hidden_size=128,
+                          zero_expert_type="identity", mla_scale_q_lora=True,
+                          mla_scale_kv_lora=True),
+    # ngram_vocab_size_ratio: the default 78 makes 20M parameters of n-gram tables.
+    "longcat_flash_ngram": dict(ffn_hidden_size=512, expert_ffn_hidden_size=128,
+                                mla_scale_q_lora=True, mla_scale_kv_lora=True,
+                                ngram_vocab_size_ratio=4),
+    "mellum": dict(layer_types=["sliding_attention", "full_attention"],
+                   rope_parameters={"sliding_attention": {"rope_theta": 10000.0},
+                                    "full_attention": {"rope_theta": 1000000.0}}),
+    # Sinks on the sliding-window layers as in the released model; its key and
+    # value sizes kept equal (the released 192/128 is refused: the paged cache holds one size).
+    "mimo_v2_flash": dict(hybrid_layer_pattern=[0, 1], moe_layer_freq=[0, 1],
+                          add_swa_attention_sink_bias=True, sliding_window_size=16,
+                          swa_num_attention_heads=4, swa_head_dim=64, swa_v_head_dim=64,
+                          swa_rope_theta=10000.0, partial_rotary_factor=0.5,
+                          layernorm_epsilon=1e-5, topk_method="noaux_tc", n_group=1,
+                          topk_group=1),
+    # original_max_position_embeddings=16: its llama-4 query scale then changes
+    # within the 40 test tokens.
+    "mistral4": dict(n_group=1, topk_group=1, first_k_dense_replace=1,
+                     rope_parameters=dict(rope_theta=10000.0, llama_4_scaling_beta=0.1,
+                                          original_max_position_embeddings=16)),
+    "muse_spark": dict(text_config=dict(_INTS, **_FLOATS, post_norm_eps=1e-5,
+                                        rope_parameters={"rope_theta": 10000.0},
+                                        layer_rope_theta=[10000.0, 0.0],
+                                        layer_types=["sliding_attention", "full_attention"],
+                                        final_logit_softcapping=30.0, output_multiplier=1.0,
+                                        moe_hidden_size=128)),
+    # index_topk=16 < the 40 test tokens: its sparse attention selects.
+    "glm_moe_dsa": dict(index_head_dim=64, index_topk=16, topk_method="noaux_tc", n_group=1,
+                        topk_group=1, moe_layer_freq=1, first_k_dense_replace=1,
+                        rope_parameters={"rope_theta": 10000.0}),
+    "minimax_m3_vl": dict(text_config=dict(_INTS)),
 }
 _MAX_PARAMS = 40_000_000
 _TOKENS = list(range(20, 60))

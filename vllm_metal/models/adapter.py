@@ -28,6 +28,7 @@ from vllm_metal.attention import latent_attention, paged_attention
 from vllm_metal.attention.context import (AttentionMetadata, ForwardContext, forward_context,
                                           get_forward_context)
 from vllm_metal.attention.layer_cache import LayerCache, install_paged_sdpa
+from vllm_metal.models.expert_lists import restack_expert_lists
 
 # Where mlx-lm blocks keep their attention module.
 _ATTENTION_NAMES = ("self_attn", "attention", "attn")
@@ -69,6 +70,7 @@ class ModelAdapter:
         install_paged_sdpa()
         windows = _cache_windows(self.text_model, self.family)
         _wrap_self_computing(self.text_model, self.family)
+        restack_expert_lists(_layers(self.text_model) or [])
         self.caches = [LayerCache(i) for i in range(len(windows))]
         _place_absolute_positions(self.backbone, self.caches)
         self.entries, self.hidden_size = self._probe_backbone(windows)
