@@ -207,7 +207,7 @@ def test_half_precision_caches_match_the_module_path(cache_dtype):
 # layers, GELU, multipliers), and families it must decline, each for its reason.
 TAKEN = ["gemma", "gemma2", "gemma3_text", "glm4", "granite", "minicpm", "olmo2", "phi3",
          "smollm3", "exaone4", "qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "ernie4_5_moe",
-         "glm4_moe", "dots1", "gpt_oss"]
+         "glm4_moe", "dots1", "gpt_oss", "granitemoe"]
 DECLINED = {
     "hunyuan_v1_dense": "off by",   # q/k norms after RoPE: the probe step differs
     "ministral3": "off by",         # query scale grows with position: differs near 70000
@@ -215,6 +215,7 @@ DECLINED = {
     "gpt_neox": "no list of layers",
     "gemma4_text": "share KV entries",
     "phimoe": "not an RMSNorm",
+    "afmoe": "off by",              # gated attention output, among others
 }
 # The routing the probe finds for each MoE family the stack takes (mlx-lm's code).
 # Mixtral's softmax over its top-k logits is the renormalised softmax (the same
@@ -225,7 +226,8 @@ ROUTING = {"qwen2_moe": "(softmax, top-k)", "qwen3_moe": "(softmax, top-k, renor
            "glm4_moe": "(sigmoid, grouped top-k, renormalised)",
            "dots1": "(sigmoid, grouped top-k, renormalised)",
            # gpt-oss's softmax over its top-k logits: as Mixtral's.
-           "gpt_oss": "(softmax, top-k, renormalised)"}
+           "gpt_oss": "(softmax, top-k, renormalised)",
+           "granitemoe": "(softmax, top-k, renormalised)"}
 
 
 def load_family(family: str):

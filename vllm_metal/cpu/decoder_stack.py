@@ -78,6 +78,12 @@ _ROUTINGS = ((_SOFTMAX, False), (_SOFTMAX, True), (_SOFTMAX_OF_TOP_K, False),
 # Attributes a MoE block keeps its top-k in, and its router under.
 _TOP_K_NAMES = ("num_experts_per_tok", "top_k", "k")
 _ROUTER_NAMES = ("gate", "router")
+# A router module wrapping its linear (Granite-MoE's `layer`, AFMoE's `gate`).
+_ROUTER_LINEARS = ("layer", "gate")
+# Where families keep the selection bias, group counts and weight scale of sigmoid
+# routing, on the router or on the MoE block.
+_CORRECTION_NAMES = ("e_score_correction_bias", "expert_bias")
+_SCALE_NAMES = ("routed_scaling_factor", "route_scale")
 
 # One probe step through both paths must agree this closely (fp32, our kernels on
 # both sides; only summation order and the activations' approximations differ).
@@ -367,8 +373,12 @@ def _routing_name(routing: tuple[int, bool]) -> str:
 
 
 def _router_rows(router: nn.Module, where: str) -> _Rows:
-    """A router as the stack takes it: a linear, or a gate holding its weight [E, hidden]
-    itself (DeepSeek-V3-style MoEGate: x @ weight.T)."""
+    """A router as the stack takes it: a linear, a module wrapping one, or a gate holding
+    its weight [E, hidden] itself (DeepSeek-V3-style MoEGate: x @ weight.T)."""
+    inner = next((getattr(router, n) for n in _ROUTER_LINEARS
+                  if type(getattr(router, n, None)) in (FastLinear, FastQuantizedLinear)), None)
+    if inner is not None and "weight" not in router:
+        return _Rows.of(inner, where)
     weight = getattr(router, "weight", None)
     if (type(router) not in (FastLinear, FastQuantizedLinear) and isinstance(weight, mx.array)
             and weight.ndim == 2 and "scales" not in router):
@@ -445,18 +455,24 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
     scoring, normalize = routing
     groups = [0, 1, 1]
     if scoring == _SIGMOID:
-        correction = getattr(router, "e_score_correction_bias", None)
+        correction = _found((router, block), _CORRECTION_NAMES)
         if correction is not None:
             arrays.append(correction.astype(mx.float32))
-        groups = [int(correction is not None), int(getattr(router, "n_group", 1) or 1),
-                  int(getattr(router, "topk_group", 1) or 1)]
+        groups = [int(correction is not None), int(_found((router, block), ("n_group",)) or 1),
+                  int(_found((router, block), ("topk_group",)) or 1)]
     ints = [int(top_k), scoring, int(normalize), int(shared is not None),
             int(shared_gate is not None), *router_rows.spec(), *(v for s in specs for v in s),
             *shared_specs,
             *gate_spec, *groups]
-    scale = next((float(getattr(owner, "routed_scaling_factor")) for owner in (block, router)
-                  if getattr(owner, "routed_scaling_factor", None) is not None), 1.0)
-    return get_ops().DecoderStackMoe(arrays, ints, scale, hidden, int8_activations)
+    scale = _found((block, router), _SCALE_NAMES)
+    return get_ops().DecoderStackMoe(arrays, ints, 1.0 if scale is None else float(scale),
+                                     hidden, int8_activations)
+
+
+def _found(owners: tuple, names: tuple):
+    """The first of ``names`` set (not None) on the first owner that has it."""
+    return next((getattr(o, n) for o in owners for n in names
+                 if getattr(o, n, None) is not None), None)
 
 
 def _norm_weight(module: nn.Module | None, where: str) -> tuple[mx.array, float]:
