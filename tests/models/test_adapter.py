@@ -194,6 +194,24 @@ def test_latent_attention_that_the_wrapper_does_not_reproduce_is_refused_by_name
         ModelAdapter(model)
 
 
+def test_latent_attention_whose_own_forward_fails_the_check_is_refused_by_name():
+    """A module of the MLA shape whose call the check cannot make (an argument it does
+    not know) is refused naming it, not a crash at load."""
+    from mlx_lm.models import deepseek_v3
+    from mlx_lm.utils import load_model as mlx_load
+
+    class NeedsMore(deepseek_v3.DeepseekV3Attention):
+        def __call__(self, x, extra, mask=None, cache=None):
+            return super().__call__(x, mask, cache)
+
+    model, _ = mlx_load(cached_family_model("deepseek_v3"))
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = NeedsMore
+    with pytest.raises(UnsupportedModelError, match=r"deepseek_v3: .*NeedsMore: its check "
+                                                    r"failed \(TypeError"):
+        ModelAdapter(model)
+
+
 @pytest.mark.parametrize("family", ["deepseek_v2", "minicpm3"])
 def test_expanded_latent_attention_is_cut_into_the_absorbed_pair(family):
     """mlx-lm's DeepSeek-V2 and MiniCPM3 keep kv_b_proj whole and cache expanded

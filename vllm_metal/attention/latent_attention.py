@@ -24,6 +24,7 @@ the module's own dense forward; otherwise the model is refused by name.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import mlx.core as mx
@@ -128,6 +129,10 @@ class LatentAttention(nn.Module):
         self.rank = int(inner.kv_lora_rank)
         self.scale = float(next(getattr(inner, n) for n in _SCALES
                                 if getattr(inner, n, None) is not None))
+        # Mistral 4 passes a per-position query scale (Llama 4's): attn_scale [T, 1, 1, 1]
+        # here, multiplying both query halves after RoPE as its module does.
+        self._signature = inspect.signature(type(inner).__call__)
+        self.takes_scale = "attn_scale" in self._signature.parameters
         if getattr(inner, "embed_q", None) is not None:
             self._up = _UpProjections(inner.embed_q, inner.unembed_out)
         else:
@@ -141,7 +146,10 @@ class LatentAttention(nn.Module):
         if getattr(self, "expanded", False) and "kv_b_proj" in self.inner:
             del self.inner["kv_b_proj"]
 
-    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        """The inner module's own signature (x, [attn_scale,] mask, cache)."""
+        bound = self._signature.bind(self.inner, x, *args, **kwargs).arguments
+        cache, attn_scale = bound.get("cache"), bound.get("attn_scale")
         if not isinstance(cache, LayerCache):
             raise RuntimeError("LatentAttention runs only inside a paged forward")
         inner = self.inner
@@ -158,6 +166,8 @@ class LatentAttention(nn.Module):
         latent = inner.kv_a_layernorm(compressed)
         q_pe = inner.rope(q_pe, cache.offset)
         k_pe = inner.rope(k_pe, cache.offset)
+        if attn_scale is not None:
+            q_nope, q_pe = q_nope * attn_scale, q_pe * attn_scale
         ctx = get_forward_context()
         ctx.write_latent(cache.entry, latent.reshape(rows, rank),
                          k_pe.reshape(rows, self.rope_dim).astype(latent.dtype))
@@ -176,7 +186,12 @@ def check_latent(wrapper: LatentAttention, hidden: int, dtype: mx.Dtype) -> str 
     rows = _CHECK_ROWS
     x = (0.5 * mx.random.normal((rows, hidden), key=mx.random.key(3))).astype(dtype)
     causal = mx.tril(mx.ones((rows, rows), dtype=mx.bool_))
-    want = inner(x[None], mask=causal, cache=None)[0]
+    # A query scale that differs per position, in each side's layout.
+    scale = 1.0 + 0.25 * mx.arange(rows, dtype=mx.float32)
+    dense_extra = {"attn_scale": scale[:, None].astype(dtype)} if wrapper.takes_scale else {}
+    paged_extra = ({"attn_scale": scale[:, None, None, None].astype(dtype)}
+                   if wrapper.takes_scale else {})
+    want = inner(x[None], mask=causal, cache=None, **dense_extra)[0]
     block = 16
     blocks = -(-rows // block)
     cache = mx.zeros((blocks + 1, block, 1, wrapper.rank + wrapper.rope_dim), dtype=want.dtype)
@@ -185,7 +200,7 @@ def check_latent(wrapper: LatentAttention, hidden: int, dtype: mx.Dtype) -> str 
                              [i32([list(range(1, blocks + 1))])],
                              [i32([block + r for r in range(rows)])])
     with forward_context(ForwardContext(meta, [cache], [None])):
-        got = wrapper(x[:, None, :], cache=LayerCache(0))[:, 0]
+        got = wrapper(x[:, None, :], cache=LayerCache(0), **paged_extra)[:, 0]
     want, got = want.astype(mx.float32), got.astype(mx.float32)
     scale = max(float(mx.abs(want).max()), 1e-6)
     error = float(mx.abs(got - want).max()) / scale

@@ -68,9 +68,10 @@ class ModelAdapter:
         self.backbone_name = _backbone_name(self.text_model, self.family)
         self.backbone: nn.Module = getattr(self.text_model, self.backbone_name)
         install_paged_sdpa()
-        windows = _cache_windows(self.text_model, self.family)
-        _wrap_self_computing(self.text_model, self.family)
-        restack_expert_lists(_layers(self.text_model) or [])
+        layered = _layered(model, self.text_model)
+        windows = _cache_windows(layered, self.family)
+        _wrap_self_computing(layered, self.family)
+        restack_expert_lists(_layers(layered) or [])
         self.caches = [LayerCache(i) for i in range(len(windows))]
         _place_absolute_positions(self.backbone, self.caches)
         self.entries, self.hidden_size = self._probe_backbone(windows)
@@ -274,6 +275,16 @@ def _text_model(model: nn.Module) -> nn.Module:
     return _text_model(inner) if isinstance(inner, nn.Module) else model
 
 
+def _layered(model: nn.Module, text_model: nn.Module) -> nn.Module:
+    """What lists the decoder layers (and makes mlx-lm's cache): the text model, or the
+    multimodal wrapper when only it does (Kimi K2.5's `layers` lives on the wrapper)."""
+    if _layers(text_model) is not None or hasattr(text_model, "make_cache"):
+        return text_model
+    if _layers(model) is not None or hasattr(model, "make_cache"):
+        return model
+    return text_model
+
+
 def _backbone_name(text_model: nn.Module, family: str) -> str:
     for name in _BACKBONE_NAMES:
         if isinstance(getattr(text_model, name, None), nn.Module):
@@ -345,7 +356,11 @@ def _wrap_self_computing(text_model: nn.Module, family: str) -> None:
                 if type(module) not in checked:
                     if hidden is None:
                         hidden = _hidden_size(module)
-                    why = latent_attention.check_latent(wrapper, hidden, _float_dtype(module))
+                    try:
+                        why = latent_attention.check_latent(wrapper, hidden,
+                                                            _float_dtype(module))
+                    except Exception as e:  # the module's own code failed the check
+                        why = f"its check failed ({type(e).__name__}: {e})"
                     if why is not None:
                         raise UnsupportedModelError(f"{family}: {_qualname(module)}: {why}")
                     checked.add(type(module))
