@@ -53,7 +53,8 @@ def run(heads: int, nope: int, rope: int, v: int, rank: int, queries: int, conte
 
     blocks = -(-context // BLOCK)
     cache = mx.zeros((blocks + 1, BLOCK, rank + rope))
-    cache = latent_cache_write(latent, k_pe, cache, mx.arange(BLOCK, BLOCK + context, dtype=mx.int32))
+    slots = mx.arange(BLOCK, BLOCK + context, dtype=mx.int32)
+    cache = latent_cache_write(latent, k_pe, cache, slots)
     mx.eval(cache)
     tables = mx.arange(1, blocks + 1, dtype=mx.int32)[None]
     lens = mx.array([context], dtype=mx.int32)

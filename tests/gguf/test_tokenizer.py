@@ -78,6 +78,37 @@ def test_pre_tokenizer_digit_grouping(tiny_gguf):
     assert words("gpt2") == ["x", "Ġ1234567"]
 
 
+@pytest.mark.parametrize("pre,words", [
+    # o200k (gpt-oss): case changes split words, contractions stay on their word, digits
+    # in threes, a punctuation run takes the letters after it.
+    ("gpt-4o", ["Hello", "World", "Ġit's", "Ġ", "123", "456", "7", "Ġx", "/y", "ĠOK", "!!"]),
+    # DeepSeek-V3: digits in threes first, a punctuation mark leads the letters after it.
+    ("deepseek-v3", ["HelloWorld", "Ġit", "'s", "Ġ", "123", "456", "7", "Ġx", "/y", "ĠOK",
+                     "!!"]),
+    # Tekken (Mistral Nemo): o200k's case split, every digit alone, no contractions.
+    ("tekken", ["Hello", "World", "Ġit", "'s", "Ġ", "1", "2", "3", "4", "5", "6", "7", "Ġx",
+                "/y", "ĠOK", "!!"]),
+])
+def test_pre_tokenizer_schemes_split_as_their_patterns_do(tiny_gguf, pre, words):
+    tokenizer = build_tokenizer(read_header(tiny_gguf("llama", "F32", pre=pre)).metadata)
+    text = "HelloWorld it's 1234567 x/y OK!!"
+    assert [w for w, _ in tokenizer.pre_tokenizer.pre_tokenize_str(text)] == words
+
+
+def test_deepseek_v3_isolates_cjk_runs(tiny_gguf):
+    path = tiny_gguf("llama", "F32", pre="deepseek-v3")
+    tokenizer = build_tokenizer(read_header(path).metadata)
+    words = tokenizer.pre_tokenizer.pre_tokenize_str("ab 日本語テキスト")
+    assert len(words) == 3  # ab, the space, the run
+
+
+def test_an_unknown_pre_tokenizer_is_refused_by_name(tiny_gguf):
+    metadata = dict(read_header(tiny_gguf("llama", "F32")).metadata)
+    metadata["tokenizer.ggml.pre"] = "kimi-k2"
+    with pytest.raises(ValueError, match=r"'kimi-k2' \(tokenizer.ggml.pre\) is not supported"):
+        build_tokenizer(metadata)
+
+
 def test_byte_level_adds_bos_when_the_file_asks(tiny_gguf):
     metadata = read_header(tiny_gguf("llama", "F32")).metadata
     ids = build_tokenizer(metadata).encode("Hello").ids

@@ -19,20 +19,42 @@ logger = logging.getLogger("vllm_metal")
 _UNKNOWN, _CONTROL, _USER_DEFINED = 2, 3, 4
 _SPACE = "\u2581"  # SentencePiece's visible space
 
-# Split regexes of llama.cpp's pre-tokenizer types (`tokenizer.ggml.pre`); "": GPT-2's own.
+# Split regexes of llama.cpp's pre-tokenizer types (`tokenizer.ggml.pre`), applied in
+# order (each splits the pieces of the last, keeping the matches); none: GPT-2's own.
+# They are the tokenizers' own published patterns (their tokenizer.json files).
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_PRE_SPLITS: dict[str, tuple[str, bool]] = {  # pre -> (split regex, digits first)
-    **{name: (_LLAMA3, False) for name in ("llama3", "llama-v3", "llama-bpe", "falcon3",
-                                           "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                                           "smaug-bpe", "dbrx")},
-    **{name: (_QWEN2, False) for name in ("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez")},
-    # GPT-2 regex after isolating every digit.
-    **{name: ("", True) for name in
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+
+
+def _cased_words(suffix: str) -> str:
+    """Words split at lower-to-upper case changes (o200k and Tekken), then `suffix`."""
+    lead = r"[^\r\n\p{L}\p{N}]?"
+    return f"{lead}{_UPPER}*{_LOWER}+{suffix}|{lead}{_UPPER}+{_LOWER}*{suffix}"
+
+
+_O200K = (_cased_words(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?")
+          + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (_cased_words("")
+           + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEEPSEEK3 = (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+              r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+"
+              r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+              r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_PRE_SPLITS: dict[str, tuple[str, ...]] = {
+    **{name: (_LLAMA3,) for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                     "pixtral", "midm-2.0", "lfm2", "smaug-bpe", "dbrx",
+                                     "chatglm-bpe", "glm4")},
+    **{name: (_QWEN2,) for name in ("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez")},
+    **{name: (_O200K,) for name in ("gpt-4o", "minimax-m2")},  # gpt-oss files say gpt-4o
+    "tekken": (_TEKKEN,),
+    **{name: _DEEPSEEK3 for name in ("deepseek-v3", "hunyuan-dense")},
+    # GPT-2's regex after isolating every digit.
+    **{name: (r"\p{N}",) for name in
        ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")},
-    **{name: ("", False) for name in ("default", "gpt2", "gpt-2", "mpt", "olmo", "jais")},
+    **{name: () for name in ("default", "gpt2", "gpt-2", "mpt", "olmo", "jais")},
 }
 # For these llama.cpp adds BOS by default and looks a whole pre-token up in the vocabulary
 # before merging (ignore_merges).
@@ -131,16 +153,18 @@ def _byte_level_bpe(metadata: dict[str, Any]) -> Tokenizer:
         merges.append((parts[0], parts[1]))
     pre = metadata.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE_SPLITS:
-        logger.warning("GGUF pre-tokenizer %r is unknown; splitting text like GPT-2", pre)
-    regex, digits_first = _PRE_SPLITS.get(pre, ("", False))
+        # Splitting text another way would give other token ids: a silent wrong answer.
+        raise ValueError(
+            f"GGUF pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported by vllm-metal; "
+            f"supported: {', '.join(sorted(_PRE_SPLITS))}")
+    regexes = _PRE_SPLITS[pre]
 
     bpe = models.BPE(_vocab(spelled), merges, ignore_merges=pre in _LLAMA3_DEFAULTS)
     tokenizer = Tokenizer(bpe)
-    steps = [pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated")] if digits_first else []
-    if regex:
-        steps += [pre_tokenizers.Split(Regex(regex), behavior="isolated"),
-                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
-    else:
+    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+    if regexes and regexes[-1] != r"\p{N}":
+        steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    else:  # GPT-2's own regex (after isolating digits, for some)
         steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
     tokenizer.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
