@@ -250,3 +250,56 @@ def lora_apply_ref(y: mx.array, x: mx.array, idx: mx.array, lora_a: mx.array, lo
         columns = slice(column_offset, column_offset + out)
         result[picked, columns] = result[picked, columns] + update.reshape(-1, out)[picked]
     return result.astype(y.dtype).reshape(y.shape)  # untouched entries: y's own bits
+
+
+def short_conv_ref(x: mx.array, weight: mx.array, conv_state: mx.array, state_slots: mx.array,
+                   cu_seqlens: mx.array, has_state: mx.array) -> tuple[mx.array, mx.array]:
+    """The short causal depthwise convolution of linear-attention layers (Gated DeltaNet,
+    Mamba 2) over a packed batch, continuing each sequence from its state slot.
+
+    x [T, C]; weight [C, K]; conv_state [num_slots, K - 1, C]: a slot's last K - 1 inputs;
+    state_slots int [N]; cu_seqlens int [N + 1]; has_state bool [N] (False: the
+    sequence starts here, from zeros).
+    Returns (y [T, C]: y[t] = sum_j weight[:, j] * z[t + j] with z = [state; x] of the
+    row's sequence, no activation; conv_state with each slot's last K - 1 inputs).
+    """
+    kernel = weight.shape[1]
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    ys, state = [], mx.array(conv_state)  # a copy: the caller's array stays as it was
+    for n, slot in enumerate(int(s) for s in state_slots.tolist()):
+        rows = x[cu[n]:cu[n + 1]]
+        start = state[slot] if bool(has_state[n].item()) else mx.zeros_like(state[slot])
+        z = mx.concatenate([start.astype(rows.dtype), rows], axis=0)
+        ys.append(sum(weight[:, j] * z[j:j + rows.shape[0]] for j in range(kernel)))
+        state[slot] = z[z.shape[0] - (kernel - 1):].astype(state.dtype)
+    return mx.concatenate(ys, axis=0).astype(x.dtype), state
+
+
+def gated_delta_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+                    state: mx.array, state_slots: mx.array, cu_seqlens: mx.array,
+                    has_state: mx.array) -> tuple[mx.array, mx.array]:
+    """The gated delta rule (Gated DeltaNet's recurrence) over a packed batch, each
+    sequence continuing from its state slot, token by token in float32.
+
+    q, k [T, Hk, Dk] (normalised as the family does); v [T, Hv, Dv], Hv a multiple of Hk;
+    g [T, Hv] or [T, Hv, Dk]: the decay; beta [T, Hv]; state [num_slots, Hv, Dv, Dk]
+    float32; state_slots, cu_seqlens, has_state as short_conv_ref's.
+    Per token: S = S * g; S = S + outer((v - S k) * beta, k); y = S q.
+    Returns (y [T, Hv, Dv] in q's dtype, state with each slot's final S).
+    """
+    heads = v.shape[1]
+    repeat = heads // q.shape[1]
+    q32, k32 = (mx.repeat(a.astype(mx.float32), repeat, axis=1) for a in (q, k))
+    v32, g32, b32 = (a.astype(mx.float32) for a in (v, g, beta))
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    ys, state = [], mx.array(state)  # a copy: the caller's array stays as it was
+    for n, slot in enumerate(int(s) for s in state_slots.tolist()):
+        s = state[slot] if bool(has_state[n].item()) else mx.zeros_like(state[slot])
+        for t in range(cu[n], cu[n + 1]):
+            decay = g32[t][:, None, None] if g32.ndim == 2 else g32[t][:, None, :]
+            s = s * decay
+            delta = (v32[t] - (s * k32[t][:, None, :]).sum(-1)) * b32[t][:, None]
+            s = s + delta[:, :, None] * k32[t][:, None, :]
+            ys.append((s * q32[t][:, None, :]).sum(-1))
+        state[slot] = s
+    return mx.stack(ys).astype(q.dtype), state
