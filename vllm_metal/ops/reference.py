@@ -303,3 +303,41 @@ def gated_delta_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx
             ys.append((s * q32[t][:, None, :]).sum(-1))
         state[slot] = s
     return mx.stack(ys).astype(q.dtype), state
+
+
+def short_conv_pages_ref(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.array,
+                         cu_seqlens: mx.array, has_state: mx.array) -> tuple[mx.array, mx.array]:
+    """short_conv_ref with the states in cache pages (attention/caches/state_pages.py):
+    lo [num_blocks, half_floats] float32, sequence n's state at lo[slots[n], :(K-1)*C]
+    as [K - 1, C]. Returns (y [T, C], a new lo)."""
+    kernel, channels = weight.shape[1], x.shape[1]
+    width = (kernel - 1) * channels
+    idx = slots.astype(mx.int32)
+    states = lo[idx, :width].reshape(-1, kernel - 1, channels)
+    y, states = short_conv_ref(x, weight, states, mx.arange(idx.shape[0]), cu_seqlens, has_state)
+    lo = mx.array(lo)
+    lo[idx, :width] = states.reshape(-1, width)
+    return y, lo
+
+
+def gated_delta_pages_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+                          lo: mx.array, hi: mx.array, slots: mx.array, cu_seqlens: mx.array,
+                          has_state: mx.array, ssm_offset: int,
+                          heads_in_lo: int) -> tuple[mx.array, mx.array, mx.array]:
+    """gated_delta_ref with the states in cache pages: head h < heads_in_lo at
+    lo[slot, ssm_offset + h * Dv * Dk], the rest at hi[slot, (h - heads_in_lo) * Dv * Dk],
+    each [Dv, Dk] float32. Returns (y [T, Hv, Dv], new lo, new hi)."""
+    heads, dv, dk = v.shape[1], v.shape[2], q.shape[2]
+    per = dv * dk
+    idx = slots.astype(mx.int32)
+    n_lo, n_hi = heads_in_lo, heads - heads_in_lo
+    parts = [lo[idx, ssm_offset:ssm_offset + n_lo * per].reshape(-1, n_lo, dv, dk),
+             hi[idx, :n_hi * per].reshape(-1, n_hi, dv, dk)]
+    states = mx.concatenate(parts, axis=1)
+    y, states = gated_delta_ref(q, k, v, g, beta, states, mx.arange(idx.shape[0]), cu_seqlens,
+                                has_state)
+    lo, hi = mx.array(lo), mx.array(hi)
+    lo[idx, ssm_offset:ssm_offset + n_lo * per] = states[:, :n_lo].reshape(-1, n_lo * per)
+    if n_hi:
+        hi[idx, :n_hi * per] = states[:, n_lo:].reshape(-1, n_hi * per)
+    return y, lo, hi
