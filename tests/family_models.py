@@ -36,6 +36,9 @@ WINDOW = 16
 MOE_EXPERTS = 4
 MOE_INTER = 128
 MLA_RANK = 64
+# Gated DeltaNet mixers: 4 value heads over 2 key heads, a 4-tap short conv.
+_GDN = dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32,
+            linear_value_head_dim=32, linear_conv_kernel_dim=4)
 
 _DIMS = dict(hidden_size=HIDDEN, num_hidden_layers=2, intermediate_size=INTER,
              num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
@@ -208,6 +211,19 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         tie_word_embeddings=False,
         rope_scaling=dict(type="longrope", long_factor=[1.0] * 16, short_factor=[1.0] * 16,
                           original_max_position_embeddings=MAX_POS))),
+    # Hybrids: Gated DeltaNet (linear attention, a recurrent state per request)
+    # layers between full-attention ones; 4 layers, every second one attention.
+    "qwen3_next": ("Qwen3NextForCausalLM", dict(
+        num_hidden_layers=4, full_attention_interval=2, **_GDN, num_experts=MOE_EXPERTS,
+        num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+        moe_intermediate_size=MOE_INTER, shared_expert_intermediate_size=MOE_INTER,
+        norm_topk_prob=True, partial_rotary_factor=0.25, tie_word_embeddings=False)),
+    "qwen3_5": ("Qwen3_5ForConditionalGeneration", dict(text_config=dict(
+        model_type="qwen3_5_text", **{k: v for k, v in _DIMS.items() if k != "num_hidden_layers"},
+        num_hidden_layers=4, full_attention_interval=2, **_GDN, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                             mrope_section=[4, 2, 2], mrope_interleaved=True)),
+        tie_word_embeddings=False)),
 }
 
 # Model types transformers 5 has no configuration class for (their hub

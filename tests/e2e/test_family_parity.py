@@ -51,6 +51,10 @@ def _check(model_dir, prompt_ids, out):
 # five one-layer sliding groups of the Gemma 3 GGUF (llama.cpp's fixed window pattern
 # of 6 over 6 layers).
 _POOL_BLOCKS = {"gemma4_text": 28, "gguf-gemma3_text": 40}
+# Hybrids: a block holds a request's recurrent state, so vLLM's blocks are 32 tokens
+# here (not 16) and fewer of them fill the pool; each request's state takes one
+# block (two while its state moves on in align mode) besides its attention blocks.
+_POOL_BLOCKS.update({"qwen3_next": 9, "qwen3_5": 9})
 
 
 def _preemptions(llm) -> float:

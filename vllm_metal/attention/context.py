@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from vllm_metal import ops
+from vllm_metal.attention.caches.state_pages import GdnStateShape
+from vllm_metal.ops import gdn
 from vllm_metal.ops.mla import latent_cache_write, mla_attention
 
 
@@ -25,6 +27,10 @@ class AttentionMetadata:
     seq_lens:      int32 [num_seqs]           context length including this step's tokens
     block_tables:  per KV cache group, int32 [num_seqs, max_blocks]
     slot_mapping:  per KV cache group, int32 [total_q]  cache slot of each new token
+    state_slots:   per KV cache group of state entries, int32 [num_seqs]: the block
+                   holding each request's recurrent state (None for attention groups)
+    has_state:     int32 [num_seqs]: 1 where the request continues a state (its
+                   first row is not position 0)
 
     vLLM's hybrid cache gives full and sliding-window layers their blocks in
     separate groups; a model with one kind of layer has one group.
@@ -35,6 +41,8 @@ class AttentionMetadata:
     seq_lens: mx.array
     block_tables: list[mx.array]
     slot_mapping: list[mx.array]
+    state_slots: list[mx.array | None] | None = None
+    has_state: mx.array | None = None
 
 
 @dataclass
@@ -52,6 +60,8 @@ class ForwardContext:
     value_caches: list[mx.array]
     # Per KV entry, its KV cache group (index into the metadata's tables); None: all 0.
     groups: list[int] | None = None
+    # State (Gated DeltaNet) entries: where their state sits in their K/V pages.
+    states: dict[int, GdnStateShape] = field(default_factory=dict)
     # id(keys handed back by write) -> (entry, keys): layers that reuse another
     # layer's K/V (Gemma 4's shared-KV layers) attend with no cache of their own.
     _written: dict[int, tuple[int, mx.array]] = field(default_factory=dict)
@@ -83,6 +93,31 @@ class ForwardContext:
             q_latent, q_pe, cache.reshape(cache.shape[0], cache.shape[1], cache.shape[3]),
             meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale)
 
+    def short_conv(self, entry: int, x: mx.array, weight: mx.array) -> mx.array:
+        """x [total_q, C], weight [C, K] -> [total_q, C]: state entry ``entry``'s short
+        conv, each request continuing from (and updating) its page."""
+        meta = self.metadata
+        lo = _float_rows(self.key_caches[entry])
+        y, lo = gdn.short_conv(x, weight, lo, meta.state_slots[self.group_of(entry)],
+                               meta.cu_seqlens_q, meta.has_state)
+        self.key_caches[entry] = _from_float_rows(lo, self.key_caches[entry])
+        return y
+
+    def gated_delta(self, entry: int, q: mx.array, k: mx.array, v: mx.array, g: mx.array,
+                    beta: mx.array) -> mx.array:
+        """q, k [total_q, Hk, Dk], v [total_q, Hv, Dv], g [total_q, Hv(, Dk)], beta
+        [total_q, Hv] -> [total_q, Hv, Dv]: state entry ``entry``'s recurrence."""
+        meta = self.metadata
+        shape = self.states[entry]
+        lo, hi = _float_rows(self.key_caches[entry]), _float_rows(self.value_caches[entry])
+        y, lo, hi = gdn.gated_delta(q, k, v, g, beta, lo, hi,
+                                    meta.state_slots[self.group_of(entry)], meta.cu_seqlens_q,
+                                    meta.has_state, shape.ssm_offset,
+                                    shape.heads_in_lo(lo.shape[1]))
+        self.key_caches[entry] = _from_float_rows(lo, self.key_caches[entry])
+        self.value_caches[entry] = _from_float_rows(hi, self.value_caches[entry])
+        return y
+
     def group_of(self, entry: int) -> int:
         return 0 if self.groups is None else self.groups[entry]
 
@@ -98,9 +133,20 @@ class ForwardContext:
         meta = self.metadata
         out = ops.paged_attention(
             q, self.key_caches[entry], self.value_caches[entry],
-            meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale, sliding_window=window, softcap=softcap,
-            sinks=sinks)
+            meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale,
+            sliding_window=window, softcap=softcap, sinks=sinks)
         return out[:, :, None, :]
+
+
+def _float_rows(cache: mx.array) -> mx.array:
+    """[num_blocks, block_size, H, D] of any dtype -> float32 [num_blocks, half_floats]
+    over the same bytes."""
+    return cache.view(mx.float32).reshape(cache.shape[0], -1)
+
+
+def _from_float_rows(rows: mx.array, like: mx.array) -> mx.array:
+    """_float_rows undone: ``rows`` back in ``like``'s shape and dtype."""
+    return rows.view(like.dtype).reshape(like.shape)
 
 
 def _rows(x: mx.array, name: str, entry: int) -> mx.array:

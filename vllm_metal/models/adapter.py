@@ -25,10 +25,13 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.attention import latent_attention, paged_attention
+from vllm_metal.attention.caches.state_pages import GdnStateShape
 from vllm_metal.attention.context import (AttentionMetadata, ForwardContext, forward_context,
                                           get_forward_context)
 from vllm_metal.attention.layer_cache import LayerCache, install_paged_sdpa
+from vllm_metal.attention.state_cache import StateCache, install_paged_gated_delta
 from vllm_metal.models.expert_lists import restack_expert_lists
+from vllm_metal.models.state_layers import wrap_state_convs
 
 # Where mlx-lm blocks keep their attention module.
 _ATTENTION_NAMES = ("self_attn", "attention", "attn")
@@ -36,6 +39,9 @@ _ATTENTION_NAMES = ("self_attn", "attention", "attn")
 _BACKBONE_NAMES = ("model", "transformer")
 # Rows of the probe forward (two, so per-row offsets are exercised).
 _PROBE_ROWS = 2
+# _cache_windows' mark of an entry that keeps a recurrent state (a hybrid's
+# linear-attention layer), not K/V.
+STATE = "state"
 
 
 class UnsupportedModelError(ValueError):
@@ -56,6 +62,9 @@ class KVEntry:
     # Multi-head latent attention: the latent width of each cached row [latent,
     # k_pe] (head_dim = rank + rope_dim, one KV head); None for K/V attention.
     latent_rank: int | None = None
+    # A linear-attention (Gated DeltaNet) layer: its recurrent state instead of K/V
+    # (the fields above are then 0 / None).
+    state: GdnStateShape | None = None
 
 
 class ModelAdapter:
@@ -68,11 +77,15 @@ class ModelAdapter:
         self.backbone_name = _backbone_name(self.text_model, self.family)
         self.backbone: nn.Module = getattr(self.text_model, self.backbone_name)
         install_paged_sdpa()
+        install_paged_gated_delta()
         layered = _layered(model, self.text_model)
         windows = _cache_windows(layered, self.family)
         _wrap_self_computing(layered, self.family)
+        wrap_state_convs(_layers(layered), [i for i, w in enumerate(windows) if w == STATE],
+                         self.family, UnsupportedModelError)
         restack_expert_lists(_layers(layered) or [])
-        self.caches = [LayerCache(i) for i in range(len(windows))]
+        self.caches = [StateCache(i) if w == STATE else LayerCache(i)
+                       for i, w in enumerate(windows)]
         _place_absolute_positions(self.backbone, self.caches)
         self.entries, self.hidden_size = self._probe_backbone(windows)
         self.vocab_size, self.head_in_backbone, self.plain_head = self._probe_head()
@@ -101,7 +114,7 @@ class ModelAdapter:
 
     # -- facts ----------------------------------------------------------
 
-    def _probe_backbone(self, windows: list[int | None]) -> tuple[list[KVEntry], int]:
+    def _probe_backbone(self, windows: list) -> tuple[list[KVEntry], int]:
         probe = _Probe(len(windows))
         ids = mx.zeros((_PROBE_ROWS, 1), dtype=mx.int32)
         try:
@@ -118,6 +131,9 @@ class ModelAdapter:
                 f"on vllm-metal's paged cache{why} ({type(e).__name__}: {e})") from e
         entries = []
         for i, rotating in enumerate(windows):
+            if rotating == STATE:
+                entries.append(self._state_entry(i, probe))
+                continue
             kv, attn = probe.kv.get(i), probe.attn.get(i)
             if kv is None:
                 raise UnsupportedModelError(
@@ -146,7 +162,28 @@ class ModelAdapter:
                     f"masks a window of {window}")
             entries.append(KVEntry(num_kv_heads, head_dim, num_heads, scale, window,
                                    softcap, sinks, latent))
+        if all(e.state is not None for e in entries):
+            raise UnsupportedModelError(
+                f"{self.family}: every layer keeps a recurrent state and none attends; "
+                "vllm-metal serves hybrids (attention between Gated DeltaNet layers), not "
+                "purely recurrent models")
         return entries, int(out.shape[-1])
+
+    def _state_entry(self, i: int, probe: _Probe) -> KVEntry:
+        conv, rule = probe.conv.get(i), probe.rule.get(i)
+        if conv is None or rule is None:
+            raise UnsupportedModelError(
+                f"{self.family}: {self._where(i)} keeps a recurrent state but did not run "
+                f"{'its conv' if conv is None else 'mlx-lm gated_delta_update'} on it; "
+                "vllm-metal pages Gated DeltaNet mixers only")
+        channels, kernel = conv
+        num_k_heads, head_k_dim, num_v_heads, head_v_dim = rule
+        if num_v_heads % num_k_heads:
+            raise UnsupportedModelError(
+                f"{self.family}: {self._where(i)} has {num_v_heads} value heads, not a "
+                f"multiple of its {num_k_heads} key heads")
+        shape = GdnStateShape(kernel, channels, num_v_heads, head_v_dim, head_k_dim)
+        return KVEntry(0, 0, 0, 0.0, None, None, False, state=shape)
 
     def _probe_head(self) -> tuple[int, bool, tuple[nn.Module, bool] | None]:
         """(vocab size, head inside the backbone, the plain linear head if the family
@@ -191,6 +228,9 @@ class _Probe(ForwardContext):
         self.kv: dict[int, tuple[int, int, int]] = {}
         self.attn: dict[int, tuple[int, float, int | None, float | None, bool]] = {}
         self.latent: dict[int, int] = {}   # MLA entries: their latent rank
+        self.conv: dict[int, tuple[int, int]] = {}   # state entries: (channels, taps)
+        # state entries: (key heads, key size, value heads, value size)
+        self.rule: dict[int, tuple[int, int, int, int]] = {}
 
     def write(self, entry: int, keys: mx.array, values: mx.array) -> None:
         _check_rows(keys, values)
@@ -207,6 +247,19 @@ class _Probe(ForwardContext):
         shape = (queries.shape[0], queries.shape[1], 1, self.kv[entry][2])
         return mx.zeros(shape, dtype=queries.dtype)
 
+
+    def short_conv(self, entry: int, x: mx.array, weight: mx.array) -> mx.array:
+        if x.shape[0] != _PROBE_ROWS:
+            raise UnsupportedModelError(f"conv rows of shape {tuple(x.shape)}")
+        self.conv[entry] = (int(weight.shape[0]), int(weight.shape[1]))
+        return mx.zeros(x.shape, dtype=x.dtype)
+
+    def gated_delta(self, entry: int, q: mx.array, k: mx.array, v: mx.array, g: mx.array,
+                    beta: mx.array) -> mx.array:
+        if q.ndim != 3 or q.shape[0] != _PROBE_ROWS or v.ndim != 3 or k.shape != q.shape:
+            raise UnsupportedModelError(f"gated delta rows q {tuple(q.shape)}, v {tuple(v.shape)}")
+        self.rule[entry] = (int(q.shape[1]), int(q.shape[2]), int(v.shape[1]), int(v.shape[2]))
+        return mx.zeros(v.shape, dtype=q.dtype)
 
     def write_latent(self, entry: int, latent: mx.array, k_pe: mx.array) -> None:
         if latent.ndim != 2 or k_pe.ndim != 2 or latent.shape[0] != _PROBE_ROWS:
@@ -296,25 +349,29 @@ def _backbone_name(text_model: nn.Module, family: str) -> str:
 
 def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
     """One entry per KV cache mlx-lm makes for the model: None for a plain cache,
-    the size of a rotating (sliding-window) one."""
-    from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+    the size of a rotating (sliding-window) one, STATE for a two-slot ArraysCache
+    (what the probe then finds in it decides whether it is paged or refused)."""
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
     try:
         made = make_prompt_cache(text_model)
     except Exception as e:
         raise UnsupportedModelError(
             f"{family}: mlx-lm cannot make its cache ({type(e).__name__}: {e})") from e
-    windows: list[int | None] = []
+    windows: list[int | str | None] = []
     for i, cache in enumerate(made):
         if type(cache) is KVCache:
             windows.append(None)
+        elif type(cache) is ArraysCache and len(cache.cache) == 2:
+            windows.append(STATE)   # [conv inputs, recurrent state]: a GDN layer
         elif type(cache) is RotatingKVCache and not cache.keep:
             windows.append(int(cache.max_size))
         else:
             raise UnsupportedModelError(
                 f"{family}: KV entry {i} is mlx-lm's {type(cache).__name__}"
                 f"{' keeping ' + str(cache.keep) + ' tokens' if getattr(cache, 'keep', 0) else ''}"
-                "; vllm-metal pages plain and sliding-window attention caches only")
+                "; vllm-metal pages plain and sliding-window attention caches and Gated "
+                "DeltaNet states only")
     if not windows:
         raise UnsupportedModelError(f"{family}: the model keeps no KV cache")
     return windows

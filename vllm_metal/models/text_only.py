@@ -6,7 +6,9 @@ architecture as multimodal: accept images whose placeholder tokens the model
 would then read as text (a silent wrong answer), and inspect the model by
 importing its image processor (torchvision). Registering vLLM's text-only
 class under the multimodal name makes vLLM refuse image inputs by name and
-inspect only the text model. Only while this platform drives the machine.
+inspect only the text model. Hybrid (Gated DeltaNet) architectures get a
+declaration of their own (models/hybrid.py). Only while this platform drives
+the machine.
 """
 
 from __future__ import annotations
@@ -28,3 +30,7 @@ def register() -> None:
         return
     for arch, target in TEXT_ONLY.items():
         ModelRegistry.register_model(arch, target)
+    from vllm_metal.models.hybrid import GATED_DELTANET_ARCHITECTURES
+
+    for arch in GATED_DELTANET_ARCHITECTURES:
+        ModelRegistry.register_model(arch, "vllm_metal.models.hybrid:GatedDeltaNetHybrid")

@@ -105,6 +105,13 @@ class InputBatch:
         self.row_of: dict[str, int] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
+    def set_block_size(self, block_size: int) -> None:
+        """A block size vLLM settled after load (a hybrid's states fit its blocks).
+        Before any request."""
+        self.block_size = block_size
+        self.max_blocks_per_req = -(-self.max_model_len // block_size)
+        self.set_num_groups(self.num_groups)
+
     def set_num_groups(self, num_groups: int) -> None:
         """One block table per KV cache group (vLLM's hybrid cache: full and
         sliding-window layers get their blocks separately). Before any request."""

@@ -108,14 +108,16 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
 
 
 def derive_dims(adapter: ModelAdapter) -> ModelDims:
-    """The paged cache's dimensions; refused when KV entries differ in shape."""
-    shapes = {(e.num_kv_heads, e.head_dim, e.latent_rank) for e in adapter.entries}
+    """The paged cache's dimensions; refused when KV entries differ in shape. A hybrid's
+    state entries take their room in the attention entries' pages (state_pages.py)."""
+    attending = [e for e in adapter.entries if e.state is None]
+    shapes = {(e.num_kv_heads, e.head_dim, e.latent_rank) for e in attending}
     if len(shapes) != 1:
         raise UnsupportedModelError(
             f"{adapter.family}: its layers differ in (KV heads, head size, latent rank) "
             f"{sorted(shapes, key=str)}; vllm-metal's paged cache needs one shape for all layers")
     (num_kv_heads, head_dim, latent_rank), = shapes
-    num_heads = max(e.num_heads for e in adapter.entries)
+    num_heads = max(e.num_heads for e in attending)
     return ModelDims(len(adapter.entries), num_heads, num_kv_heads, head_dim,
                      adapter.vocab_size, latent=latent_rank is not None)
 

@@ -8,16 +8,20 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
+import torch
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheSpec,
-                                        MLAAttentionSpec, SlidingWindowSpec)
+                                        MambaSpec, MLAAttentionSpec, SlidingWindowSpec)
 from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, LogprobsLists,
                              ModelRunnerOutput)
 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
+from vllm_metal.attention.caches.state_pages import block_size_for_states, half_page_floats
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
+from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
 from vllm_metal.v1.logits_processing import grammar_bitmask_words
@@ -80,6 +84,9 @@ class MetalModelRunner:
         self.pending_tokens = PendingTokens(self.input_batch)
         self._sampling_batches = SamplingBatchCache()
         self.lora: LoRAManager | None = None  # with --enable-lora
+        # KV cache groups of recurrent-state entries -> their state block size in
+        # tokens (vLLM's mamba_block_size: max_model_len, or block_size in align mode).
+        self._state_groups: dict[int, int] = {}
 
     # -- setup -------------------------------------------------------------
 
@@ -96,6 +103,7 @@ class MetalModelRunner:
             def wrap(model):
                 self.lora = LoRAManager(model, lora_config, adapters, max_positions)
         self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap)
+        self._fit_states_in_blocks()
         vocab = self.loaded.dims.vocab_size
         kernels = self.backend.sampling_kernels
         self.sampler = Sampler(vocab, self.logprobs_mode, cpu_kernel=kernels)
@@ -112,16 +120,53 @@ class MetalModelRunner:
             chosen = self.backend.kv_cache_dtype()
         return chosen if chosen is not None else self.loaded.dtype
 
+    def _fit_states_in_blocks(self) -> None:
+        """A hybrid's states live in the K/V blocks of the attention layers they share
+        memory with (state_pages.py): grow the block size until every state fits, as
+        vLLM aligns hybrid block sizes (over --block-size if need be)."""
+        states = [e.state for e in self.loaded.adapter.entries if e.state is not None]
+        if not states:
+            return
+        dims = self.loaded.dims
+        cache = self.vllm_config.cache_config
+        size = self.block_size
+        if not all(s.fits(half_page_floats(size, dims.num_kv_heads, dims.head_dim,
+                                           self.kv_dtype.size)) for s in states):
+            size = block_size_for_states(states, dims.num_kv_heads, dims.head_dim,
+                                         self.kv_dtype.size, max(KERNEL_BLOCK_SIZES))
+            logger.info("KV cache block size %d -> %d tokens: a block holds one request's "
+                        "recurrent state (%.2f MiB)", self.block_size, size,
+                        max(s.nbytes for s in states) / 2**20)
+        cache.block_size = size
+        cache.mamba_page_size_padded = 2 * size * dims.num_kv_heads * dims.head_dim * \
+            self.kv_dtype.size
+        if cache.mamba_cache_mode == "align":
+            cache.mamba_block_size = size
+        self.block_size = size
+        self.input_batch.set_block_size(size)
+
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
         """One spec per KV entry: sliding-window layers as vLLM's sliding-window
         kind, so its hybrid manager frees the blocks that left their window;
-        latent (MLA) layers as vLLM's MLA kind, one row per token, no values."""
+        latent (MLA) layers as vLLM's MLA kind, one row per token, no values; a
+        hybrid's linear-attention layers as vLLM's mamba kind, one state per request
+        (two in align mode) in a block padded to the attention page."""
         dims = self.loaded.dims
         common = dict(block_size=self.block_size, num_kv_heads=dims.num_kv_heads,
                       head_size=dims.head_dim, dtype=torch_dtype_from_mlx(self.kv_dtype))
+        cache = self.vllm_config.cache_config
         specs: dict[str, KVCacheSpec] = {}
         for i, entry in enumerate(self.loaded.adapter.entries):
-            if entry.latent_rank is not None:
+            if entry.state is not None:
+                st = entry.state
+                specs[_entry_name(i)] = MambaSpec(
+                    shapes=((st.conv_kernel - 1, st.conv_dim),
+                            (st.num_v_heads, st.head_v_dim, st.head_k_dim)),
+                    dtypes=(torch.float32, torch.float32), block_size=cache.mamba_block_size,
+                    page_size_padded=cache.mamba_page_size_padded,
+                    mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+                    mamba_cache_mode=cache.mamba_cache_mode)
+            elif entry.latent_rank is not None:
                 specs[_entry_name(i)] = MLAAttentionSpec(**common)
             elif entry.window is None:
                 specs[_entry_name(i)] = FullAttentionSpec(**common)
@@ -142,6 +187,9 @@ class MetalModelRunner:
                                      dims.num_kv_heads, dims.head_dim, self.kv_dtype,
                                      tensor_of=tensor_of, groups=groups, latent=dims.latent)
         self.input_batch.set_num_groups(len(kv_cache_config.kv_cache_groups))
+        self._state_groups = {g: group.kv_cache_spec.block_size
+                              for g, group in enumerate(kv_cache_config.kv_cache_groups)
+                              if isinstance(group.kv_cache_spec, MambaSpec)}
         huge = self.backend.commit_kv_cache(self.kv_cache)
         logger.info("KV cache: %d blocks of %d tokens, %.1f MiB, %d group(s), committed%s",
                     kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20,
@@ -178,7 +226,9 @@ class MetalModelRunner:
         mx.reset_peak_memory()
         before = mx.get_active_memory()
         ops.scratch_bytes(reset=True)
-        hidden = self._forward(step, cache)
+        # A profiling cache has one group: its requests' states sit in their first block.
+        states = any(e.state is not None for e in self.loaded.adapter.entries)
+        hidden = self._forward(step, cache, state_groups={0: self.max_model_len} if states else {})
         mx.eval(self.loaded.logits(hidden[mx.array(step.logits_indices)]))
         return max(mx.get_peak_memory() - before, 0), ops.scratch_bytes()[1]
 
@@ -195,6 +245,7 @@ class MetalModelRunner:
             per_request = np.array([s.lora_id for s in states], dtype=np.int64)
             self.lora.prepare_step(np.repeat(per_request, np.diff(step.cu_seqlens_q)),
                                    {s.lora_id: s.lora_request for s in states if s.lora_id})
+        self._carry_states(step)
         hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step))
         logits = rows = None
         if not len(step.logits_indices):
@@ -261,7 +312,8 @@ class MetalModelRunner:
                 mx.async_eval(*arrays)
             else:
                 mx.eval(*arrays)
-        output = _StepOutput(self.pending_tokens, step, inflight, logprobs, forwarded.prompt_logprobs)
+        output = _StepOutput(self.pending_tokens, step, inflight, logprobs,
+                             forwarded.prompt_logprobs)
         return output if self._pipeline else output.get_output()
 
     # -- helpers -----------------------------------------------------------
@@ -282,17 +334,56 @@ class MetalModelRunner:
         if zero:
             self.kv_cache.zero_blocks(zero)
 
+    def _state_blocks(self, step: StepInputs, state_groups: dict[int, int]
+                      ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """Per state group, (block its state was left in, block this step runs it in)
+        of each request (block ids; -1: no state yet). A state group keeps a request's
+        running state in the block of its last scheduled token, so a block that fills
+        keeps the state at its end for prefix caching (vLLM's align mode); with one
+        block per request (mamba block size max_model_len) both are that block."""
+        first = step.cu_seqlens_q[:-1]
+        computed = step.positions[first].astype(np.int64)
+        last = step.seq_lens.astype(np.int64) - 1
+        out = {}
+        for g, size in state_groups.items():
+            table = step.block_tables[g]
+            rows = np.arange(table.shape[0])
+            prev = np.where(computed > 0, table[rows, np.maximum(computed - 1, 0) // size], -1)
+            out[g] = prev.astype(np.int32), table[rows, last // size].astype(np.int32)
+        return out
+
+    def _carry_states(self, step: StepInputs) -> None:
+        """Copy each state that moves to a new block this step (align mode, or a prefix
+        hit: the cached block's state starts the request's running block)."""
+        if not self._state_groups:
+            return
+        src, dst = [], []
+        for prev, cur in self._state_blocks(step, self._state_groups).values():
+            moved = (prev >= 0) & (prev != cur)
+            src += prev[moved].tolist()
+            dst += cur[moved].tolist()
+        self.kv_cache.copy_blocks(src, dst)
+
     def _forward(self, step: StepInputs, cache: PagedKVCache,
-                 input_ids: mx.array | None = None) -> mx.array:
+                 input_ids: mx.array | None = None,
+                 state_groups: dict[int, int] | None = None) -> mx.array:
         """Packed forward over all scheduled tokens -> hidden [total_q, hidden] (lazy)."""
+        groups = self._state_groups if state_groups is None else state_groups
+        slots: list[mx.array | None] = [None] * len(step.block_tables)
+        for g, (_, cur) in self._state_blocks(step, groups).items():
+            slots[g] = mx.array(cur)
         meta = AttentionMetadata(
             positions=mx.array(step.positions),
             cu_seqlens_q=mx.array(step.cu_seqlens_q),
             seq_lens=mx.array(step.seq_lens),
             block_tables=[mx.array(t) for t in step.block_tables],
             slot_mapping=[mx.array(s) for s in step.slot_mapping],
+            state_slots=slots,
+            has_state=mx.array((step.positions[step.cu_seqlens_q[:-1]] > 0).astype(np.int32)),
         )
-        ctx = ForwardContext(meta, cache.key_caches, cache.value_caches, cache.groups)
+        states = {i: e.state for i, e in enumerate(self.loaded.adapter.entries)
+                  if e.state is not None}
+        ctx = ForwardContext(meta, cache.key_caches, cache.value_caches, cache.groups, states)
         with forward_context(ctx):
             if input_ids is None:
                 input_ids = mx.array(step.input_ids)

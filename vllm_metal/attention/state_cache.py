@@ -1,0 +1,136 @@
+"""StateCache: what an mlx-lm model holds as a Gated DeltaNet layer's cache in a
+paged forward.
+
+mlx-lm's GDN mixers (qwen3_next, qwen3_5, and the families that share their
+``gated_delta_update``) keep an ``ArraysCache``: slot 0 the short conv's last
+inputs, slot 1 the recurrent state, for a batch whose rows are whole sequences.
+Here the rows are ``total_q`` single tokens of several requests, and each
+request's state lives in its KV page (attention/caches/state_pages.py). So:
+- ``cache[0]`` is None: the mixer pads each row with zeros of the conv's width,
+  and the layer's ``conv1d`` (a PagedShortConv) takes only the row's own input,
+  continuing its request's conv from the page;
+- ``cache[1]`` is a StateRef: mlx-lm's ``gated_delta_update`` (switched to
+  paged_gated_delta_update) sees it and runs the packed recurrence over the pages;
+- what the mixer stores back (``cache[i] = ...``) is dropped: the ops wrote it.
+The family's own projections, norms, gates and head splits run unmodified.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from vllm_metal.attention.context import get_forward_context
+
+
+@dataclass(frozen=True)
+class StateRef:
+    """The recurrent state of state entry ``entry``, in the paged cache."""
+
+    entry: int
+
+
+class StateCache:
+    """State entry ``entry`` of the model (an mlx-lm ArraysCache of two slots)."""
+
+    lengths = None        # mlx-lm's batch-generation padding: none here
+    left_padding = None
+
+    def __init__(self, entry: int) -> None:
+        self.entry = entry
+
+    def __getitem__(self, index: int) -> StateRef | None:
+        return StateRef(self.entry) if index == 1 else None
+
+    def __setitem__(self, index: int, value: Any) -> None:
+        pass
+
+    def __bool__(self) -> bool:
+        return True
+
+    def advance(self, n: int) -> None:
+        pass
+
+    def make_mask(self, n: int, **_: Any) -> None:
+        return None
+
+
+class PagedShortConv(nn.Module):
+    """A GDN mixer's depthwise ``nn.Conv1d`` over [rows, K, C] inputs whose first
+    K - 1 positions are the zeros StateCache lets the mixer pad with: each row's
+    own input (the last position) continues its request's conv from the page.
+    Outside a paged forward it is the family's conv."""
+
+    def __init__(self, entry: int, conv: nn.Conv1d) -> None:
+        super().__init__()
+        self.entry = entry
+        self.conv = conv
+
+    def __call__(self, x: mx.array) -> mx.array:
+        from vllm_metal.attention.context import in_forward
+
+        if not in_forward():
+            return self.conv(x)
+        weight = self.conv.weight       # [C, K, 1]
+        if x.ndim != 3 or x.shape[1] != weight.shape[1] or weight.shape[2] != 1:
+            raise ValueError(
+                f"state entry {self.entry}: conv input {tuple(x.shape)} with weight "
+                f"{tuple(weight.shape)} is not a depthwise conv over one new token per row")
+        y = get_forward_context().short_conv(self.entry, x[:, -1, :], weight[:, :, 0])
+        if "bias" in self.conv:
+            y = y + self.conv.bias
+        return y[:, None, :]
+
+
+def paged_gated_delta_update(q: mx.array, k: mx.array, v: mx.array, a: mx.array, b: mx.array,
+                             A_log: mx.array, dt_bias: mx.array,  # noqa: N803 (mlx-lm's names)
+                             state: Any = None, mask: mx.array | None = None, *,
+                             use_kernel: bool = True, lower_bound: float | None = None,
+                             allow_neg_eigval: bool = False) -> tuple[mx.array, Any]:
+    """mlx-lm's ``gated_delta_update``, paged when the state is a StateRef: beta and
+    the decay g are computed by mlx-lm's own functions, then the recurrence runs over
+    the packed rows of the step, from and into each request's page. q, k [rows, 1, Hk,
+    Dk], v [rows, 1, Hv, Dv], a, b [rows, 1, Hv] -> (y [rows, 1, Hv, Dv], the StateRef)."""
+    if not isinstance(state, StateRef):
+        return _MLX_UPDATE(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel,
+                           lower_bound=lower_bound, allow_neg_eigval=allow_neg_eigval)
+    from mlx_lm.models import gated_delta
+
+    if mask is not None:
+        raise ValueError(f"state entry {state.entry}: the mixer passed a mask of its own")
+    beta = mx.sigmoid(b)
+    if allow_neg_eigval:
+        beta = beta * 2.0
+    if lower_bound is None:
+        g = gated_delta.compute_g(A_log, a, dt_bias)
+    else:
+        g = gated_delta.compute_lower_bound_g(A_log, a, dt_bias, lower_bound)
+    y = get_forward_context().gated_delta(state.entry, q[:, 0], k[:, 0], v[:, 0], g[:, 0],
+                                          beta[:, 0])
+    return y[:, None], state
+
+
+def _mlx_update():
+    from mlx_lm.models import gated_delta
+
+    return gated_delta.gated_delta_update
+
+
+_MLX_UPDATE = _mlx_update()
+
+
+def install_paged_gated_delta() -> int:
+    """Point every imported mlx-lm model module's ``gated_delta_update`` at
+    paged_gated_delta_update (families bind the name at import). Idempotent;
+    returns how many modules were switched by this call."""
+    switched = 0
+    for name, module in list(sys.modules.items()):
+        if (name.startswith("mlx_lm.models.") and module is not None
+                and getattr(module, "gated_delta_update", None) is _MLX_UPDATE):
+            module.gated_delta_update = paged_gated_delta_update
+            switched += 1
+    return switched
