@@ -6,6 +6,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>
 
 #include "constants.h"
@@ -22,6 +23,7 @@
 #include "ops/dense_matmul.h"
 #include "ops/expert_matmul.h"
 #include "ops/mla.h"
+#include "ops/gdn.h"
 #include "ops/embedding_gather.h"
 #include "ops/rms_norm.h"
 #include "ops/sample_tokens.h"
@@ -178,6 +180,50 @@ q_latent [T, H, rank], q_pe [T, H, rope_dim] -> [T, H, rank] = softmax(scale *
 (q_latent . c + q_pe . k_pe)) @ c over each sequence's tokens up to the row's
 position; cache [num_blocks, block_size, rank + rope_dim]; block_tables [S, B],
 seq_lens [S], cu_seqlens_q [S + 1] as paged_attention.)");
+
+  m.def(
+      "gdn_short_conv",
+      &vllm_metal::gdn_short_conv,
+      "x"_a,
+      "weight"_a,
+      "lo"_a,
+      "slots"_a,
+      "cu_seqlens"_a,
+      "has_state"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Gated DeltaNet's causal depthwise conv over a packed batch: x [T, C], weight
+[C, K] -> (y [T, C] in x's dtype, lo), y[t] = sum_j weight[:, j] * z[t + j] with
+z = [state; the request's rows], no activation. Request n (rows cu_seqlens[n] to
+cu_seqlens[n + 1]) continues from its last K - 1 inputs, [K - 1, C] float32 at
+lo[slots[n], 0:] (zeros where has_state[n] is 0), and leaves its new ones there,
+in place (lo [num_blocks, W] float32). Slots outside the pages or named twice
+raise at evaluation.)");
+
+  m.def(
+      "gdn_gated_delta",
+      &vllm_metal::gdn_gated_delta,
+      "q"_a,
+      "k"_a,
+      "v"_a,
+      "g"_a,
+      "beta"_a,
+      "lo"_a,
+      "hi"_a,
+      "slots"_a,
+      "cu_seqlens"_a,
+      "has_state"_a,
+      "ssm_offset"_a,
+      "heads_in_lo"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Gated DeltaNet's gated delta rule over a packed batch: q, k [T, Hk, Dk],
+v [T, Hv, Dv] (value head h reads key head h / (Hv / Hk)), g [T, Hv] or
+[T, Hv, Dk], beta [T, Hv] -> (y [T, Hv, Dv] in q's dtype, lo, hi). Per token and
+head, on its [Dv, Dk] float32 state S: S = S * g; S += outer(beta * (v - S k), k);
+y = S q. Head h's state is at lo[slot, ssm_offset + h * Dv * Dk] for h <
+heads_in_lo, else at hi[slot, (h - heads_in_lo) * Dv * Dk], and is updated in
+place; slots, cu_seqlens and has_state as gdn_short_conv.)");
 
   m.def(
       "embedding_gather",

@@ -27,16 +27,17 @@ def _batch(lengths, seed=0, vector_gate=False):
     return q, k, v, g, beta, state
 
 
-def _oracle(q, k, v, g, beta, state, slots, lengths, has_state):
-    """float64, one scalar operation at a time."""
+def gated_delta_oracle(q, k, v, g, beta, state, slots, lengths, has_state):
+    """float64, one scalar operation at a time; any head counts and widths."""
+    hk, hv, dv, dk = q.shape[1], v.shape[1], v.shape[2], q.shape[2]
     state = state.copy()
-    y = np.zeros((q.shape[0], HV, DV))
+    y = np.zeros((q.shape[0], hv, dv))
     start = 0
     for slot, n, keep in zip(slots, lengths, has_state):
-        s = state[slot].copy() if keep else np.zeros((HV, DV, DK))
+        s = state[slot].copy() if keep else np.zeros((hv, dv, dk))
         for t in range(start, start + n):
-            for h in range(HV):
-                kh, qh = k[t, h // (HV // HK)], q[t, h // (HV // HK)]
+            for h in range(hv):
+                kh, qh = k[t, h // (hv // hk)], q[t, h // (hv // hk)]
                 decay = g[t, h] if g.ndim == 2 else g[t, h][None, :]
                 s[h] = s[h] * decay
                 delta = (v[t, h] - s[h] @ kh) * beta[t, h]
@@ -62,7 +63,7 @@ def test_gated_delta_matches_float64_for_a_mixed_batch(vector_gate):
     lengths, slots, has_state = [7, 1, 5, 1], [3, 0, 4, 1], [False, True, True, False]
     args = _batch(lengths, seed=1, vector_gate=vector_gate)
     y, state = _run(*args, slots, lengths, has_state)
-    want_y, want_state = _oracle(*args, slots, lengths, has_state)
+    want_y, want_state = gated_delta_oracle(*args, slots, lengths, has_state)
     np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(state, want_state, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(state[2], np.float32(args[5][2]))  # a slot no sequence names
@@ -92,7 +93,7 @@ def test_gated_delta_matches_mlx_lm():
     np.testing.assert_allclose(new[1], np.array(want_state[0]), rtol=1e-5, atol=1e-5)
 
 
-def _conv_oracle(x, weight, conv_state, slots, lengths, has_state):
+def short_conv_oracle(x, weight, conv_state, slots, lengths, has_state):
     kernel = weight.shape[1]
     state, ys, start = conv_state.copy(), [], 0
     for slot, n, keep in zip(slots, lengths, has_state):
@@ -123,7 +124,7 @@ def test_short_conv_matches_float64_and_carries_its_state():
     lengths, slots, has_state = [6, 1, 2], [0, 3, 1], [False, True, True]
     x = rng.normal(size=(sum(lengths), channels))
     y, state = _conv(x, weight, conv_state, slots, lengths, has_state)
-    want_y, want_state = _conv_oracle(x, weight, conv_state, slots, lengths, has_state)
+    want_y, want_state = short_conv_oracle(x, weight, conv_state, slots, lengths, has_state)
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(state, want_state, rtol=1e-6, atol=1e-6)
     # One 9-token prompt equals chunks of 2, 1, 6 with the state carried.

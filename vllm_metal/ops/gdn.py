@@ -1,21 +1,30 @@
 """Gated DeltaNet ops over a packed batch whose per-request states live in KV
-cache pages (attention/caches/state_pages.py says where).
+cache pages (attention/caches/state_pages.py says where), as lazy MLX graph nodes
+(native kernels of ``vllm_metal._ext``: csrc/cpu/gdn on the CPU stream;
+vllm_metal.ops.reference holds the pure-MLX versions).
 
 Rows of several requests arrive packed ([T, ...], ``cu_seqlens`` [N + 1]); request
 n reads and writes its state in block ``slots[n]`` of the pages, starting from
-zeros when ``has_state[n]`` is 0 (a fresh prompt or a recomputed one).
-
-For now both are the pure-MLX references (vllm_metal.ops.reference); the native
-kernels take their place behind these same signatures.
+zeros when ``has_state[n]`` is 0 (a fresh prompt or a recomputed one). The pages
+come back as the same buffers, written in place when the result is evaluated: use
+the returned pages afterwards, so the graph orders the write first. The extension
+checks shapes and dtypes (ValueError naming the argument); slots and cu_seqlens
+are checked on their data when the result is evaluated.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from vllm_metal.ops.reference import gated_delta_pages_ref, short_conv_pages_ref
+from vllm_metal.native import get_ops
 
 __all__ = ["gated_delta", "short_conv"]
+
+
+def _stream() -> mx.DeviceType | None:
+    # As the MLA ops: the default (GPU) stream with the Metal kernels loaded (the
+    # op falls back to the CPU for what they do not cover), else the CPU.
+    return None if get_ops().metal_kernels_loaded() else mx.cpu
 
 
 def short_conv(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.array,
@@ -23,7 +32,8 @@ def short_conv(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.array,
     """x [T, C], weight [C, K], lo [num_blocks, half_floats] float32 -> (y [T, C] in x's
     dtype, lo): the depthwise causal conv (no activation), each request continuing
     from its last K - 1 inputs at lo[slot, :(K-1)*C], which it updates."""
-    return short_conv_pages_ref(x, weight, lo, slots, cu_seqlens, has_state)
+    return get_ops().gdn_short_conv(x, weight, lo, slots, cu_seqlens, has_state,
+                                    stream=_stream())
 
 
 def gated_delta(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
@@ -34,5 +44,5 @@ def gated_delta(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.arr
     g [T, Hv] or [T, Hv, Dk] (the decay), beta [T, Hv] -> (y [T, Hv, Dv] in q's dtype,
     lo, hi). Per token, per value head: S = g * S; S += outer(beta * (v - S k), k);
     y = S q, from and into the head's [Dv, Dk] float32 state in the pages."""
-    return gated_delta_pages_ref(q, k, v, g, beta, lo, hi, slots, cu_seqlens, has_state,
-                                 ssm_offset, heads_in_lo)
+    return get_ops().gdn_gated_delta(q, k, v, g, beta, lo, hi, slots, cu_seqlens, has_state,
+                                     int(ssm_offset), int(heads_in_lo), stream=_stream())

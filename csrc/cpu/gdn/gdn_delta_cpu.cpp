@@ -1,0 +1,164 @@
+// The gated delta rule of Gated DeltaNet layers (gdn_cpu.h has the maths).
+// Items are (request, value head): a head's [Dv, Dk] state is updated in
+// place in its page, token by token, one pass over each state row for the
+// decay and S k, a second for the update and S q (SIMD over Dk).
+#include <algorithm>
+#include <vector>
+
+#include "cpu/gdn/gdn_cpu.h"
+#include "cpu/linear/linear_driver.h"
+#include "cpu/runtime/isa.h"
+#include "cpu/runtime/scratch.h"
+#include "cpu/runtime/thread_pool.h"
+#include "cpu/runtime/tile_math.h"
+
+namespace vllm_metal::cpu {
+
+namespace {
+
+struct Item {
+  int seq;
+  int head;
+  int64_t rows;
+};
+
+struct DeltaScratch {
+  ScratchVector<float> q, k, g;  // [Dk]: this token's query, key and decay
+  ScratchVector<float> v, y;     // [Dv]
+};
+
+// s[0:d] *= g[0:d]; returns s . k. Sixteen partial sums (tile_math.h says why).
+template <int D>
+VLLM_METAL_INLINE float decay_dot(float* __restrict s, const float* __restrict g,
+                                  const float* __restrict k, int d) {
+  const int n = D ? D : d;
+  const int n16 = n - n % kLanes;
+  float p[kLanes] = {};
+  for (int c = 0; c < n16; c += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) {
+      s[c + l] *= g[c + l];
+      p[l] += s[c + l] * k[c + l];
+    }
+  }
+  for (int c = n16; c < n; ++c) {
+    s[c] *= g[c];
+    p[0] += s[c] * k[c];
+  }
+  return tree_sum(p);
+}
+
+// s[0:d] += delta * k[0:d]; returns s . q.
+template <int D>
+VLLM_METAL_INLINE float update_dot(float* __restrict s, float delta, const float* __restrict k,
+                                   const float* __restrict q, int d) {
+  const int n = D ? D : d;
+  const int n16 = n - n % kLanes;
+  float p[kLanes] = {};
+  for (int c = 0; c < n16; c += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) {
+      s[c + l] += delta * k[c + l];
+      p[l] += s[c + l] * q[c + l];
+    }
+  }
+  for (int c = n16; c < n; ++c) {
+    s[c] += delta * k[c];
+    p[0] += s[c] * q[c];
+  }
+  return tree_sum(p);
+}
+
+// The head's [Dv, Dk] state inside the request's block.
+float* state_of(const GatedDeltaArgs& a, int64_t slot, int h) {
+  const int64_t per = static_cast<int64_t>(a.head_v_dim) * a.head_k_dim;
+  if (h < a.heads_in_lo) return a.lo + slot * a.lo_width + a.ssm_offset + h * per;
+  return a.hi + slot * a.hi_width + (h - a.heads_in_lo) * per;
+}
+
+template <int D>
+VLLM_METAL_INLINE void delta_body(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
+  const int dk = D ? D : a.head_k_dim, dv = a.head_v_dim;
+  const int hv = a.num_v_heads, hk = a.num_k_heads, h = it.head;
+  const int kh = h / (hv / hk);
+  float* state = state_of(a, a.batch.slots[it.seq], h);
+  if (a.batch.has_state[it.seq] == 0) {
+    std::fill(state, state + static_cast<int64_t>(dv) * dk, 0.0f);
+  }
+  w.q.resize(dk);
+  w.k.resize(dk);
+  w.g.resize(dk);
+  w.v.resize(dv);
+  w.y.resize(dv);
+  for (int64_t t = a.batch.cu_seqlens[it.seq]; t < a.batch.cu_seqlens[it.seq + 1]; ++t) {
+    const int64_t key_row = (t * hk + kh) * dk, head = t * hv + h;
+    driver::load_row(a.q, a.q_type, key_row, dk, w.q.data());
+    driver::load_row(a.k, a.k_type, key_row, dk, w.k.data());
+    driver::load_row(a.v, a.v_type, head * dv, dv, w.v.data());
+    if (a.vector_gate) {
+      driver::load_row(a.g, a.g_type, head * dk, dk, w.g.data());
+    } else {
+      float gate;
+      driver::load_row(a.g, a.g_type, head, 1, &gate);
+      std::fill(w.g.begin(), w.g.end(), gate);
+    }
+    float beta;
+    driver::load_row(a.beta, a.beta_type, head, 1, &beta);
+    for (int i = 0; i < dv; ++i) {
+      float* s = state + static_cast<int64_t>(i) * dk;
+      const float delta = (w.v[i] - decay_dot<D>(s, w.g.data(), w.k.data(), dk)) * beta;
+      w.y[i] = update_dot<D>(s, delta, w.k.data(), w.q.data(), dk);
+    }
+    driver::store_row(w.y.data(), nullptr, dv, a.y, a.y_type, head * dv);
+  }
+}
+
+// Dk = 128 (Qwen3-Next, Qwen3.5) with the trip counts known.
+VLLM_METAL_INLINE void delta_item(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
+  if (a.head_k_dim == 128) return delta_body<128>(a, it, w);
+  delta_body<0>(a, it, w);
+}
+
+void delta_generic(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
+  delta_item(a, it, w);
+}
+#if VLLM_METAL_X86_DISPATCH
+VLLM_METAL_TARGET_AVX512 void delta_avx512(const GatedDeltaArgs& a, const Item& it,
+                                           DeltaScratch& w) {
+  delta_item(a, it, w);
+}
+VLLM_METAL_TARGET_AVX2 void delta_avx2(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
+  delta_item(a, it, w);
+}
+#endif
+
+void run_item(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
+#if VLLM_METAL_X86_DISPATCH
+  switch (active_isa()) {
+    case Isa::Avx512: return delta_avx512(a, it, w);
+    case Isa::Avx2: return delta_avx2(a, it, w);
+    default: break;
+  }
+#endif
+  delta_generic(a, it, w);
+}
+
+} // namespace
+
+void gated_delta_cpu(const GatedDeltaArgs& a) {
+  check_gdn_batch("gdn_gated_delta", a.batch);
+  std::vector<Item> items;
+  for (int n = 0; n < a.batch.num_seqs; ++n) {
+    const int64_t rows = a.batch.cu_seqlens[n + 1] - a.batch.cu_seqlens[n];
+    for (int h = 0; h < a.num_v_heads; ++h) items.push_back({n, h, rows});
+  }
+  // Longest first: the last items to start are the short ones.
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& x, const Item& y) { return x.rows > y.rows; });
+  ThreadPool::instance().parallel_for(static_cast<int>(items.size()), [&](int i) {
+    thread_local DeltaScratch w;
+    run_item(a, items[i], w);
+  });
+}
+
+} // namespace vllm_metal::cpu
