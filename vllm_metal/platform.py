@@ -78,6 +78,13 @@ class MetalPlatform(Platform):
         return float(mx.get_active_memory())
 
     @classmethod
+    def pre_register_and_update(cls, parser=None) -> None:
+        """Before vLLM builds its config: this platform's engine-argument defaults."""
+        from vllm_metal import engine_defaults
+
+        engine_defaults.install()
+
+    @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         """Adapt vLLM's config to this platform. Runs in every process: idempotent."""
         from vllm_metal import compat

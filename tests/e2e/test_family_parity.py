@@ -32,7 +32,7 @@ def _run(llm, ids, max_tokens=MAX_TOKENS):
     return [o.outputs[0] for o in outs]
 
 
-def _check(model_dir, prompt_ids, out):
+def _check(model_dir, prompt_ids, out, rtol=0.0):
     want = mlx_reference.greedy_tokens(model_dir, prompt_ids, MAX_TOKENS)
     tokens = list(out.token_ids)
     assert tokens == want
@@ -41,10 +41,10 @@ def _check(model_dir, prompt_ids, out):
     dense = mlx_reference.full_logprobs(model_dir, prompt_ids + tokens)
     for step, (token, lps) in enumerate(zip(tokens, out.logprobs)):
         row = dense[len(prompt_ids) - 1 + step]
-        assert lps[token].logprob == pytest.approx(row[token], abs=LOGPROB_TOL)
+        assert lps[token].logprob == pytest.approx(row[token], abs=LOGPROB_TOL, rel=rtol)
         top = sorted(lps.items(), key=lambda kv: -kv[1].logprob)[:TOP_LOGPROBS]
         np.testing.assert_allclose([lp.logprob for _, lp in top], np.sort(row)[::-1][:TOP_LOGPROBS],
-                                   atol=LOGPROB_TOL)
+                                   atol=LOGPROB_TOL, rtol=rtol)
 
 
 # Gemma 4's three sliding groups each keep window + chunk tokens of blocks, as do the

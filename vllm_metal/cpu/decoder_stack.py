@@ -148,6 +148,8 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
         raise Unsupported("pipeline-parallel backbone")
     if len(adapter.entries) != len(layers):
         raise Unsupported("layers share KV entries")
+    if any(e.state is not None for e in adapter.entries):
+        raise Unsupported("linear-attention layers keep a recurrent state, not K/V")
     if not hasattr(backbone, "embed_tokens"):
         raise Unsupported(f"{_qualname(backbone)} has no embed_tokens")
     final = _norm_weight(getattr(backbone, "norm", None), "final norm")
