@@ -50,22 +50,22 @@ def test_prefix_hit_equals_mlx_lm_and_cold(family):
                    enable_prefix_caching=True, disable_log_stats=False)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP_LOGPROBS)
 
-    def run(ids):
-        return llm.generate([TokensPrompt(prompt_token_ids=ids)], params,
-                            use_tqdm=False)[0].outputs[0]
+    def run(engine, ids):
+        return engine.generate([TokensPrompt(prompt_token_ids=ids)], params,
+                               use_tqdm=False)[0].outputs[0]
     try:
         config = llm.llm_engine.vllm_config.cache_config
         assert config.mamba_cache_mode == "align"
         block = config.block_size
         assert len(prefix) > 2 * block, "the prefix must fill blocks to be cached"
-        _check(model_dir, first, run(first), rtol=RTOL)
+        _check(model_dir, first, run(llm, first), rtol=RTOL)
         hits = _metric(llm, "vllm:prefix_cache_hits")
-        hit = run(second)
+        hit = run(llm, second)
         assert _metric(llm, "vllm:prefix_cache_hits") - hits >= block * (len(prefix) // block - 1)
         _check(model_dir, second, hit, rtol=RTOL)
         assert llm.reset_prefix_cache()
         hits = _metric(llm, "vllm:prefix_cache_hits")
-        cold = run(second)
+        cold = run(llm, second)
         assert _metric(llm, "vllm:prefix_cache_hits") == hits
         assert cold.token_ids == hit.token_ids
         assert [{t: lp.logprob for t, lp in step.items()} for step in cold.logprobs] == \

@@ -655,7 +655,8 @@ def _rope_spec(rope: nn.Module | None, head_dim: int, where: str) -> dict:
             or seen.get("stream") is not None):
         raise Unsupported(f"{where}: RoPE {type(rope).__name__} does more than mx.fast.rope")
     dims = int(seen["dims"])
-    if dims <= 0 or dims % 2 or dims > head_dim or (seen["base"] is None) == (seen["freqs"] is None):
+    if (dims <= 0 or dims % 2 or dims > head_dim
+            or (seen["base"] is None) == (seen["freqs"] is None)):
         raise Unsupported(f"{where}: RoPE arguments the kernel does not cover")
     return {"dims": dims, "traditional": bool(seen["traditional"]),
             "base": None if seen["base"] is None else float(seen["base"]),
