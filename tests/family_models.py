@@ -224,6 +224,20 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
                              mrope_section=[4, 2, 2], mrope_interleaved=True)),
         tie_word_embeddings=False)),
+    "qwen3_5_moe": ("Qwen3_5MoeForConditionalGeneration", dict(text_config=dict(
+        model_type="qwen3_5_moe_text",
+        **{k: v for k, v in _DIMS.items() if k != "num_hidden_layers"},
+        num_hidden_layers=4, full_attention_interval=2, **_GDN, num_experts=MOE_EXPERTS,
+        num_experts_per_tok=2, moe_intermediate_size=MOE_INTER,
+        shared_expert_intermediate_size=MOE_INTER, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25,
+                             mrope_section=[4, 2, 2], mrope_interleaved=True)),
+        tie_word_embeddings=False)),
+    # One conv each for q, k and v; beta in [0, 2].
+    "olmo_hybrid": ("OlmoHybridForCausalLM", dict(
+        num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, **_GDN,
+        linear_allow_neg_eigval=True, attention_bias=False, layer_norm_epsilon=1e-6,
+        tie_word_embeddings=False)),
 }
 
 # Model types transformers 5 has no configuration class for (their hub

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
+from vllm_metal.attention.caches.state_pages import block_size_for_states
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.models.adapter import ModelAdapter, UnsupportedModelError
 from vllm_metal.v1.model_lifecycle import derive_dims
@@ -197,8 +198,13 @@ def paged_logits(adapter: ModelAdapter, tokens: list[int], backbone=None) -> mx.
     chunk, then the rest) through the paged cache. ``backbone``: a LoadedModel's
     (ids [1, T] -> [1, T, hidden]); default the adapter's module path."""
     dims = derive_dims(adapter)
-    blocks = 1 + -(-len(tokens) // _BLOCK)
-    shape = (blocks + 1, _BLOCK, dims.num_kv_heads, dims.head_dim)
+    states = {i: e.state for i, e in enumerate(adapter.entries) if e.state is not None}
+    size = _BLOCK
+    if states:   # a block must hold a recurrent state, as the runner sizes them
+        size = block_size_for_states(list(states.values()), dims.num_kv_heads, dims.head_dim,
+                                     4, _BLOCK)
+    blocks = 1 + -(-len(tokens) // size)
+    shape = (blocks + 1, size, dims.num_kv_heads, dims.head_dim)
     keys = [mx.zeros(shape) for _ in range(dims.num_layers)]
     values = [mx.zeros(shape) for _ in range(dims.num_layers)]
     table = [mx.arange(1, blocks + 1, dtype=mx.int32)[None]]
@@ -208,8 +214,11 @@ def paged_logits(adapter: ModelAdapter, tokens: list[int], backbone=None) -> mx.
             positions=mx.arange(lo, hi, dtype=mx.int32),
             cu_seqlens_q=mx.array([0, hi - lo], dtype=mx.int32),
             seq_lens=mx.array([hi], dtype=mx.int32), block_tables=table,
-            slot_mapping=[mx.arange(_BLOCK + lo, _BLOCK + hi, dtype=mx.int32)])
-        ctx = ForwardContext(meta, keys, values)
+            slot_mapping=[mx.arange(size + lo, size + hi, dtype=mx.int32)],
+            # State entries keep the sequence's state in the last block (no K/V there).
+            state_slots=[mx.array([blocks], dtype=mx.int32)],
+            has_state=mx.array([int(lo > 0)], dtype=mx.int32))
+        ctx = ForwardContext(meta, keys, values, states=states)
         ids = mx.array(tokens[lo:hi], dtype=mx.int32)
         with forward_context(ctx):
             hidden = adapter.hidden(ids) if backbone is None else backbone(ids[None])[0]

@@ -93,13 +93,15 @@ class ForwardContext:
             q_latent, q_pe, cache.reshape(cache.shape[0], cache.shape[1], cache.shape[3]),
             meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale)
 
-    def short_conv(self, entry: int, x: mx.array, weight: mx.array) -> mx.array:
+    def short_conv(self, entry: int, index: int, x: mx.array, weight: mx.array) -> mx.array:
         """x [total_q, C], weight [C, K] -> [total_q, C]: state entry ``entry``'s short
-        conv, each request continuing from (and updating) its page."""
+        conv ``index``, each request continuing from (and updating) its page."""
         meta = self.metadata
         lo = _float_rows(self.key_caches[entry])
+        offset = self.states[entry].conv_offset(index)
         y, lo = gdn.short_conv(x, weight, lo, meta.state_slots[self.group_of(entry)],
-                               meta.cu_seqlens_q, meta.has_state)
+                               meta.cu_seqlens_q, meta.has_state,
+                               *((offset,) if offset else ()))
         self.key_caches[entry] = _from_float_rows(lo, self.key_caches[entry])
         return y
 

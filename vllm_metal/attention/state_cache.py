@@ -2,14 +2,15 @@
 paged forward.
 
 mlx-lm's GDN mixers (qwen3_next, qwen3_5, and the families that share their
-``gated_delta_update``) keep an ``ArraysCache``: slot 0 the short conv's last
-inputs, slot 1 the recurrent state, for a batch whose rows are whole sequences.
+``gated_delta_update``) keep an ``ArraysCache``: first the short convs' last inputs
+(one slot per conv), then the recurrent state, for a batch whose rows are whole
+sequences.
 Here the rows are ``total_q`` single tokens of several requests, and each
 request's state lives in its KV page (attention/caches/state_pages.py). So:
-- ``cache[0]`` is None: the mixer pads each row with zeros of the conv's width,
-  and the layer's ``conv1d`` (a PagedShortConv) takes only the row's own input,
-  continuing its request's conv from the page;
-- ``cache[1]`` is a StateRef: mlx-lm's ``gated_delta_update`` (switched to
+- a conv slot is None: the mixer pads each row with zeros of the conv's width, and
+  the conv module (a PagedShortConv) takes only the row's own input, continuing
+  its request's conv from the page;
+- the last slot is a StateRef: mlx-lm's ``gated_delta_update`` (switched to
   paged_gated_delta_update) sees it and runs the packed recurrence over the pages;
 - what the mixer stores back (``cache[i] = ...``) is dropped: the ops wrote it.
 The family's own projections, norms, gates and head splits run unmodified.
@@ -35,16 +36,25 @@ class StateRef:
 
 
 class StateCache:
-    """State entry ``entry`` of the model (an mlx-lm ArraysCache of two slots)."""
+    """State entry ``entry`` of the model (an mlx-lm ArraysCache of ``size`` slots)."""
 
     lengths = None        # mlx-lm's batch-generation padding: none here
     left_padding = None
 
-    def __init__(self, entry: int) -> None:
+    def __init__(self, entry: int, size: int) -> None:
         self.entry = entry
+        self.size = size
 
     def __getitem__(self, index: int) -> StateRef | None:
-        return StateRef(self.entry) if index == 1 else None
+        if not -self.size <= index < self.size:
+            raise IndexError(index)
+        return StateRef(self.entry) if index % self.size == self.size - 1 else None
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        return (self[i] for i in range(self.size))
 
     def __setitem__(self, index: int, value: Any) -> None:
         pass
@@ -60,14 +70,15 @@ class StateCache:
 
 
 class PagedShortConv(nn.Module):
-    """A GDN mixer's depthwise ``nn.Conv1d`` over [rows, K, C] inputs whose first
-    K - 1 positions are the zeros StateCache lets the mixer pad with: each row's
-    own input (the last position) continues its request's conv from the page.
-    Outside a paged forward it is the family's conv."""
+    """Conv ``index`` of a GDN mixer: its depthwise ``nn.Conv1d`` over [rows, K, C]
+    inputs whose first K - 1 positions are the zeros StateCache lets the mixer pad
+    with: each row's own input (the last position) continues its request's conv
+    from the page. Outside a paged forward it is the family's conv."""
 
-    def __init__(self, entry: int, conv: nn.Conv1d) -> None:
+    def __init__(self, entry: int, index: int, conv: nn.Conv1d) -> None:
         super().__init__()
         self.entry = entry
+        self.index = index
         self.conv = conv
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -80,7 +91,8 @@ class PagedShortConv(nn.Module):
             raise ValueError(
                 f"state entry {self.entry}: conv input {tuple(x.shape)} with weight "
                 f"{tuple(weight.shape)} is not a depthwise conv over one new token per row")
-        y = get_forward_context().short_conv(self.entry, x[:, -1, :], weight[:, :, 0])
+        y = get_forward_context().short_conv(self.entry, self.index, x[:, -1, :],
+                                             weight[:, :, 0])
         if "bias" in self.conv:
             y = y + self.conv.bias
         return y[:, None, :]

@@ -81,11 +81,12 @@ class ModelAdapter:
         layered = _layered(model, self.text_model)
         windows = _cache_windows(layered, self.family)
         _wrap_self_computing(layered, self.family)
-        wrap_state_convs(_layers(layered), [i for i, w in enumerate(windows) if w == STATE],
-                         self.family, UnsupportedModelError)
+        self._convs = wrap_state_convs(
+            _layers(layered), [i for i, w in enumerate(windows) if w == STATE], self.family,
+            UnsupportedModelError)
         restack_expert_lists(_layers(layered) or [])
-        self.caches = [StateCache(i) if w == STATE else LayerCache(i)
-                       for i, w in enumerate(windows)]
+        self.caches = [StateCache(i, len(self._convs[i][1]) + 1) if w == STATE
+                       else LayerCache(i) for i, w in enumerate(windows)]
         _place_absolute_positions(self.backbone, self.caches)
         self.entries, self.hidden_size = self._probe_backbone(windows)
         self.vocab_size, self.head_in_backbone, self.plain_head = self._probe_head()
@@ -170,13 +171,13 @@ class ModelAdapter:
         return entries, int(out.shape[-1])
 
     def _state_entry(self, i: int, probe: _Probe) -> KVEntry:
-        conv, rule = probe.conv.get(i), probe.rule.get(i)
-        if conv is None or rule is None:
+        kernel, channels = self._convs[i]
+        convs, rule = probe.conv.get(i, set()), probe.rule.get(i)
+        if convs != set(range(len(channels))) or rule is None:
             raise UnsupportedModelError(
                 f"{self.family}: {self._where(i)} keeps a recurrent state but did not run "
-                f"{'its conv' if conv is None else 'mlx-lm gated_delta_update'} on it; "
-                "vllm-metal pages Gated DeltaNet mixers only")
-        channels, kernel = conv
+                f"{'each of its convs' if rule is not None else 'mlx-lm gated_delta_update'}"
+                " on it once per token; vllm-metal pages Gated DeltaNet mixers only")
         num_k_heads, head_k_dim, num_v_heads, head_v_dim = rule
         if num_v_heads % num_k_heads:
             raise UnsupportedModelError(
@@ -228,7 +229,7 @@ class _Probe(ForwardContext):
         self.kv: dict[int, tuple[int, int, int]] = {}
         self.attn: dict[int, tuple[int, float, int | None, float | None, bool]] = {}
         self.latent: dict[int, int] = {}   # MLA entries: their latent rank
-        self.conv: dict[int, tuple[int, int]] = {}   # state entries: (channels, taps)
+        self.conv: dict[int, set[int]] = {}   # state entries: the convs that ran
         # state entries: (key heads, key size, value heads, value size)
         self.rule: dict[int, tuple[int, int, int, int]] = {}
 
@@ -248,10 +249,10 @@ class _Probe(ForwardContext):
         return mx.zeros(shape, dtype=queries.dtype)
 
 
-    def short_conv(self, entry: int, x: mx.array, weight: mx.array) -> mx.array:
+    def short_conv(self, entry: int, index: int, x: mx.array, weight: mx.array) -> mx.array:
         if x.shape[0] != _PROBE_ROWS:
             raise UnsupportedModelError(f"conv rows of shape {tuple(x.shape)}")
-        self.conv[entry] = (int(weight.shape[0]), int(weight.shape[1]))
+        self.conv.setdefault(entry, set()).add(index)
         return mx.zeros(x.shape, dtype=x.dtype)
 
     def gated_delta(self, entry: int, q: mx.array, k: mx.array, v: mx.array, g: mx.array,
@@ -349,8 +350,9 @@ def _backbone_name(text_model: nn.Module, family: str) -> str:
 
 def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
     """One entry per KV cache mlx-lm makes for the model: None for a plain cache,
-    the size of a rotating (sliding-window) one, STATE for a two-slot ArraysCache
-    (what the probe then finds in it decides whether it is paged or refused)."""
+    the size of a rotating (sliding-window) one, STATE for an ArraysCache of conv
+    inputs then a recurrent state (what the probe then finds the layer doing with it
+    decides whether it is paged or refused)."""
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
     try:
@@ -362,8 +364,8 @@ def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
     for i, cache in enumerate(made):
         if type(cache) is KVCache:
             windows.append(None)
-        elif type(cache) is ArraysCache and len(cache.cache) == 2:
-            windows.append(STATE)   # [conv inputs, recurrent state]: a GDN layer
+        elif type(cache) is ArraysCache and len(cache.cache) >= 2:
+            windows.append(STATE)   # [conv inputs..., recurrent state]: a GDN layer?
         elif type(cache) is RotatingKVCache and not cache.keep:
             windows.append(int(cache.max_size))
         else:

@@ -10,26 +10,34 @@ from vllm_metal.attention.state_cache import PagedShortConv
 
 
 def wrap_state_convs(layers: list | None, state_entries: list[int], family: str,
-                     error: type[Exception]) -> None:
-    """Give each state entry's layer a PagedShortConv in place of its mixer's
-    depthwise ``conv1d`` (idempotent). mlx-lm makes one cache per layer for these
-    families, so entry i is layer i. A layer with no such conv, or with several, has
-    a mixer this platform does not page: refused with ``error``, naming it."""
+                     error: type[Exception]) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """Give each state entry's layer PagedShortConvs in place of its mixer's depthwise
+    ``Conv1d`` modules (idempotent), numbered in module order; returns per entry
+    (kernel taps, channels of each conv). mlx-lm makes one cache per layer for these
+    families, so entry i is layer i. A layer with no conv, or convs of different
+    kernels, has a mixer this platform does not page: refused with ``error``."""
+    convs: dict[int, tuple[int, tuple[int, ...]]] = {}
     if not state_entries:
-        return
+        return convs
     if layers is None:
         raise error(f"{family}: its recurrent-state layers are not listed under .layers")
     for entry in state_entries:
-        found = [(owner, name, module) for owner in layers[entry].modules()
-                 for name, module in owner.children().items()
-                 if isinstance(module, (nn.Conv1d, PagedShortConv))]
-        if len(found) != 1:
+        found = [(owner, name, module) for _, owner in sorted(layers[entry].named_modules(),
+                                                                key=lambda m: m[0])
+                 for name, module in sorted(owner.children().items())
+                 if isinstance(module, (nn.Conv1d, PagedShortConv))
+                 and not isinstance(owner, PagedShortConv)]
+        weights = [(m.conv if isinstance(m, PagedShortConv) else m).weight for _, _, m in found]
+        taps = {int(w.shape[1]) for w in weights}
+        if not found or len(taps) != 1 or any(w.shape[2] != 1 for w in weights):
             layer = type(layers[entry])
             raise error(
                 f"{family}: layer {entry} ({layer.__module__}.{layer.__qualname__}) keeps a "
-                f"recurrent state (mlx-lm's ArraysCache) with {len(found)} convolutions; "
-                "vllm-metal pages Gated DeltaNet mixers (one depthwise conv, then the "
-                "gated delta rule) only")
-        owner, name, module = found[0]
-        if isinstance(module, nn.Conv1d):
-            setattr(owner, name, PagedShortConv(entry, module))
+                "recurrent state (mlx-lm's ArraysCache) but not through depthwise "
+                "convolutions of one kernel size; vllm-metal pages Gated DeltaNet mixers "
+                "(short convs, then the gated delta rule) only")
+        for index, (owner, name, module) in enumerate(found):
+            if isinstance(module, nn.Conv1d):
+                setattr(owner, name, PagedShortConv(entry, index, module))
+        convs[entry] = (taps.pop(), tuple(int(w.shape[0]) for w in weights))
+    return convs

@@ -8,7 +8,9 @@ and a V array [num_blocks, block_size, kv_heads, head_dim]; seen as float32,
 block ``b`` of each is a row of ``half_floats`` floats, ``lo`` (K) and ``hi`` (V).
 
 A state is placed in those two rows so that no piece straddles them:
-- ``lo[b, 0 : conv_floats]``: the short conv's last K - 1 inputs, [K - 1, C];
+- ``lo[b, 0 : conv_floats]``: the short convs' last K - 1 inputs, each [K - 1, C_i]
+  after the ones before it (most mixers have one conv over q, k and v together;
+  some have one each);
 - ``lo[b, ssm_offset + h * head_floats ...]`` for heads h < heads_in_lo, then
   ``hi[b, (h - heads_in_lo) * head_floats ...]`` for the rest: each value head's
   recurrent state [Dv, Dk], row-major.
@@ -26,14 +28,22 @@ _ALIGN_FLOATS = 16
 
 @dataclass(frozen=True)
 class GdnStateShape:
-    """One GDN layer's state: conv over C = 2 * Hk * Dk + Hv * Dv channels with a
-    kernel of K taps, then Hv heads of [Dv, Dk]."""
+    """One GDN layer's state: short convs of K taps over C_i channels (conv_dims; one
+    conv over C = 2 * Hk * Dk + Hv * Dv for Qwen3-Next), then Hv heads of [Dv, Dk]."""
 
     conv_kernel: int
-    conv_dim: int
+    conv_dims: tuple[int, ...]
     num_v_heads: int
     head_v_dim: int
     head_k_dim: int
+
+    @property
+    def conv_dim(self) -> int:
+        return sum(self.conv_dims)
+
+    def conv_offset(self, index: int) -> int:
+        """Where conv ``index``'s [K - 1, C_index] state starts in ``lo``."""
+        return (self.conv_kernel - 1) * sum(self.conv_dims[:index])
 
     @property
     def conv_floats(self) -> int:
