@@ -124,9 +124,13 @@ class ModelAdapter:
         except UnsupportedModelError as e:
             raise UnsupportedModelError(f"{self.family}: {e}") from e
         except Exception as e:
-            why = (" (its attention computes with the mask as an array, e.g. latent "
-                   "attention, where the paged kernels take only causal and window masks)"
-                   if "PagedMask" in str(e) else "")
+            why = ""
+            if "PagedMask" in str(e):
+                why = (" (its attention computes with the mask as an array, e.g. latent "
+                       "attention, where the paged kernels take only causal and window masks)")
+            elif "StateRef" in str(e):
+                why = (" (a recurrent layer computes with its state itself, e.g. a Mamba SSM, "
+                       "where vllm-metal pages Gated DeltaNet mixers only)")
             raise UnsupportedModelError(
                 f"{self.family}: its mlx-lm backbone {_qualname(self.backbone)} does not run "
                 f"on vllm-metal's paged cache{why} ({type(e).__name__}: {e})") from e
