@@ -16,6 +16,7 @@
 #include "dispatch/dispatch_bindings.h"
 #include "dispatch/experts_bindings.h"
 #include "dispatch/mla_bindings.h"
+#include "dispatch/gdn_bindings.h"
 #include "dispatch/lora_bindings.h"
 #include "ops/paged_attention.h"
 #include "ops/reshape_and_cache.h"
@@ -190,14 +191,15 @@ seq_lens [S], cu_seqlens_q [S + 1] as paged_attention.)");
       "slots"_a,
       "cu_seqlens"_a,
       "has_state"_a,
+      "conv_offset"_a = 0,
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(Gated DeltaNet's causal depthwise conv over a packed batch: x [T, C], weight
 [C, K] -> (y [T, C] in x's dtype, lo), y[t] = sum_j weight[:, j] * z[t + j] with
 z = [state; the request's rows], no activation. Request n (rows cu_seqlens[n] to
 cu_seqlens[n + 1]) continues from its last K - 1 inputs, [K - 1, C] float32 at
-lo[slots[n], 0:] (zeros where has_state[n] is 0), and leaves its new ones there,
-in place (lo [num_blocks, W] float32). Slots outside the pages or named twice
+lo[slots[n], conv_offset:] (zeros where has_state[n] is 0), and leaves its new ones
+there, in place (lo [num_blocks, W] float32). Slots outside the pages or named twice
 raise at evaluation.)");
 
   m.def(
@@ -419,4 +421,5 @@ y's buffer holds the result when nothing else holds y.)");
   vllm_metal::bind_lora_debug(debug);
   vllm_metal::bind_experts_debug(debug);
   vllm_metal::bind_mla_debug(debug);
+  vllm_metal::bind_gdn_debug(debug);
 }

@@ -29,7 +29,8 @@ install(FILES ${_vllm_metal_kernel_paths} DESTINATION vllm_metal/kernels_v2)
 if(APPLE)
   include(${CMAKE_CURRENT_LIST_DIR}/metallib_commands.cmake)
   target_sources(_ext PRIVATE metal/launches.cpp metal/paged_attention_metal.cpp metal/lora_metal.cpp
-                              metal/experts_metal.cpp metal/mla_metal.cpp)
+                              metal/experts_metal.cpp metal/mla_metal.cpp
+                              metal/gdn_metal.cpp)
   target_link_libraries(_ext PRIVATE "-framework IOKit" "-framework CoreFoundation")
 
   # -fno-fast-math: `metal` defaults to fast math, while MLX's JIT (the

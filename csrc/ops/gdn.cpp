@@ -6,6 +6,9 @@
 
 #include "cpu/gdn/gdn_cpu.h"
 #include "cpu/runtime/strided_copy.h"
+#include "dispatch/gdn_launch_plan.h"
+#include "metal/gdn_metal.h"
+#include "metal/kernel_library.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
@@ -53,10 +56,21 @@ void check_batch(const char* op, const mx::array& slots, const mx::array& cu_seq
   }
 }
 
-// The CPU stream for now: the Metal kernels come with their launch plans.
-mx::Stream stream_for(mx::StreamOrDevice s) {
+// The stream the op runs on: the GPU only with the kernels loaded, pages that
+// are row-contiguous, and inputs the kernels take (`fits`).
+mx::Stream stream_for(mx::StreamOrDevice s, bool fits, const mx::array& lo, const mx::array& hi) {
   auto stream = mx::to_stream(s);
-  return stream.device == mx::Device::gpu ? mx::default_stream(mx::Device::cpu) : stream;
+  const bool gpu = stream.device == mx::Device::gpu && metal::kernels_configured() && fits &&
+      lo.flags().row_contiguous && hi.flags().row_contiguous;
+  return stream.device == mx::Device::gpu && !gpu ? mx::default_stream(mx::Device::cpu) : stream;
+}
+
+// The kernels read the float side inputs (conv taps, gate, beta) as float32:
+// exact, and one instantiation per dtype of the rows.
+mx::array side_input(const mx::array& a, const mx::Stream& s) {
+  const bool gpu = s.device == mx::Device::gpu;
+  return mx::contiguous(gpu && a.dtype() != mx::float32 ? mx::astype(a, mx::float32, s) : a,
+                        false, s);
 }
 
 [[noreturn]] void no_gpu(const char* name) {
@@ -76,7 +90,8 @@ cpu::GdnBatch batch_of(const std::vector<mx::array>& inputs, int first, int64_t 
 std::pair<mx::array, mx::array> gdn_short_conv(const mx::array& x, const mx::array& weight,
                                                const mx::array& lo, const mx::array& slots,
                                                const mx::array& cu_seqlens,
-                                               const mx::array& has_state, mx::StreamOrDevice s) {
+                                               const mx::array& has_state, int conv_offset,
+                                               mx::StreamOrDevice s) {
   const char* op = "gdn_short_conv";
   if (x.ndim() != 2) fail(op, "x must be [T, C]");
   check_float(op, x, "x", "[T, C]");
@@ -85,20 +100,21 @@ std::pair<mx::array, mx::array> gdn_short_conv(const mx::array& x, const mx::arr
   }
   check_float(op, weight, "weight", "[C, K]");
   check_pages(op, lo, "lo");
+  if (conv_offset < 0) fail(op, "conv_offset must be >= 0");
   const int64_t conv_floats = static_cast<int64_t>(weight.shape(1) - 1) * x.shape(1);
-  if (conv_floats > lo.shape(1)) {
+  if (conv_offset + conv_floats > lo.shape(1)) {
     fail(op, "lo's rows of W = " + std::to_string(lo.shape(1)) +
                  " floats cannot hold the conv state of (K - 1) * C = " +
-                 std::to_string(conv_floats));
+                 std::to_string(conv_floats) + " at conv_offset " + std::to_string(conv_offset));
   }
   check_batch(op, slots, cu_seqlens, has_state);
-  auto stream = stream_for(s);
+  auto stream = stream_for(s, true, lo, lo);
   // The pages go in as they are: eval writes into their buffer.
   std::vector<mx::array> inputs = {
-      mx::contiguous(x, false, stream), mx::contiguous(weight, false, stream), lo,
+      mx::contiguous(x, false, stream), side_input(weight, stream), lo,
       as_int32(slots, stream), as_int32(cu_seqlens, stream), as_int32(has_state, stream)};
   auto outs = mx::array::make_arrays({x.shape(), lo.shape()}, {x.dtype(), mx::float32},
-                                     std::make_shared<GdnShortConv>(stream), inputs);
+                                     std::make_shared<GdnShortConv>(stream, conv_offset), inputs);
   return {outs[0], outs[1]};
 }
 
@@ -113,7 +129,7 @@ void GdnShortConv::eval_cpu(const std::vector<mx::array>& inputs,
   cpu::ShortConvArgs a{x.data<void>(), elem_of(x.dtype()), weight.data<void>(),
                        elem_of(weight.dtype()), static_cast<int>(x.shape(1)),
                        static_cast<int>(weight.shape(1)), outputs[1].data<float>(),
-                       static_cast<int64_t>(inputs[2].shape(1)), y.data<void>(),
+                       static_cast<int64_t>(inputs[2].shape(1)), conv_offset_, y.data<void>(),
                        elem_of(y.dtype()), batch_of(inputs, 3, x.shape(0), inputs[2].shape(0))};
   const char* src = inputs[2].data<char>();
   auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -127,9 +143,15 @@ void GdnShortConv::eval_cpu(const std::vector<mx::array>& inputs,
 
 void GdnShortConv::eval_gpu(const std::vector<mx::array>& inputs,
                             std::vector<mx::array>& outputs) {
+#if VLLM_METAL_APPLE()
+  require_row_contiguous("gdn_short_conv", inputs,
+                         {"x", "weight", "lo", "slots", "cu_seqlens", "has_state"});
+  metal::gdn_short_conv_gpu(stream(), inputs, outputs, conv_offset_);
+#else
   (void)inputs;
   (void)outputs;
   no_gpu(name());
+#endif
 }
 
 std::tuple<mx::array, mx::array, mx::array> gdn_gated_delta(
@@ -175,9 +197,12 @@ std::tuple<mx::array, mx::array, mx::array> gdn_gated_delta(
                  std::to_string((hv - heads_in_lo) * per) + ")");
   }
   check_batch(op, slots, cu_seqlens, has_state);
-  auto stream = stream_for(s);
+  const bool fits = q.dtype() == k.dtype() && q.dtype() == v.dtype() &&
+      dispatch::metal_supports_gdn(dk);
+  auto stream = stream_for(s, fits, lo, hi);
   auto rows = [&](const mx::array& a) { return mx::contiguous(a, false, stream); };
-  std::vector<mx::array> inputs = {rows(q), rows(k), rows(v), rows(g), rows(beta), lo, hi,
+  std::vector<mx::array> inputs = {rows(q), rows(k), rows(v), side_input(g, stream),
+                                   side_input(beta, stream), lo, hi,
                                    as_int32(slots, stream), as_int32(cu_seqlens, stream),
                                    as_int32(has_state, stream)};
   auto outs = mx::array::make_arrays(
@@ -233,9 +258,16 @@ void GdnGatedDelta::eval_cpu(const std::vector<mx::array>& inputs,
 
 void GdnGatedDelta::eval_gpu(const std::vector<mx::array>& inputs,
                              std::vector<mx::array>& outputs) {
+#if VLLM_METAL_APPLE()
+  require_row_contiguous("gdn_gated_delta", inputs,
+                         {"q", "k", "v", "g", "beta", "lo", "hi", "slots", "cu_seqlens",
+                          "has_state"});
+  metal::gdn_gated_delta_gpu(stream(), inputs, outputs, ssm_offset_, heads_in_lo_);
+#else
   (void)inputs;
   (void)outputs;
   no_gpu(name());
+#endif
 }
 
 } // namespace vllm_metal

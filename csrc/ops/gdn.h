@@ -25,10 +25,12 @@ namespace vllm_metal {
  * outside [0, num_blocks), named twice, or cu_seqlens not from 0 up to T raise
  * at evaluation, before anything is written.
  *
- *   x        [T, C] float16/bfloat16/float32
- *   weight   [C, K] float: the depthwise taps
- *   lo       [num_blocks, W] float32, (K - 1) * C <= W: the state, [K - 1, C] at lo[slot, 0:]
- *   returns  (y [T, C] in x's dtype, lo)
+ *   x            [T, C] float16/bfloat16/float32
+ *   weight       [C, K] float: the depthwise taps
+ *   lo           [num_blocks, W] float32: the state, [K - 1, C] at lo[slot, conv_offset:]
+ *   conv_offset  >= 0, conv_offset + (K - 1) * C <= W (a mixer with several convs
+ *                keeps their states one after the other)
+ *   returns      (y [T, C] in x's dtype, lo)
  */
 std::pair<mlx::core::array, mlx::core::array> gdn_short_conv(
     const mlx::core::array& x,
@@ -37,6 +39,7 @@ std::pair<mlx::core::array, mlx::core::array> gdn_short_conv(
     const mlx::core::array& slots,
     const mlx::core::array& cu_seqlens,
     const mlx::core::array& has_state,
+    int conv_offset = 0,
     mlx::core::StreamOrDevice s = {});
 
 /**
@@ -64,12 +67,14 @@ std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> gdn_gated_delta
     int heads_in_lo,
     mlx::core::StreamOrDevice s = {});
 
-// Both run on the GPU stream (kernels_v2/gdn.metal) when the kernels are loaded
-// and the inputs fit them (gdn_launch_plan.h); otherwise on the CPU.
+// Both run on the GPU stream (kernels_v2/gdn.metal) when the kernels are loaded,
+// the pages are row-contiguous and, for gdn_gated_delta, q, k and v share a dtype
+// and Dk fits the kernel (dispatch/gdn_launch_plan.h); otherwise on the CPU.
 // Inputs: x, weight, lo, slots, cu_seqlens, has_state (int32). Outputs: y, lo.
 class GdnShortConv : public mlx::core::Primitive {
  public:
-  explicit GdnShortConv(mlx::core::Stream stream) : mlx::core::Primitive(stream) {}
+  GdnShortConv(mlx::core::Stream stream, int conv_offset)
+      : mlx::core::Primitive(stream), conv_offset_(conv_offset) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -80,13 +85,16 @@ class GdnShortConv : public mlx::core::Primitive {
   const char* name() const override {
     return "VllmMetalGdnShortConv";
   }
-  bool is_equivalent(const mlx::core::Primitive&) const override {
-    return true;
+  bool is_equivalent(const mlx::core::Primitive& other) const override {
+    return conv_offset_ == static_cast<const GdnShortConv&>(other).conv_offset_;
   }
   std::vector<mlx::core::Shape> output_shapes(
       const std::vector<mlx::core::array>& inputs) override {
     return {inputs[0].shape(), inputs[2].shape()};
   }
+
+ private:
+  int conv_offset_;
 };
 
 // Inputs: q, k, v, g, beta, lo, hi, slots, cu_seqlens, has_state (int32).

@@ -41,6 +41,12 @@ def host_names(ext) -> set[str]:
         for op in ("latent_cache_write", "mla_attention"):
             names.add(ext.debug.mla_launch_plan(op, dtype, 1, num_seqs=1, num_heads=1, rank=64, rope_dim=16,
                                                 block_size=16, num_blocks=1, max_blocks_per_seq=1)["kernel"])
+        conv = ext.debug.gdn_launch_plan("short_conv", dtype, 1, num_seqs=1, num_blocks=1,
+                                         lo_width=96, channels=32, taps=4)
+        delta = ext.debug.gdn_launch_plan("gated_delta", dtype, 1, num_seqs=1, num_blocks=1,
+                                          lo_width=512, hi_width=512, num_k_heads=1,
+                                          num_v_heads=1, head_k_dim=32, head_v_dim=16)
+        names.update(launch["kernel"] for launch in conv["launches"] + delta["launches"])
     return names
 
 
@@ -55,7 +61,8 @@ def test_host_names_are_exactly_the_instantiations(kernels, ext):
     # 63 varlen + 36 GQA decode (12 specializations x 3 dtypes) + 21 reduce + 3 cache writes
     # + 9 LoRA (shrink, expand, expand_add x 3 dtypes) + 12 experts (float, q4, q8, mxfp4 x 3 dtypes)
     # + 6 MLA (cache write, attention x 3 dtypes)
-    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 12 + 6
+    # + 9 GDN (conv rows, conv state, gated delta x 3 dtypes)
+    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 12 + 6 + 9
 
 
 def test_block_size_instantiations_follow_constants_py(kernels):

@@ -67,8 +67,8 @@ def test_jit_source_holds_every_kernel_and_compiles(tmp_path):
     single.write_text(ext.source)
     library = MslLibrary(single, defines={}, cache_dir=REPO / "build" / "msl_harness")
     # + LoRA: shrink, expand, expand_add x 3 dtypes; experts: float, q4, q8, mxfp4 x 3 dtypes;
-    # MLA: cache write, attention x 3 dtypes
-    assert len(library.kernels) == 63 + 36 + 21 + 3 + 9 + 12 + 6
+    # MLA: cache write, attention x 3 dtypes; GDN: conv rows, conv state, gated delta x 3 dtypes
+    assert len(library.kernels) == 63 + 36 + 21 + 3 + 9 + 12 + 6 + 9
 
 
 def test_probe_reads_the_installed_extension_in_a_child_process():
@@ -155,5 +155,5 @@ def test_build_from_source_on_linux_recompiles_the_kernels_on_the_harness():
     result = subprocess.run([sys.executable, "-P", "-c", code], env=env, capture_output=True, text=True,
                             timeout=600, cwd=REPO, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "compiled on the MSL CPU harness (150 kernels)" in result.stdout + result.stderr
+    assert "compiled on the MSL CPU harness (159 kernels)" in result.stdout + result.stderr
     assert "Native paged-attention CPU kernels loaded" in result.stdout + result.stderr

@@ -63,6 +63,7 @@ class ConvCase:
     has_state: list[bool]
     x64: np.ndarray
     weight64: np.ndarray
+    conv_offset: int = 0  # where the state starts in lo (the references' is 0)
 
     def args(self):
         return (self.x, self.weight, mx.array(self.pages),
@@ -71,33 +72,35 @@ class ConvCase:
     def expected(self) -> tuple[np.ndarray, np.ndarray]:
         """float64 (y [T, C], lo after the call)."""
         channels, taps = self.weight64.shape
-        width = (taps - 1) * channels
+        held = np.s_[self.conv_offset:self.conv_offset + (taps - 1) * channels]
         dense = np.zeros((self.pages.shape[0], taps - 1, channels))
         for slot, keep in zip(self.slots, self.has_state):
             if keep:
-                dense[slot] = self.pages[slot, :width].reshape(taps - 1, channels)
+                dense[slot] = self.pages[slot, held].reshape(taps - 1, channels)
         y, dense = short_conv_oracle(self.x64, self.weight64, dense, self.slots, self.lengths,
                                      self.has_state)
         pages = self.pages.astype(np.float64)
         for slot in self.slots:
-            pages[slot, :width] = dense[slot].reshape(-1)
+            pages[slot, held] = dense[slot].reshape(-1)
         return y.reshape(self.x64.shape), pages
 
 
 def make_conv(lengths, has_state, *, channels=24, taps=4, dtype=mx.float32, seed=0,
-              width=None, num_blocks=None) -> ConvCase:
+              width=None, num_blocks=None, conv_offset=0) -> ConvCase:
     rng = np.random.default_rng(seed)
     num_blocks = num_blocks or len(lengths) + 3
-    width = width or (taps - 1) * channels + 13
+    floats = (taps - 1) * channels
+    width = width or conv_offset + floats + 13
     slots = [int(s) for s in rng.permutation(num_blocks)[:len(lengths)]]
     x, x64 = _rounded(rng.normal(size=(sum(lengths), channels)), dtype)
     weight, weight64 = _rounded(rng.normal(size=(channels, taps)) / taps, dtype)
     pages = np.full((num_blocks, width), np.nan, np.float32)
     for slot, keep in zip(slots, has_state):
         if keep:  # a conv state holds earlier inputs: values of x's dtype
-            _, held = _rounded(rng.normal(size=(taps - 1) * channels), dtype)
-            pages[slot, :(taps - 1) * channels] = held
-    return ConvCase(x, weight, pages, slots, list(lengths), list(has_state), x64, weight64)
+            _, held = _rounded(rng.normal(size=floats), dtype)
+            pages[slot, conv_offset:conv_offset + floats] = held
+    return ConvCase(x, weight, pages, slots, list(lengths), list(has_state), x64, weight64,
+                    conv_offset)
 
 
 @dataclass
@@ -344,18 +347,28 @@ def test_every_instruction_set(isa, dk):
     assert_pages(loc, want_loc, conv.pages)
 
 
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=str)
+def test_short_conv_at_an_offset(dtype):
+    case = make_conv(**MIXED, dtype=dtype, conv_offset=37, seed=13)
+    y, lo = short_conv(*case.args(), case.conv_offset)
+    want_y, want_lo = case.expected()
+    assert_rows(y, want_y, dtype)
+    assert_pages(lo, want_lo, case.pages)
+
+
 def test_a_layer_step_shares_one_page():
-    """The conv state and the recurrent states of one layer in the same K/V block,
-    placed as the runner places them: neither op touches the other's floats."""
+    """A mixer with two convs and the recurrent states, in one K/V block placed as the
+    runner places them: no op touches another's floats."""
     from vllm_metal.attention.caches.state_pages import GdnStateShape
 
-    hk, hv, dk, dv, taps, lengths = 1, 2, 32, 16, 4, [5, 1]
-    shape = GdnStateShape(taps, 2 * hk * dk + hv * dv, hv, dv, dk)
+    hk, hv, dk, dv, taps, lengths, has_state = 1, 2, 32, 16, 4, [5, 1], [True, True]
+    shape = GdnStateShape(taps, (2 * hk * dk, hv * dv), hv, dv, dk)
     width = shape.ssm_offset + shape.head_floats + 8  # one head in lo, one in hi
     assert shape.fits(width) and shape.heads_in_lo(width) == 1
-    delta = make_delta(lengths, [True, True], hk=hk, hv=hv, dk=dk, dv=dv, seed=13)
-    conv = make_conv(lengths, [True, True], channels=shape.conv_dim, taps=taps, seed=13)
-    rng = np.random.default_rng(13)
+    delta = make_delta(lengths, has_state, hk=hk, hv=hv, dk=dk, dv=dv, seed=14)
+    convs = [make_conv(lengths, has_state, channels=c, taps=taps, seed=15 + i,
+                       conv_offset=shape.conv_offset(i)) for i, c in enumerate(shape.conv_dims)]
+    rng = np.random.default_rng(16)
     lo = np.full((delta.lo.shape[0], width), np.nan, np.float32)
     hi = np.full((delta.lo.shape[0], width), np.nan, np.float32)
     for slot in delta.slots:
@@ -363,16 +376,20 @@ def test_a_layer_step_shares_one_page():
         lo[slot, shape.ssm_offset:shape.ssm_offset + shape.head_floats] = rng.normal(
             size=shape.head_floats) * 0.5
         hi[slot, :shape.head_floats] = rng.normal(size=shape.head_floats) * 0.5
-    conv.pages, conv.slots = lo, delta.slots
+    for conv in convs:
+        conv.pages, conv.slots = lo, delta.slots
     delta.lo, delta.hi, delta.ssm_offset, delta.heads_in_lo = lo, hi, shape.ssm_offset, 1
-    want_conv_y, want_conv_lo = conv.expected()
     want_y, want_lo, want_hi = delta.expected()
-    want_lo[:, :shape.conv_floats] = want_conv_lo[:, :shape.conv_floats]
-    slots, cu, has_state = _batch_arrays(delta.slots, lengths, [True, True])
-    conv_y, page = short_conv(conv.x, conv.weight, mx.array(lo), slots, cu, has_state)
-    y, page, hi_out = gated_delta(*delta.inputs, page, mx.array(hi), slots, cu, has_state,
+    slots, cu, keep = _batch_arrays(delta.slots, lengths, has_state)
+    page = mx.array(lo)
+    for conv in convs:
+        want_conv_y, want_conv_lo = conv.expected()
+        held = np.s_[:, conv.conv_offset:conv.conv_offset + conv.x.shape[1] * (taps - 1)]
+        want_lo[held] = want_conv_lo[held]
+        conv_y, page = short_conv(conv.x, conv.weight, page, slots, cu, keep, conv.conv_offset)
+        assert_rows(conv_y, want_conv_y, mx.float32)
+    y, page, hi_out = gated_delta(*delta.inputs, page, mx.array(hi), slots, cu, keep,
                                   shape.ssm_offset, 1)
-    assert_rows(conv_y, want_conv_y, mx.float32)
     assert_rows(y, want_y, mx.float32)
     assert_pages(page, want_lo, lo)
     assert_pages(hi_out, want_hi, hi)
@@ -399,7 +416,9 @@ def _delta_args(**change):
     (dict(x=mx.zeros((4, 24, 1))), r"x must be \[T, C\]"),
     (dict(weight=mx.zeros((23, 4))), r"weight must be \[C, K\]"),
     (dict(lo=mx.zeros((6, 100), dtype=mx.float16)), "lo must be float32"),
-    (dict(lo=mx.zeros((6, 71))), r"\(K - 1\) \* C = 72"),
+    (dict(lo=mx.zeros((6, 71))), r"\(K - 1\) \* C = 72 at conv_offset 0"),
+    (dict(conv_offset=14), "cannot hold the conv state of .* at conv_offset 14"),
+    (dict(conv_offset=-1), "conv_offset must be >= 0"),
     (dict(slots=mx.zeros((2,), dtype=mx.float32)), "slots must be integer"),
     (dict(cu_seqlens=mx.array([0, 4], dtype=mx.int32)), r"cu_seqlens must be integer \[N \+ 1\]"),
     (dict(has_state=mx.ones((2,), dtype=mx.float32)), "has_state must be bool or integer"),

@@ -1,6 +1,7 @@
 """Gated DeltaNet ops over a packed batch whose per-request states live in KV
 cache pages (attention/caches/state_pages.py says where), as lazy MLX graph nodes
-(native kernels of ``vllm_metal._ext``: csrc/cpu/gdn on the CPU stream;
+(native kernels of ``vllm_metal._ext``: kernels_v2/gdn.metal on the GPU once the
+Metal kernels are loaded, else csrc/cpu/gdn on the CPU stream;
 vllm_metal.ops.reference holds the pure-MLX versions).
 
 Rows of several requests arrive packed ([T, ...], ``cu_seqlens`` [N + 1]); request
@@ -28,12 +29,14 @@ def _stream() -> mx.DeviceType | None:
 
 
 def short_conv(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.array,
-               cu_seqlens: mx.array, has_state: mx.array) -> tuple[mx.array, mx.array]:
+               cu_seqlens: mx.array, has_state: mx.array,
+               conv_offset: int = 0) -> tuple[mx.array, mx.array]:
     """x [T, C], weight [C, K], lo [num_blocks, half_floats] float32 -> (y [T, C] in x's
     dtype, lo): the depthwise causal conv (no activation), each request continuing
-    from its last K - 1 inputs at lo[slot, :(K-1)*C], which it updates."""
+    from its last K - 1 inputs at lo[slot, conv_offset:][:(K-1)*C], which it updates
+    (conv_offset: where this conv's state sits after a mixer's earlier convs)."""
     return get_ops().gdn_short_conv(x, weight, lo, slots, cu_seqlens, has_state,
-                                    stream=_stream())
+                                    int(conv_offset), stream=_stream())
 
 
 def gated_delta(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,

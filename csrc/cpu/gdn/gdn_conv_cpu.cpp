@@ -48,7 +48,7 @@ VLLM_METAL_INLINE void conv_body(const ShortConvArgs& a, const Item& it, ConvScr
                      w.wrow.data());
     for (int j = 0; j < taps; ++j) w.taps[static_cast<size_t>(j) * cb + i] = w.wrow[j];
   }
-  float* state = a.lo + a.batch.slots[it.seq] * a.lo_width + it.c0;
+  float* state = a.lo + a.batch.slots[it.seq] * a.lo_width + a.conv_offset + it.c0;
   const bool from_state = a.batch.has_state[it.seq] != 0;
   for (int r = 0; r < keep; ++r) {
     float* dst = w.ring.data() + static_cast<size_t>(r) * cb;

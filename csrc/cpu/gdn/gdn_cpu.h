@@ -10,7 +10,7 @@
 //
 // short_conv, per channel c, with z = [state (K - 1 rows); the request's rows of x]:
 //   y[t, c] = sum_j weight[c, j] * z[t + j, c]      (no activation)
-//   state   = the last K - 1 rows of z, [K - 1, C] at lo[slot, 0 : (K - 1) * C]
+//   state   = the last K - 1 rows of z, [K - 1, C] at lo[slot, conv_offset:]
 // gated_delta, per value head h (key head h / (Hv / Hk)), S its [Dv, Dk] state:
 //   S = S * g                    (g scalar per head, or per key column)
 //   S = S + outer(beta * (v - S k), k)
@@ -44,8 +44,9 @@ struct ShortConvArgs {
   Elem weight_type;
   int channels;         // C
   int kernel;           // K
-  float* lo;            // [num_blocks, lo_width]: state at lo[slot, 0 : (K - 1) * C]
+  float* lo;            // [num_blocks, lo_width]: state at lo[slot, conv_offset:]
   int64_t lo_width;
+  int64_t conv_offset;
   void* y;              // [T, C]
   Elem y_type;
   GdnBatch batch;
