@@ -12,7 +12,11 @@ reported, with the time of the paged ops alone for one layer of each kind at tha
 context (attention: ops.paged_attention over the context; GDN: ops.gdn.short_conv and
 ops.gdn.gated_delta on the state) times the layer counts.
 
+Then the time to first token of a long prompt through vllm.LLM with prefix caching on,
+cold and on a prefix hit.
+
     .venv/bin/python benchmarks/bench_hybrid.py [--contexts 1024,16384] [--steps 16]
+        [--ttft-context 8192]
 """
 
 from __future__ import annotations
@@ -132,10 +136,38 @@ def measure(loaded, context: int, steps: int) -> dict:
                 attention_layers=n_attn, gdn_layers=len(states))
 
 
+def ttft(path: Path, context: int) -> tuple[float, float]:
+    """Seconds to the first token of a ``context``-token prompt through vllm.LLM with
+    prefix caching on: cold, then for a prompt sharing all but its last 16 tokens (a
+    prefix hit: the cached blocks' attention rows and the recurrent state at the last
+    cached block boundary are reused)."""
+    import os
+
+    # The engine in this process: a forked engine core would inherit MLX's threads.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(str(path), max_model_len=context + 64, enable_prefix_caching=True,
+              max_num_batched_tokens=CHUNK, max_num_seqs=1, gpu_memory_utilization=0.5)
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    prompt = [(i * 37) % (VOCAB - 10) + 10 for i in range(context)]
+    other = prompt[:-16] + [(i * 53) % (VOCAB - 10) + 10 for i in range(16)]
+    times = []
+    for ids in (prompt, other):
+        begin = time.perf_counter()
+        llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        times.append(time.perf_counter() - begin)
+    del llm
+    return times[0], times[1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--contexts", default="1024,16384")
     parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--ttft-context", type=int, default=8192,
+                        help="prompt length of the prefix-cache TTFT measure (0: skip)")
     args = parser.parse_args()
     from vllm_metal.cpu.backend import CpuBackend
     from vllm_metal.v1.model_lifecycle import load_model, parameter_bytes
@@ -155,6 +187,11 @@ def main() -> None:
                   f"{r['step_ms']:.2f} | {r['attention_ms']:.3f} ({r['attention_layers']} "
                   f"layers) | {r['gdn_ms']:.3f} ({r['gdn_layers']} layers) | "
                   f"{r['attention_ms'] / r['step_ms']:.0%} |")
+        del loaded
+        if args.ttft_context:
+            cold, hit = ttft(path, args.ttft_context)
+            print(f"\nTTFT of a {args.ttft_context}-token prompt, prefix caching on: cold "
+                  f"{cold:.2f} s, prefix hit (all but the last 16 tokens cached) {hit:.2f} s")
 
 
 if __name__ == "__main__":

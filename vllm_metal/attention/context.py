@@ -98,10 +98,9 @@ class ForwardContext:
         conv ``index``, each request continuing from (and updating) its page."""
         meta = self.metadata
         lo = _float_rows(self.key_caches[entry])
-        offset = self.states[entry].conv_offset(index)
         y, lo = gdn.short_conv(x, weight, lo, meta.state_slots[self.group_of(entry)],
                                meta.cu_seqlens_q, meta.has_state,
-                               *((offset,) if offset else ()))
+                               conv_offset=self.states[entry].conv_offset(index))
         self.key_caches[entry] = _from_float_rows(lo, self.key_caches[entry])
         return y
 

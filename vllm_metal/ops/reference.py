@@ -270,7 +270,8 @@ def short_conv_ref(x: mx.array, weight: mx.array, conv_state: mx.array, state_sl
         rows = x[cu[n]:cu[n + 1]]
         start = state[slot] if bool(has_state[n].item()) else mx.zeros_like(state[slot])
         z = mx.concatenate([start.astype(rows.dtype), rows], axis=0)
-        ys.append(sum(weight[:, j] * z[j:j + rows.shape[0]] for j in range(kernel)))
+        z32, w32 = z.astype(mx.float32), weight.astype(mx.float32)
+        ys.append(sum(w32[:, j] * z32[j:j + rows.shape[0]] for j in range(kernel)))
         state[slot] = z[z.shape[0] - (kernel - 1):].astype(state.dtype)
     return mx.concatenate(ys, axis=0).astype(x.dtype), state
 
@@ -306,17 +307,18 @@ def gated_delta_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx
 
 
 def short_conv_pages_ref(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.array,
-                         cu_seqlens: mx.array, has_state: mx.array) -> tuple[mx.array, mx.array]:
+                         cu_seqlens: mx.array, has_state: mx.array,
+                         conv_offset: int = 0) -> tuple[mx.array, mx.array]:
     """short_conv_ref with the states in cache pages (attention/caches/state_pages.py):
-    lo [num_blocks, half_floats] float32, sequence n's state at lo[slots[n], :(K-1)*C]
-    as [K - 1, C]. Returns (y [T, C], a new lo)."""
+    lo [num_blocks, half_floats] float32, sequence n's state at
+    lo[slots[n], conv_offset:][:(K-1)*C] as [K - 1, C]. Returns (y [T, C], a new lo)."""
     kernel, channels = weight.shape[1], x.shape[1]
-    width = (kernel - 1) * channels
+    begin, end = conv_offset, conv_offset + (kernel - 1) * channels
     idx = slots.astype(mx.int32)
-    states = lo[idx, :width].reshape(-1, kernel - 1, channels)
+    states = lo[idx, begin:end].reshape(-1, kernel - 1, channels)
     y, states = short_conv_ref(x, weight, states, mx.arange(idx.shape[0]), cu_seqlens, has_state)
     lo = mx.array(lo)
-    lo[idx, :width] = states.reshape(-1, width)
+    lo[idx, begin:end] = states.reshape(-1, end - begin)
     return y, lo
 
 
