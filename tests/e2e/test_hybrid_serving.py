@@ -35,6 +35,12 @@ def test_prefix_caching_off_unless_asked(family):
     llm = make_llm(cached_family_model(family), max_model_len=256)
     try:
         assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
+        # The memory budget's max-length request: 8 blocks of 32 tokens in each of the
+        # 2 attention layers, one state block in each of the 2 GDN layers.
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        page = runner.kv_bytes_per_block() // 4
+        assert runner.block_size == 32
+        assert runner.kv_bytes_per_request() == page * (2 * 8 + 2 * 1)
     finally:
         del llm
         gc.collect()

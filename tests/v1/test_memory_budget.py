@@ -26,6 +26,17 @@ def test_one_request_that_does_not_fit_is_refused_with_numbers_and_flags():
     assert "2.40 GiB" in message  # the budget
 
 
+def test_a_hybrids_request_is_its_attention_blocks_and_one_state():
+    budget = MemoryBudget(device_total=8 * GiB, utilization=0.5, weights=0, activations=0)
+    block = 1 << 20
+    # 4 GiB do not hold 8192 blocks of every layer, but do hold what a hybrid request
+    # keeps: here a quarter of the layers attend, the rest keep one state block each.
+    with pytest.raises(InsufficientMemoryError):
+        budget.kv_cache_bytes(block, 16, 131072, 1)
+    one = 8192 * block // 4 + 24
+    assert budget.kv_cache_bytes(block, 16, 131072, 1, one_request=one) == one + block
+
+
 def test_cap_limits_kv_but_never_below_one_request():
     budget = MemoryBudget(device_total=16 * GiB, utilization=0.9, weights=0, activations=0)
     block = 1 << 20

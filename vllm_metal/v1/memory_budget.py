@@ -64,13 +64,18 @@ class MemoryBudget:
         return self.budget - self.weights - self.activations - self.allocator_cache
 
     def kv_cache_bytes(self, bytes_per_block: int, block_size: int, max_model_len: int,
-                       max_num_seqs: int, cap: int | None = None) -> int:
+                       max_num_seqs: int, cap: int | None = None,
+                       one_request: int | None = None) -> int:
         """KV bytes to allocate: what the budget leaves, capped at what the scheduler can use
         and at ``cap`` (raised to one max-length request if smaller).
 
+        ``one_request``: the bytes one max-length request holds, when not every layer
+        keeps a block per ``block_size`` tokens (a hybrid's recurrent layers keep one
+        state); default max_model_len / block_size blocks of ``bytes_per_block``.
         Raises InsufficientMemoryError when one max-length request does not fit.
         """
-        one_request = -(-max_model_len // block_size) * bytes_per_block
+        if one_request is None:
+            one_request = -(-max_model_len // block_size) * bytes_per_block
         available = self.available_for_kv
         if available < one_request:
             raise InsufficientMemoryError(

@@ -180,6 +180,17 @@ class MetalModelRunner:
                                             dims.num_kv_heads, dims.head_dim, self.kv_dtype,
                                             latent=dims.latent)
 
+    def kv_bytes_per_request(self) -> int:
+        """Bytes one max_model_len request holds: a block per block_size tokens in every
+        attention entry, and in every recurrent-state entry one block (two in align
+        mode, the state that moves on and the one it left)."""
+        entries = self.loaded.adapter.entries
+        page = self.kv_bytes_per_block() // len(entries)
+        states = sum(e.state is not None for e in entries)
+        kept = 2 if self.vllm_config.cache_config.mamba_cache_mode == "align" else 1
+        blocks = -(-self.max_model_len // self.block_size)
+        return page * ((len(entries) - states) * blocks + states * kept)
+
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         dims = self.loaded.dims
         groups, tensor_of = _layout(kv_cache_config, dims.num_layers)

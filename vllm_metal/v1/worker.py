@@ -88,7 +88,8 @@ class MetalWorker(WorkerBase):
         else:
             kv_bytes, source = budget.kv_cache_bytes(
                 runner.kv_bytes_per_block(), runner.block_size, runner.max_model_len,
-                runner.max_num_reqs, cap=self.backend.kv_cache_cap()), ""
+                runner.max_num_reqs, cap=self.backend.kv_cache_cap(),
+                one_request=runner.kv_bytes_per_request()), ""
         logger.info("Memory budget %.2f GiB: weights %.2f GiB, activations %.2f GiB, "
                     "allocator cache %.2f GiB, KV cache %.2f GiB%s", budget.budget / 2**30,
                     budget.weights / 2**30, budget.activations / 2**30,
