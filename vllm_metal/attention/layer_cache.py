@@ -94,14 +94,19 @@ def _mlx_sdpa():
 _MLX_SDPA = _mlx_sdpa()
 
 
-def install_paged_sdpa() -> int:
-    """Point every imported mlx-lm model module's ``scaled_dot_product_attention``
-    at paged_sdpa (families bind the name at import). Idempotent; returns how
-    many modules were switched by this call."""
+def rebind_in_mlx_lm(name: str, original: Any, replacement: Any) -> int:
+    """Point ``name`` at ``replacement`` in every imported mlx-lm model module where it
+    is ``original`` (families bind mlx-lm's helpers at import). Idempotent; returns
+    how many modules were switched by this call."""
     switched = 0
-    for name, module in list(sys.modules.items()):
-        if (name.startswith("mlx_lm.models.") and module is not None
-                and getattr(module, "scaled_dot_product_attention", None) is _MLX_SDPA):
-            module.scaled_dot_product_attention = paged_sdpa
+    for module_name, module in list(sys.modules.items()):
+        if (module_name.startswith("mlx_lm.models.") and module is not None
+                and getattr(module, name, None) is original):
+            setattr(module, name, replacement)
             switched += 1
     return switched
+
+
+def install_paged_sdpa() -> int:
+    """mlx-lm's ``scaled_dot_product_attention`` -> paged_sdpa (rebind_in_mlx_lm)."""
+    return rebind_in_mlx_lm("scaled_dot_product_attention", _MLX_SDPA, paged_sdpa)

@@ -18,7 +18,6 @@ The family's own projections, norms, gates and head splits run unmodified.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.attention.context import get_forward_context
+from vllm_metal.attention.layer_cache import rebind_in_mlx_lm
 
 
 @dataclass(frozen=True)
@@ -136,13 +136,5 @@ _MLX_UPDATE = _mlx_update()
 
 
 def install_paged_gated_delta() -> int:
-    """Point every imported mlx-lm model module's ``gated_delta_update`` at
-    paged_gated_delta_update (families bind the name at import). Idempotent;
-    returns how many modules were switched by this call."""
-    switched = 0
-    for name, module in list(sys.modules.items()):
-        if (name.startswith("mlx_lm.models.") and module is not None
-                and getattr(module, "gated_delta_update", None) is _MLX_UPDATE):
-            module.gated_delta_update = paged_gated_delta_update
-            switched += 1
-    return switched
+    """mlx-lm's ``gated_delta_update`` -> paged_gated_delta_update (rebind_in_mlx_lm)."""
+    return rebind_in_mlx_lm("gated_delta_update", _MLX_UPDATE, paged_gated_delta_update)
