@@ -238,7 +238,16 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2, **_GDN,
         linear_allow_neg_eigval=True, attention_bias=False, layer_norm_epsilon=1e-6,
         tie_word_embeddings=False)),
+    # Short-convolution layers (a conv state per request) between attention ones.
+    "lfm2": ("Lfm2ForCausalLM", dict(
+        num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2, norm_eps=1e-5,
+        conv_bias=False, conv_L_cache=3, block_dim=HIDDEN, block_ff_dim=INTER,
+        block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
+        tie_word_embeddings=True)),
 }
+
+# Hybrids: Gated DeltaNet or short-conv layers keep a state per request.
+HYBRIDS = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lfm2"}
 
 # Model types transformers 5 has no configuration class for (their hub
 # checkpoints ship one as remote code).

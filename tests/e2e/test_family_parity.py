@@ -17,7 +17,7 @@ from vllm.inputs import TokensPrompt
 
 from tests.e2e import mlx_reference
 from tests.e2e.conftest import PROMPTS, make_llm
-from tests.family_models import FAMILIES, REMOTE_CODE, cached_family_model
+from tests.family_models import FAMILIES, HYBRIDS, REMOTE_CODE, cached_family_model
 from tests.gguf_models import FAMILY_ARCHS, MXFP4_EXPERTS, make_family_gguf, recipe_types
 
 MAX_TOKENS = 16
@@ -51,10 +51,10 @@ def _check(model_dir, prompt_ids, out, rtol=0.0):
 # five one-layer sliding groups of the Gemma 3 GGUF (llama.cpp's fixed window pattern
 # of 6 over 6 layers).
 _POOL_BLOCKS = {"gemma4_text": 28, "gguf-gemma3_text": 40}
-# Hybrids: a block holds a request's recurrent state, so vLLM's blocks are 32 tokens
-# here (not 16) and fewer of them fill the pool; each request's state takes one
+# Gated DeltaNet hybrids: a block holds a request's recurrent state, so vLLM's blocks
+# are 32 tokens here (not 16) and fewer of them fill the pool; each request's state takes one
 # block (two while its state moves on in align mode) besides its attention blocks.
-_POOL_BLOCKS.update({"qwen3_next": 9, "qwen3_5": 9})
+_POOL_BLOCKS.update({family: 9 for family in HYBRIDS - {"lfm2"}})
 
 
 def _preemptions(llm) -> float:
@@ -93,10 +93,13 @@ def _check_engine(model_dir, family, pool_blocks=None):
     # 16 usable blocks of 16 tokens (one more is vLLM's null block), shared by
     # the KV cache groups, hold one 128-token request but not eight prompts
     # and their outputs at once (some families need a few more).
+    # Hybrids serve without prefix caching by default; asked for, it is vLLM's align
+    # mode (states saved at block boundaries), which this run then crosses too.
     llm = make_llm(model_dir, max_model_len=128, max_num_batched_tokens=32,
                    enable_chunked_prefill=True, block_size=16,
                    num_gpu_blocks_override=pool_blocks or _POOL_BLOCKS.get(family, 17),
-                   trust_remote_code=family in REMOTE_CODE, disable_log_stats=False)
+                   trust_remote_code=family in REMOTE_CODE, disable_log_stats=False,
+                   **({"enable_prefix_caching": True} if family in HYBRIDS else {}))
     try:
         before = _preemptions(llm)
         for prompt_ids, out in zip(ids, _run(llm, ids)):

@@ -1,5 +1,7 @@
-"""Every mlx-lm family that keeps a recurrent state other than a Gated DeltaNet one
-is refused at load, by name: ``UnsupportedModelError`` naming the model_type.
+"""Every mlx-lm family that keeps a recurrent state other than Gated DeltaNet or short
+convolutions is refused at load, by name: ``UnsupportedModelError`` naming the
+model_type. Layers of short convolutions only (LFM2's, Gear's conv mixer) are
+served: the paged forward equals mlx-lm's own.
 
 Each family is built by mlx-lm's own classes from the smallest config it accepts
 (hidden 64, 2-4 layers mixing its recurrent and attention layer kinds, vocab 256),
@@ -88,11 +90,26 @@ def _instantiate(config: dict):
     return model_class(args_class.from_dict(config))
 
 
+# Short convolutions only: paged.
+SERVED = {"lfm2", "lfm2_moe", "gear"}
+
+
 @pytest.mark.parametrize("family", [
     pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=_MISBEHAVES[f]))
-    if f in _MISBEHAVES else f for f in FAMILIES])
+    if f in _MISBEHAVES else f for f in FAMILIES if f not in SERVED])
 def test_recurrent_family_refused_by_name(family):
     model = _instantiate(dict(FAMILIES[family], model_type=family))
     mx.eval(model(mx.zeros((1, 3), dtype=mx.int32), cache=model.make_cache()))
     with pytest.raises(UnsupportedModelError, match=family):
         ModelAdapter(model)
+
+
+@pytest.mark.parametrize("family", sorted(SERVED))
+def test_short_conv_family_served_exactly(family):
+    from tests.models.test_family_sweep import _TOKENS, paged_logits
+
+    model = _instantiate(dict(FAMILIES[family], model_type=family))
+    want = model(mx.array([_TOKENS]), cache=model.make_cache())[0]
+    got = paged_logits(ModelAdapter(model), _TOKENS)
+    scale = max(float(mx.abs(want).max()), 1.0)
+    assert float(mx.abs(got - want).max()) <= 1e-4 * scale

@@ -36,19 +36,23 @@ class StateRef:
 
 
 class StateCache:
-    """State entry ``entry`` of the model (an mlx-lm ArraysCache of ``size`` slots)."""
+    """State entry ``entry`` of the model (an mlx-lm ArraysCache of ``size`` slots, the
+    last a recurrent state when ``recurrent``, else conv inputs only: LFM2's short
+    convolution layers)."""
 
     lengths = None        # mlx-lm's batch-generation padding: none here
     left_padding = None
 
-    def __init__(self, entry: int, size: int) -> None:
+    def __init__(self, entry: int, size: int, recurrent: bool = True) -> None:
         self.entry = entry
         self.size = size
+        self.recurrent = recurrent
 
     def __getitem__(self, index: int) -> StateRef | None:
         if not -self.size <= index < self.size:
             raise IndexError(index)
-        return StateRef(self.entry) if index % self.size == self.size - 1 else None
+        last = index % self.size == self.size - 1
+        return StateRef(self.entry) if self.recurrent and last else None
 
     def __len__(self) -> int:
         return self.size

@@ -39,9 +39,14 @@ _ATTENTION_NAMES = ("self_attn", "attention", "attn")
 _BACKBONE_NAMES = ("model", "transformer")
 # Rows of the probe forward (two, so per-row offsets are exercised).
 _PROBE_ROWS = 2
-# _cache_windows' mark of an entry that keeps a recurrent state (a hybrid's
-# linear-attention layer), not K/V.
-STATE = "state"
+
+
+@dataclass(frozen=True)
+class _StateSlots:
+    """_cache_windows' mark of an entry that keeps a state (an mlx-lm ArraysCache of
+    ``slots`` arrays: a hybrid's linear-attention or short-conv layer), not K/V."""
+
+    slots: int
 
 
 class UnsupportedModelError(ValueError):
@@ -82,10 +87,10 @@ class ModelAdapter:
         windows = _cache_windows(layered, self.family)
         _wrap_self_computing(layered, self.family)
         self._convs = wrap_state_convs(
-            _layers(layered), [i for i, w in enumerate(windows) if w == STATE], self.family,
-            UnsupportedModelError)
+            _layers(layered), [i for i, w in enumerate(windows) if isinstance(w, _StateSlots)],
+            self.family, UnsupportedModelError)
         restack_expert_lists(_layers(layered) or [])
-        self.caches = [StateCache(i, len(self._convs[i][1]) + 1) if w == STATE
+        self.caches = [self._state_cache(i, w.slots) if isinstance(w, _StateSlots)
                        else LayerCache(i) for i, w in enumerate(windows)]
         _place_absolute_positions(self.backbone, self.caches)
         self.entries, self.hidden_size = self._probe_backbone(windows)
@@ -136,7 +141,7 @@ class ModelAdapter:
                 f"on vllm-metal's paged cache{why} ({type(e).__name__}: {e})") from e
         entries = []
         for i, rotating in enumerate(windows):
-            if rotating == STATE:
+            if isinstance(rotating, _StateSlots):
                 entries.append(self._state_entry(i, probe))
                 continue
             kv, attn = probe.kv.get(i), probe.attn.get(i)
@@ -174,14 +179,29 @@ class ModelAdapter:
                 "purely recurrent models")
         return entries, int(out.shape[-1])
 
+    def _state_cache(self, i: int, slots: int) -> StateCache:
+        """Slots of conv inputs, one per conv, then (GDN) the recurrent state."""
+        convs = len(self._convs[i][1])
+        if slots not in (convs, convs + 1):
+            raise UnsupportedModelError(
+                f"{self.family}: {self._where(i)} keeps {slots} state arrays for {convs} "
+                "convolutions; vllm-metal pages conv inputs plus at most one recurrent state")
+        return StateCache(i, slots, recurrent=slots == convs + 1)
+
     def _state_entry(self, i: int, probe: _Probe) -> KVEntry:
         kernel, channels = self._convs[i]
+        recurrent = self.caches[i].recurrent
         convs, rule = probe.conv.get(i, set()), probe.rule.get(i)
-        if convs != set(range(len(channels))) or rule is None:
+        if convs != set(range(len(channels))) or recurrent != (rule is not None):
+            what = ("each of its convs" if rule is not None or not recurrent
+                    else "mlx-lm gated_delta_update")
             raise UnsupportedModelError(
                 f"{self.family}: {self._where(i)} keeps a recurrent state but did not run "
-                f"{'each of its convs' if rule is not None else 'mlx-lm gated_delta_update'}"
-                " on it once per token; vllm-metal pages Gated DeltaNet mixers only")
+                f"{what} on it once per token; vllm-metal pages short convolutions and Gated "
+                "DeltaNet mixers only")
+        if rule is None:    # short convolutions only (LFM2)
+            return KVEntry(0, 0, 0, 0.0, None, None, False,
+                           state=GdnStateShape(kernel, channels, 0, 0, 0))
         num_k_heads, head_k_dim, num_v_heads, head_v_dim = rule
         if num_v_heads % num_k_heads:
             raise UnsupportedModelError(
@@ -211,7 +231,7 @@ class ModelAdapter:
 
     def _where(self, entry: int) -> str:
         layers = _layers(self.text_model)
-        if layers is not None and len(layers) == len(self.caches):
+        if layers is not None and len(layers) == len(getattr(self, "caches", layers)):
             attn = _attention_of(layers[entry])
             if attn is not None:
                 return f"layer {entry}'s attention {_qualname(attn)}"
@@ -354,9 +374,9 @@ def _backbone_name(text_model: nn.Module, family: str) -> str:
 
 def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
     """One entry per KV cache mlx-lm makes for the model: None for a plain cache,
-    the size of a rotating (sliding-window) one, STATE for an ArraysCache of conv
-    inputs then a recurrent state (what the probe then finds the layer doing with it
-    decides whether it is paged or refused)."""
+    the size of a rotating (sliding-window) one, _StateSlots for an ArraysCache (conv
+    inputs, then maybe a recurrent state: what the probe finds the layer doing with
+    it decides whether it is paged or refused)."""
     from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
     try:
@@ -364,12 +384,12 @@ def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
     except Exception as e:
         raise UnsupportedModelError(
             f"{family}: mlx-lm cannot make its cache ({type(e).__name__}: {e})") from e
-    windows: list[int | str | None] = []
+    windows: list[int | _StateSlots | None] = []
     for i, cache in enumerate(made):
         if type(cache) is KVCache:
             windows.append(None)
-        elif type(cache) is ArraysCache and len(cache.cache) >= 2:
-            windows.append(STATE)   # [conv inputs..., recurrent state]: a GDN layer?
+        elif type(cache) is ArraysCache:
+            windows.append(_StateSlots(len(cache.cache)))  # [conv inputs..., state?]
         elif type(cache) is RotatingKVCache and not cache.keep:
             windows.append(int(cache.max_size))
         else:

@@ -159,12 +159,15 @@ class MetalModelRunner:
         for i, entry in enumerate(self.loaded.adapter.entries):
             if entry.state is not None:
                 st = entry.state
+                shapes = [(st.conv_kernel - 1, st.conv_dim)]
+                if st.num_v_heads:
+                    shapes.append((st.num_v_heads, st.head_v_dim, st.head_k_dim))
                 specs[_entry_name(i)] = MambaSpec(
-                    shapes=((st.conv_kernel - 1, st.conv_dim),
-                            (st.num_v_heads, st.head_v_dim, st.head_k_dim)),
-                    dtypes=(torch.float32, torch.float32), block_size=cache.mamba_block_size,
+                    shapes=tuple(shapes), dtypes=(torch.float32,) * len(shapes),
+                    block_size=cache.mamba_block_size,
                     page_size_padded=cache.mamba_page_size_padded,
-                    mamba_type=MambaAttentionBackendEnum.GDN_ATTN,
+                    mamba_type=(MambaAttentionBackendEnum.GDN_ATTN if st.num_v_heads
+                                else MambaAttentionBackendEnum.SHORT_CONV),
                     mamba_cache_mode=cache.mamba_cache_mode)
             elif entry.latent_rank is not None:
                 specs[_entry_name(i)] = MLAAttentionSpec(**common)

@@ -29,7 +29,8 @@ _ALIGN_FLOATS = 16
 @dataclass(frozen=True)
 class GdnStateShape:
     """One GDN layer's state: short convs of K taps over C_i channels (conv_dims; one
-    conv over C = 2 * Hk * Dk + Hv * Dv for Qwen3-Next), then Hv heads of [Dv, Dk]."""
+    conv over C = 2 * Hk * Dk + Hv * Dv for Qwen3-Next), then Hv heads of [Dv, Dk]
+    (none for a layer of short convolutions only, as LFM2's)."""
 
     conv_kernel: int
     conv_dims: tuple[int, ...]
@@ -63,6 +64,8 @@ class GdnStateShape:
         return 4 * (self.conv_floats + self.num_v_heads * self.head_floats)
 
     def heads_in_lo(self, half_floats: int) -> int:
+        if not self.num_v_heads:   # short convolutions only
+            return 0
         return max(0, min(self.num_v_heads, (half_floats - self.ssm_offset) // self.head_floats))
 
     def fits(self, half_floats: int) -> bool:
