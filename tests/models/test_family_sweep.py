@@ -51,6 +51,11 @@ _FLOATS = dict(rms_norm_eps=1e-6, layer_norm_eps=1e-5, norm_eps=1e-5, rope_theta
 # Fields a generic value does not satisfy, for families worth covering: the
 # hybrids must be refused by name, the MoE and chunked-attention ones served exactly.
 _OVERRIDES = {
+    "olmo_hybrid": dict(layer_types=["linear_attention", "full_attention"],
+                        linear_num_value_heads=4, linear_num_key_heads=2,
+                        linear_key_head_dim=32, linear_value_head_dim=32,
+                        linear_conv_kernel_dim=4, linear_allow_neg_eigval=True,
+                        attention_bias=False, tie_word_embeddings=False),
     "qwen3_next": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=32,
                        linear_value_head_dim=32, linear_conv_kernel_dim=4,
                        full_attention_interval=2, decoder_sparse_step=1,

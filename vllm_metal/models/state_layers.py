@@ -1,6 +1,6 @@
-"""The linear-attention (Gated DeltaNet) layers of a hybrid model, as the paged
-runner drives them: which KV entries keep a state instead of K/V, and the conv
-module of each that continues from the pages (attention/state_cache.py)."""
+"""The state layers of a hybrid model (Gated DeltaNet or short convolutions), as the
+paged runner drives them: the conv modules of each, which continue from the pages
+(attention/state_cache.py)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,14 @@ def wrap_state_convs(layers: list | None, state_entries: list[int], family: str,
                  for name, module in sorted(owner.children().items())
                  if isinstance(module, (nn.Conv1d, PagedShortConv))
                  and not isinstance(owner, PagedShortConv)]
-        weights = [(m.conv if isinstance(m, PagedShortConv) else m).weight for _, _, m in found]
+        modules = [m.conv if isinstance(m, PagedShortConv) else m for _, _, m in found]
+        weights = [m.weight for m in modules]
         taps = {int(w.shape[1]) for w in weights}
-        if not found or len(taps) != 1 or any(w.shape[2] != 1 for w in weights):
+        # PagedShortConv computes a plain causal depthwise conv: one input per row,
+        # the state's K - 1 before it, stride 1, no dilation, no padding of its own.
+        plain = all(w.shape[2] == 1 and m.groups == w.shape[0] and m.stride == 1
+                    and m.dilation == 1 and m.padding == 0 for m, w in zip(modules, weights))
+        if not found or len(taps) != 1 or not plain:
             layer = type(layers[entry])
             raise error(
                 f"{family}: layer {entry} ({layer.__module__}.{layer.__qualname__}) keeps a "
