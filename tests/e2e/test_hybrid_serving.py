@@ -84,7 +84,7 @@ def test_prefix_hit_equals_mlx_lm_and_cold(family):
 @pytest.mark.parametrize("family", HYBRIDS)
 def test_vllm_serve_with_openai_client(family):
     """`vllm serve` of the checkpoint with the openai client: four concurrent greedy
-    completions in 16-token chunks, each mlx-lm's tokens, and streamed as not."""
+    completions in 32-token chunks, each mlx-lm's tokens, and streamed as not."""
     import concurrent.futures
 
     import openai
