@@ -39,6 +39,7 @@ def _runner(loaded, max_num_batched_tokens: int) -> MetalModelRunner:
     runner.max_num_reqs = 8
     runner.max_num_batched_tokens = max_num_batched_tokens
     runner._debug_sync = False
+    runner._states = {}  # no recurrent-state layers
     return runner
 
 

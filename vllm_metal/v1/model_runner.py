@@ -84,6 +84,8 @@ class MetalModelRunner:
         self.pending_tokens = PendingTokens(self.input_batch)
         self._sampling_batches = SamplingBatchCache()
         self.lora: LoRAManager | None = None  # with --enable-lora
+        # State entries (a hybrid's recurrent layers) -> their state's shape, from load.
+        self._states: dict = {}
         # KV cache groups of recurrent-state entries -> their state block size in
         # tokens (vLLM's mamba_block_size: max_model_len, or block_size in align mode).
         self._state_groups: dict[int, int] = {}
@@ -124,7 +126,9 @@ class MetalModelRunner:
         """A hybrid's states live in the K/V blocks of the attention layers they share
         memory with (state_pages.py): grow the block size until every state fits, as
         vLLM aligns hybrid block sizes (over --block-size if need be)."""
-        states = [e.state for e in self.loaded.adapter.entries if e.state is not None]
+        self._states = {i: e.state for i, e in enumerate(self.loaded.adapter.entries)
+                        if e.state is not None}
+        states = list(self._states.values())
         if not states:
             return
         dims = self.loaded.dims
@@ -138,8 +142,8 @@ class MetalModelRunner:
                         "recurrent state (%.2f MiB)", self.block_size, size,
                         max(s.nbytes for s in states) / 2**20)
         cache.block_size = size
-        cache.mamba_page_size_padded = 2 * size * dims.num_kv_heads * dims.head_dim * \
-            self.kv_dtype.size
+        cache.mamba_page_size_padded = PagedKVCache.bytes_per_block(
+            1, size, dims.num_kv_heads, dims.head_dim, self.kv_dtype)
         if cache.mamba_cache_mode == "align":
             cache.mamba_block_size = size
         self.block_size = size
@@ -241,8 +245,8 @@ class MetalModelRunner:
         before = mx.get_active_memory()
         ops.scratch_bytes(reset=True)
         # A profiling cache has one group: its requests' states sit in their first block.
-        states = any(e.state is not None for e in self.loaded.adapter.entries)
-        hidden = self._forward(step, cache, state_groups={0: self.max_model_len} if states else {})
+        slots = (self._state_blocks(step, {0: self.max_model_len}) if self._states else None)
+        hidden = self._forward(step, cache, state_slots=slots)
         mx.eval(self.loaded.logits(hidden[mx.array(step.logits_indices)]))
         return max(mx.get_peak_memory() - before, 0), ops.scratch_bytes()[1]
 
@@ -259,8 +263,8 @@ class MetalModelRunner:
             per_request = np.array([s.lora_id for s in states], dtype=np.int64)
             self.lora.prepare_step(np.repeat(per_request, np.diff(step.cu_seqlens_q)),
                                    {s.lora_id: s.lora_request for s in states if s.lora_id})
-        self._carry_states(step)
-        hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step))
+        slots = self._carry_states(step)
+        hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step), slots)
         logits = rows = None
         if not len(step.logits_indices):
             # Nothing to sample (prompt chunks only): run the step anyway. The decoder
@@ -348,7 +352,8 @@ class MetalModelRunner:
         if zero:
             self.kv_cache.zero_blocks(zero)
 
-    def _state_blocks(self, step: StepInputs, state_groups: dict[int, int]
+    @staticmethod
+    def _state_blocks(step: StepInputs, state_groups: dict[int, int]
                       ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """Per state group, (block its state was left in, block this step runs it in)
         of each request (block ids; -1: no state yet). A state group keeps a request's
@@ -366,38 +371,41 @@ class MetalModelRunner:
             out[g] = prev.astype(np.int32), table[rows, last // size].astype(np.int32)
         return out
 
-    def _carry_states(self, step: StepInputs) -> None:
+    def _carry_states(self, step: StepInputs) -> dict | None:
         """Copy each state that moves to a new block this step (align mode, or a prefix
-        hit: the cached block's state starts the request's running block)."""
+        hit: the cached block's state starts the request's running block); returns
+        _state_blocks for the forward, None for a model without state entries."""
         if not self._state_groups:
-            return
+            return None
+        blocks = self._state_blocks(step, self._state_groups)
         src, dst = [], []
-        for prev, cur in self._state_blocks(step, self._state_groups).values():
+        for prev, cur in blocks.values():
             moved = (prev >= 0) & (prev != cur)
             src += prev[moved].tolist()
             dst += cur[moved].tolist()
         self.kv_cache.copy_blocks(src, dst)
+        return blocks
 
     def _forward(self, step: StepInputs, cache: PagedKVCache,
-                 input_ids: mx.array | None = None,
-                 state_groups: dict[int, int] | None = None) -> mx.array:
-        """Packed forward over all scheduled tokens -> hidden [total_q, hidden] (lazy)."""
-        groups = self._state_groups if state_groups is None else state_groups
-        slots: list[mx.array | None] = [None] * len(step.block_tables)
-        for g, (_, cur) in self._state_blocks(step, groups).items():
-            slots[g] = mx.array(cur)
+                 input_ids: mx.array | None = None, state_slots: dict | None = None) -> mx.array:
+        """Packed forward over all scheduled tokens -> hidden [total_q, hidden] (lazy).
+        state_slots: _state_blocks of the step (hybrids only)."""
         meta = AttentionMetadata(
             positions=mx.array(step.positions),
             cu_seqlens_q=mx.array(step.cu_seqlens_q),
             seq_lens=mx.array(step.seq_lens),
             block_tables=[mx.array(t) for t in step.block_tables],
             slot_mapping=[mx.array(s) for s in step.slot_mapping],
-            state_slots=slots,
-            has_state=mx.array((step.positions[step.cu_seqlens_q[:-1]] > 0).astype(np.int32)),
         )
-        states = {i: e.state for i, e in enumerate(self.loaded.adapter.entries)
-                  if e.state is not None}
-        ctx = ForwardContext(meta, cache.key_caches, cache.value_caches, cache.groups, states)
+        if state_slots is not None:
+            slots: list[mx.array | None] = [None] * len(step.block_tables)
+            for g, (_, cur) in state_slots.items():
+                slots[g] = mx.array(cur)
+            meta.state_slots = slots
+            meta.has_state = mx.array(
+                (step.positions[step.cu_seqlens_q[:-1]] > 0).astype(np.int32))
+        ctx = ForwardContext(meta, cache.key_caches, cache.value_caches, cache.groups,
+                             self._states)
         with forward_context(ctx):
             if input_ids is None:
                 input_ids = mx.array(step.input_ids)
