@@ -18,6 +18,8 @@
 // registers over the request's tokens (rows of S never mix: each depends only
 // on its own v entry). Lane l holds columns l, l + 32, ... of each row; per
 // token and row, S k and S q are lane partial sums that meet in simd_sum.
+// params.delta_rule 0 drops the S k term (S += beta outer(v, k): Mamba2's gated
+// linear attention).
 // A lane per whole row would need Dk registers (or Dv * Dk floats of threadgroup
 // memory, 64 KB at 128 x 128): more than a GPU core gives.
 //
@@ -197,7 +199,9 @@ template <typename T>
           part = fma(s[r][m], kv[m], part);
         }
       }
-      const float delta = (float(v[head * dv + i0 + r]) - simd_sum(part)) * b;
+      // Uniform over the grid, so every lane takes (or skips) the simd_sum.
+      const float sk = params.delta_rule ? simd_sum(part) : 0.0f;
+      const float delta = (float(v[head * dv + i0 + r]) - sk) * b;
       float out = 0.0f;
       for (int m = 0; m < kGdnKeysPerLane; ++m) {
         if (m < key_lanes) {

@@ -23,6 +23,7 @@ struct GdnParams {
   int ssm_offset;   // lo column of head 0's state
   int heads_in_lo;  // heads whose state is in lo; the rest are in hi from column 0
   int vector_gate;  // 1: g is [T, Hv, Dk]; 0: [T, Hv]
+  int delta_rule;   // 1: S += outer(beta (v - S k), k); 0: S += beta outer(v, k) (Mamba2)
 };
 
 #ifndef __METAL_VERSION__

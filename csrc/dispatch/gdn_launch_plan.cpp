@@ -43,6 +43,7 @@ kernels::GdnParams params_of(const GdnProblem& p) {
   params.ssm_offset = p.ssm_offset;
   params.heads_in_lo = p.heads_in_lo;
   params.vector_gate = p.vector_gate ? 1 : 0;
+  params.delta_rule = p.delta_rule ? 1 : 0;
   return params;
 }
 

@@ -28,6 +28,7 @@ struct GdnProblem {
   int ssm_offset = 0;
   int heads_in_lo = 0;
   bool vector_gate = false;
+  bool delta_rule = true;                    // false: gated linear attention (no - S k)
 };
 
 struct GdnPlan {

@@ -46,7 +46,8 @@ void gdn_short_conv_gpu(const mx::Stream& stream, const std::vector<mx::array>& 
 }
 
 void gdn_gated_delta_gpu(const mx::Stream& stream, const std::vector<mx::array>& inputs,
-                         std::vector<mx::array>& outputs, int ssm_offset, int heads_in_lo) {
+                         std::vector<mx::array>& outputs, int ssm_offset, int heads_in_lo,
+                         bool delta_rule) {
   auto& y = outputs[0];
   y.set_data(mx::allocator::malloc(y.nbytes()));
   outputs[1].copy_shared_buffer(inputs[5]);  // in place
@@ -67,6 +68,7 @@ void gdn_gated_delta_gpu(const mx::Stream& stream, const std::vector<mx::array>&
   p.ssm_offset = ssm_offset;
   p.heads_in_lo = heads_in_lo;
   p.vector_gate = inputs[3].ndim() == 3;
+  p.delta_rule = delta_rule;
   if (p.num_seqs == 0 || p.head_v_dim == 0) return;
   const dispatch::GdnPlan plan = dispatch::plan_gdn_gated_delta(p);
   auto& device = mx::metal::device(stream.device);

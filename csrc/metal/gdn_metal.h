@@ -22,7 +22,8 @@ void gdn_short_conv_gpu(const mlx::core::Stream& stream, const std::vector<mlx::
 // inputs: q, k, v, g, beta (float32), lo, hi, slots, cu_seqlens, has_state (int32);
 // outputs: y, lo, hi (sharing the input pages' buffers).
 void gdn_gated_delta_gpu(const mlx::core::Stream& stream, const std::vector<mlx::core::array>& inputs,
-                         std::vector<mlx::core::array>& outputs, int ssm_offset, int heads_in_lo);
+                         std::vector<mlx::core::array>& outputs, int ssm_offset, int heads_in_lo,
+                         bool delta_rule);
 
 }  // namespace vllm_metal::metal
 

@@ -1,6 +1,7 @@
 // The Gated DeltaNet (linear attention) ops (cpu/gdn/gdn_cpu.h has the maths):
 // gdn_short_conv runs the causal depthwise conv in front of the recurrence,
-// gdn_gated_delta the gated delta rule; both continue each request from the
+// gdn_gated_delta the gated delta rule (or, without the delta rule, the gated
+// linear attention of Mamba2's SSD mixers); both continue each request from the
 // state in its block of the KV pages and write the new state there, in place.
 #pragma once
 
@@ -50,6 +51,9 @@ std::pair<mlx::core::array, mlx::core::array> gdn_short_conv(
  *   lo, hi       [num_blocks, W_lo], [num_blocks, W_hi] float32: head h's [Dv, Dk]
  *                state at lo[slot, ssm_offset + h * Dv * Dk] for h < heads_in_lo,
  *                else at hi[slot, (h - heads_in_lo) * Dv * Dk]
+ *   delta_rule   true: S = g S; S += outer(beta (v - S k), k) (Gated DeltaNet);
+ *                false: S = g S; S += beta outer(v, k) (Mamba2's gated linear attention);
+ *                y = S q either way
  *   returns      (y [T, Hv, Dv] in q's dtype, lo, hi)
  */
 std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> gdn_gated_delta(
@@ -65,6 +69,7 @@ std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> gdn_gated_delta
     const mlx::core::array& has_state,
     int ssm_offset,
     int heads_in_lo,
+    bool delta_rule = true,
     mlx::core::StreamOrDevice s = {});
 
 // Both run on the GPU stream (kernels_v2/gdn.metal) when the kernels are loaded,
@@ -101,8 +106,11 @@ class GdnShortConv : public mlx::core::Primitive {
 // Outputs: y, lo, hi.
 class GdnGatedDelta : public mlx::core::Primitive {
  public:
-  GdnGatedDelta(mlx::core::Stream stream, int ssm_offset, int heads_in_lo)
-      : mlx::core::Primitive(stream), ssm_offset_(ssm_offset), heads_in_lo_(heads_in_lo) {}
+  GdnGatedDelta(mlx::core::Stream stream, int ssm_offset, int heads_in_lo, bool delta_rule)
+      : mlx::core::Primitive(stream),
+        ssm_offset_(ssm_offset),
+        heads_in_lo_(heads_in_lo),
+        delta_rule_(delta_rule) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -115,7 +123,8 @@ class GdnGatedDelta : public mlx::core::Primitive {
   }
   bool is_equivalent(const mlx::core::Primitive& other) const override {
     const auto& o = static_cast<const GdnGatedDelta&>(other);
-    return ssm_offset_ == o.ssm_offset_ && heads_in_lo_ == o.heads_in_lo_;
+    return ssm_offset_ == o.ssm_offset_ && heads_in_lo_ == o.heads_in_lo_ &&
+        delta_rule_ == o.delta_rule_;
   }
   std::vector<mlx::core::Shape> output_shapes(
       const std::vector<mlx::core::array>& inputs) override {
@@ -125,6 +134,7 @@ class GdnGatedDelta : public mlx::core::Primitive {
  private:
   int ssm_offset_;
   int heads_in_lo_;
+  bool delta_rule_;
 };
 
 } // namespace vllm_metal

@@ -64,7 +64,7 @@ def run_gated_delta(kernels, ext, case: DeltaCase, orders=DEFAULT_ORDERS, guard=
         num_blocks=case.lo.shape[0], lo_width=case.lo.shape[1], hi_width=case.hi.shape[1],
         num_k_heads=q.shape[1], num_v_heads=v.shape[1], head_k_dim=q.shape[2],
         head_v_dim=v.shape[2], ssm_offset=case.ssm_offset, heads_in_lo=case.heads_in_lo,
-        vector_gate=g.ndim == 3)
+        vector_gate=g.ndim == 3, delta_rule=case.delta)
     slots, cu, has_state = _batch(case.slots, case.lengths, case.has_state)
     results = []
     for order in orders:
@@ -98,19 +98,20 @@ def test_short_conv_matches_the_float64_oracle_and_the_cpu_op(kernels, ext, dtyp
     assert lo.tobytes() == np.array(cpu_lo).tobytes()  # the state is the inputs, copied
 
 
+@pytest.mark.parametrize("delta", [True, False], ids=["delta_rule", "linear"])
 @pytest.mark.parametrize("vector_gate", [False, True], ids=["scalar_gate", "vector_gate"])
 @pytest.mark.parametrize("batch", BATCHES, ids=["mixed", "a_request_without_rows"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_gated_delta_matches_the_float64_oracle_and_the_cpu_op(kernels, ext, dtype, batch,
-                                                               vector_gate):
+                                                               vector_gate, delta):
     case = make_delta(**batch, dtype=dtype, vector_gate=vector_gate, hk=1, hv=3, dk=64, dv=6,
-                      heads_in_lo=2, seed=22)
+                      heads_in_lo=2, seed=22, delta=delta)
     y, lo, hi = run_gated_delta(kernels, ext, case)
     want_y, want_lo, want_hi = case.expected()
     assert_rows(mx.array(y), want_y, dtype)
     assert_pages(lo, want_lo, case.lo)
     assert_pages(hi, want_hi, case.hi)
-    cpu_y, cpu_lo, cpu_hi = gated_delta(*case.args())
+    cpu_y, cpu_lo, cpu_hi = gated_delta(*case.args(), delta=delta)
     tolerance = 2 * TOLERANCE[dtype]
     np.testing.assert_allclose(y, np.array(cpu_y.astype(mx.float32)), rtol=tolerance,
                                atol=tolerance)
@@ -118,10 +119,11 @@ def test_gated_delta_matches_the_float64_oracle_and_the_cpu_op(kernels, ext, dty
     np.testing.assert_allclose(hi, np.array(cpu_hi), rtol=2e-5, atol=2e-5)
 
 
-def test_gated_delta_qwen3_next_widths(kernels, ext):
+@pytest.mark.parametrize("delta", [True, False], ids=["delta_rule", "linear"])
+def test_gated_delta_qwen3_next_widths(kernels, ext, delta):
     # Dk = Dv = 128, two value heads per key head, bfloat16 rows.
     case = make_delta([3, 1], [False, True], hk=1, hv=2, dk=128, dv=128, dtype=mx.bfloat16,
-                      heads_in_lo=1, seed=23)
+                      heads_in_lo=1, seed=23, delta=delta)
     y, lo, hi = run_gated_delta(kernels, ext, case, orders=("forward", "shuffled"))
     want_y, want_lo, want_hi = case.expected()
     assert_rows(mx.array(y), want_y, mx.bfloat16)
@@ -180,7 +182,11 @@ def test_the_plans(ext):
     assert launch["kernel"] == "gdn_gated_delta_float32"
     assert launch["grid"] == (32, 32, 2) and launch["threads"] == (32, 1, 1)
     ints = np.frombuffer(delta["params"], np.int32).tolist()
-    assert ints[8:] == [16, 32, 128, 128, 24576, 0, 1]
+    assert ints[8:] == [16, 32, 128, 128, 24576, 0, 1, 1]
+    linear = plan("gated_delta", "float32", 5, num_seqs=2, num_blocks=9, lo_width=heads,
+                  hi_width=heads, num_k_heads=16, num_v_heads=32, head_k_dim=128,
+                  head_v_dim=128, delta_rule=False)
+    assert np.frombuffer(linear["params"], np.int32).tolist()[-1] == 0
     with pytest.raises(ValueError, match="Dk a multiple of 32 up to 256"):
         plan("gated_delta", "float16", 1, num_seqs=1, num_blocks=1, lo_width=4096, hi_width=4096,
              num_k_heads=1, num_v_heads=1, head_k_dim=48, head_v_dim=16)

@@ -114,6 +114,7 @@ class DeltaCase:
     slots: list[int]
     lengths: list[int]
     has_state: list[bool]
+    delta: bool = True    # False: the linear mode (no - S k)
 
     def args(self):
         return (*self.inputs, mx.array(self.lo), mx.array(self.hi),
@@ -138,7 +139,7 @@ class DeltaCase:
                 if keep:
                     dense[slot, h] = pages[which][slot, col:col + dv * dk].reshape(dv, dk)
         y, dense = gated_delta_oracle(*self.inputs64, dense, self.slots, self.lengths,
-                                      self.has_state)
+                                      self.has_state, self.delta)
         for slot in self.slots:
             for h, (which, col) in enumerate(regions):
                 pages[which][slot, col:col + dv * dk] = dense[slot, h].reshape(-1)
@@ -146,7 +147,8 @@ class DeltaCase:
 
 
 def make_delta(lengths, has_state, *, hk=2, hv=4, dk=32, dv=16, dtype=mx.float32,
-               vector_gate=False, heads_in_lo=None, seed=0, num_blocks=None) -> DeltaCase:
+               vector_gate=False, heads_in_lo=None, seed=0, num_blocks=None,
+               delta=True) -> DeltaCase:
     rng = np.random.default_rng(seed)
     t, per = sum(lengths), dv * dk
     num_blocks = num_blocks or len(lengths) + 3
@@ -164,7 +166,7 @@ def make_delta(lengths, has_state, *, hk=2, hv=4, dk=32, dv=16, dtype=mx.float32
     pairs = [_rounded(a, dtype) for a in arrays]
     slots = [int(s) for s in rng.permutation(num_blocks)[:len(lengths)]]
     case = DeltaCase(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs), lo, hi, ssm_offset,
-                     heads_in_lo, slots, list(lengths), list(has_state))
+                     heads_in_lo, slots, list(lengths), list(has_state), delta)
     regions, _, _ = case._regions()
     for slot, keep in zip(slots, has_state):
         for which, col in regions:
@@ -187,17 +189,18 @@ def test_short_conv_mixed_prefill_and_decode(dtype):
     assert_pages(lo, np.array(ref_lo, np.float64), case.pages)
 
 
+@pytest.mark.parametrize("delta", [True, False], ids=["delta_rule", "linear"])
 @pytest.mark.parametrize("vector_gate", [False, True], ids=["scalar_gate", "vector_gate"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_gated_delta_mixed_prefill_and_decode(dtype, vector_gate):
-    case = make_delta(**MIXED, dtype=dtype, vector_gate=vector_gate, seed=2)
-    y, lo, hi = gated_delta(*case.args())
+def test_gated_delta_mixed_prefill_and_decode(dtype, vector_gate, delta):
+    case = make_delta(**MIXED, dtype=dtype, vector_gate=vector_gate, seed=2, delta=delta)
+    y, lo, hi = gated_delta(*case.args(), delta=delta)
     want_y, want_lo, want_hi = case.expected()
     assert y.shape == case.inputs[2].shape and y.dtype == dtype
     assert_rows(y, want_y, dtype)
     assert_pages(lo, want_lo, case.lo)
     assert_pages(hi, want_hi, case.hi)
-    ref_y, ref_lo, ref_hi = gated_delta_pages_ref(*case.args())
+    ref_y, ref_lo, ref_hi = gated_delta_pages_ref(*case.args(), delta=delta)
     assert_rows(y, np.array(ref_y.astype(mx.float32), np.float64), dtype)
     assert_pages(lo, np.array(ref_lo, np.float64), case.lo)
     assert_pages(hi, np.array(ref_hi, np.float64), case.hi)
@@ -220,10 +223,11 @@ def test_short_conv_prompt_in_chunks_equals_the_prompt_at_once():
     np.testing.assert_allclose(np.concatenate(ys), want_y, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("delta", [True, False], ids=["delta_rule", "linear"])
 @pytest.mark.parametrize("vector_gate", [False, True], ids=["scalar_gate", "vector_gate"])
-def test_gated_delta_prompt_in_chunks_equals_the_prompt_at_once(vector_gate):
+def test_gated_delta_prompt_in_chunks_equals_the_prompt_at_once(vector_gate, delta):
     whole = make_delta([13], [False], vector_gate=vector_gate, seed=4)
-    y_whole, lo_whole, hi_whole = gated_delta(*whole.args())
+    y_whole, lo_whole, hi_whole = gated_delta(*whole.args(), delta=delta)
     lo, hi = mx.array(whole.lo), mx.array(whole.hi)
     slots = mx.array(whole.slots, dtype=mx.int32)
     ys, start = [], 0
@@ -231,7 +235,7 @@ def test_gated_delta_prompt_in_chunks_equals_the_prompt_at_once(vector_gate):
         part = [a[start:start + n] for a in whole.inputs]
         y, lo, hi = gated_delta(*part, lo, hi, slots, mx.array([0, n], dtype=mx.int32),
                                 mx.array([i], dtype=mx.int32), whole.ssm_offset,
-                                whole.heads_in_lo)
+                                whole.heads_in_lo, delta=delta)
         ys.append(np.array(y))
         start += n
     # Token by token, a chunk boundary changes nothing: the same bits.
@@ -328,14 +332,15 @@ def test_mixed_input_dtypes():
     assert_pages(hi, want_hi, case.hi)
 
 
+@pytest.mark.parametrize("mode", [True, False], ids=["delta_rule", "linear"])
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
 @pytest.mark.parametrize("dk", [128, 40])
-def test_every_instruction_set(isa, dk):
+def test_every_instruction_set(isa, dk, mode):
     # Dk 128 takes the fixed-width body; 40 leaves a tail after the 16-lane chunks.
-    delta = make_delta([6, 1], [False, True], hk=1, hv=2, dk=dk, dv=24, seed=12)
+    delta = make_delta([6, 1], [False, True], hk=1, hv=2, dk=dk, dv=24, seed=12, delta=mode)
     conv = make_conv([6, 1], [False, True], channels=100, seed=12)
     with cpu_isa(isa):
-        y, lo, hi = gated_delta(*delta.args())
+        y, lo, hi = gated_delta(*delta.args(), delta=mode)
         yc, loc = short_conv(*conv.args())
         mx.eval(y, lo, hi, yc, loc)
     want_y, want_lo, want_hi = delta.expected()

@@ -27,8 +27,9 @@ def _batch(lengths, seed=0, vector_gate=False):
     return q, k, v, g, beta, state
 
 
-def gated_delta_oracle(q, k, v, g, beta, state, slots, lengths, has_state):
-    """float64, one scalar operation at a time; any head counts and widths."""
+def gated_delta_oracle(q, k, v, g, beta, state, slots, lengths, has_state, delta=True):
+    """float64, one scalar operation at a time; any head counts and widths. delta=False:
+    the gated linear attention (S += beta * outer(v, k), no S k term)."""
     hk, hv, dv, dk = q.shape[1], v.shape[1], v.shape[2], q.shape[2]
     state = state.copy()
     y = np.zeros((q.shape[0], hv, dv))
@@ -40,30 +41,31 @@ def gated_delta_oracle(q, k, v, g, beta, state, slots, lengths, has_state):
                 kh, qh = k[t, h // (hv // hk)], q[t, h // (hv // hk)]
                 decay = g[t, h] if g.ndim == 2 else g[t, h][None, :]
                 s[h] = s[h] * decay
-                delta = (v[t, h] - s[h] @ kh) * beta[t, h]
-                s[h] = s[h] + np.outer(delta, kh)
+                error = v[t, h] - s[h] @ kh if delta else v[t, h]
+                s[h] = s[h] + np.outer(error * beta[t, h], kh)
                 y[t, h] = s[h] @ qh
         state[slot] = s
         start += n
     return y, state
 
 
-def _run(q, k, v, g, beta, state, slots, lengths, has_state):
+def _run(q, k, v, g, beta, state, slots, lengths, has_state, delta=True):
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     f32 = lambda a: mx.array(np.asarray(a, np.float32))  # noqa: E731
     y, new = gated_delta_ref(f32(q), f32(k), f32(v), f32(g), f32(beta), f32(state),
                              mx.array(np.asarray(slots, np.int32)), mx.array(cu),
-                             mx.array(np.asarray(has_state, bool)))
+                             mx.array(np.asarray(has_state, bool)), delta=delta)
     return np.array(y, np.float64), np.array(new, np.float64)
 
 
+@pytest.mark.parametrize("delta", [True, False], ids=["delta_rule", "linear"])
 @pytest.mark.parametrize("vector_gate", [False, True])
-def test_gated_delta_matches_float64_for_a_mixed_batch(vector_gate):
+def test_gated_delta_matches_float64_for_a_mixed_batch(vector_gate, delta):
     # A new prompt, a decode row, a prompt chunk continuing its state, a lone new row.
     lengths, slots, has_state = [7, 1, 5, 1], [3, 0, 4, 1], [False, True, True, False]
     args = _batch(lengths, seed=1, vector_gate=vector_gate)
-    y, state = _run(*args, slots, lengths, has_state)
-    want_y, want_state = gated_delta_oracle(*args, slots, lengths, has_state)
+    y, state = _run(*args, slots, lengths, has_state, delta=delta)
+    want_y, want_state = gated_delta_oracle(*args, slots, lengths, has_state, delta=delta)
     np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(state, want_state, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(state[2], np.float32(args[5][2]))  # a slot no sequence names
@@ -80,6 +82,19 @@ def test_gated_delta_chunks_carry_the_state():
         start += n
     np.testing.assert_allclose(np.concatenate(ys), whole_y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(carried[2], whole_state[2], rtol=1e-5, atol=1e-6)
+
+
+def test_linear_mode_is_a_decayed_sum_of_outer_products():
+    # Without the delta rule, from zeros: S_t = sum_i (prod_{i<s<=t} g_s) beta_i v_i k_i^T.
+    q, k, v, g, beta, state = _batch([6], seed=6)
+    y, new = _run(q, k, v, g, beta, state, [0], [6], [False], delta=False)
+    s = np.zeros((HV, DV, DK))
+    for t in range(6):
+        s = g[t][:, None, None] * s + np.einsum("h,hv,hk->hvk", beta[t], v[t],
+                                                np.repeat(k[t], HV // HK, axis=0))
+    np.testing.assert_allclose(new[0], s, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y[5], np.einsum("hvk,hk->hv", s, np.repeat(q[5], HV // HK, 0)),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_gated_delta_matches_mlx_lm():

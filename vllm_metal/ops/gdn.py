@@ -41,11 +41,15 @@ def short_conv(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.array,
 
 def gated_delta(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
                 lo: mx.array, hi: mx.array, slots: mx.array, cu_seqlens: mx.array,
-                has_state: mx.array, ssm_offset: int,
-                heads_in_lo: int) -> tuple[mx.array, mx.array, mx.array]:
+                has_state: mx.array, ssm_offset: int, heads_in_lo: int, *,
+                delta: bool = True) -> tuple[mx.array, mx.array, mx.array]:
     """q, k [T, Hk, Dk] (normalised, q scaled, as the family does), v [T, Hv, Dv],
     g [T, Hv] or [T, Hv, Dk] (the decay), beta [T, Hv] -> (y [T, Hv, Dv] in q's dtype,
     lo, hi). Per token, per value head: S = g * S; S += outer(beta * (v - S k), k);
-    y = S q, from and into the head's [Dv, Dk] float32 state in the pages."""
+    y = S q, from and into the head's [Dv, Dk] float32 state in the pages.
+
+    delta=False drops the delta rule's "- S k": S = g * S; S += beta * outer(v, k);
+    y = S q, the gated linear attention of Mamba2's SSD mixers."""
     return get_ops().gdn_gated_delta(q, k, v, g, beta, lo, hi, slots, cu_seqlens, has_state,
-                                     int(ssm_offset), int(heads_in_lo), stream=_stream())
+                                     int(ssm_offset), int(heads_in_lo), bool(delta),
+                                     stream=_stream())

@@ -278,14 +278,15 @@ def short_conv_ref(x: mx.array, weight: mx.array, conv_state: mx.array, state_sl
 
 def gated_delta_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
                     state: mx.array, state_slots: mx.array, cu_seqlens: mx.array,
-                    has_state: mx.array) -> tuple[mx.array, mx.array]:
+                    has_state: mx.array, *, delta: bool = True) -> tuple[mx.array, mx.array]:
     """The gated delta rule (Gated DeltaNet's recurrence) over a packed batch, each
     sequence continuing from its state slot, token by token in float32.
 
     q, k [T, Hk, Dk] (normalised as the family does); v [T, Hv, Dv], Hv a multiple of Hk;
     g [T, Hv] or [T, Hv, Dk]: the decay; beta [T, Hv]; state [num_slots, Hv, Dv, Dk]
     float32; state_slots, cu_seqlens, has_state as short_conv_ref's.
-    Per token: S = S * g; S = S + outer((v - S k) * beta, k); y = S q.
+    Per token: S = S * g; S = S + outer((v - S k) * beta, k); y = S q. With
+    delta=False (Mamba2's gated linear attention): S = S * g; S = S + outer(v * beta, k).
     Returns (y [T, Hv, Dv] in q's dtype, state with each slot's final S).
     """
     heads = v.shape[1]
@@ -299,8 +300,8 @@ def gated_delta_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx
         for t in range(cu[n], cu[n + 1]):
             decay = g32[t][:, None, None] if g32.ndim == 2 else g32[t][:, None, :]
             s = s * decay
-            delta = (v32[t] - (s * k32[t][:, None, :]).sum(-1)) * b32[t][:, None]
-            s = s + delta[:, :, None] * k32[t][:, None, :]
+            error = v32[t] - (s * k32[t][:, None, :]).sum(-1) if delta else v32[t]
+            s = s + (error * b32[t][:, None])[:, :, None] * k32[t][:, None, :]
             ys.append((s * q32[t][:, None, :]).sum(-1))
         state[slot] = s
     return mx.stack(ys).astype(q.dtype), state
@@ -324,8 +325,8 @@ def short_conv_pages_ref(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.
 
 def gated_delta_pages_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
                           lo: mx.array, hi: mx.array, slots: mx.array, cu_seqlens: mx.array,
-                          has_state: mx.array, ssm_offset: int,
-                          heads_in_lo: int) -> tuple[mx.array, mx.array, mx.array]:
+                          has_state: mx.array, ssm_offset: int, heads_in_lo: int, *,
+                          delta: bool = True) -> tuple[mx.array, mx.array, mx.array]:
     """gated_delta_ref with the states in cache pages: head h < heads_in_lo at
     lo[slot, ssm_offset + h * Dv * Dk], the rest at hi[slot, (h - heads_in_lo) * Dv * Dk],
     each [Dv, Dk] float32. Returns (y [T, Hv, Dv], new lo, new hi)."""
@@ -337,7 +338,7 @@ def gated_delta_pages_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, be
              hi[idx, :n_hi * per].reshape(-1, n_hi, dv, dk)]
     states = mx.concatenate(parts, axis=1)
     y, states = gated_delta_ref(q, k, v, g, beta, states, mx.arange(idx.shape[0]), cu_seqlens,
-                                has_state)
+                                has_state, delta=delta)
     lo, hi = mx.array(lo), mx.array(hi)
     lo[idx, ssm_offset:ssm_offset + n_lo * per] = states[:, :n_lo].reshape(-1, n_lo * per)
     if n_hi:

@@ -15,6 +15,11 @@
 //   S = S * g                    (g scalar per head, or per key column)
 //   S = S + outer(beta * (v - S k), k)
 //   y = S q
+// and without the delta rule (Mamba2's SSD mixers: gated linear attention, the
+// state only accumulates, nothing is subtracted):
+//   S = S * g
+//   S = S + beta * outer(v, k)
+//   y = S q
 // Everything is computed in float32.
 #pragma once
 
@@ -77,6 +82,7 @@ struct GatedDeltaArgs {
   int64_t hi_width;
   int64_t ssm_offset;
   int heads_in_lo;
+  bool delta_rule;      // false: S += beta * outer(v, k), no S k term
   void* y;              // [T, Hv, Dv]
   Elem y_type;
   GdnBatch batch;

@@ -1,7 +1,8 @@
 // The gated delta rule of Gated DeltaNet layers (gdn_cpu.h has the maths).
 // Items are (request, value head): a head's [Dv, Dk] state is updated in
 // place in its page, token by token, one pass over each state row for the
-// decay and S k, a second for the update and S q (SIMD over Dk).
+// decay and S k, a second for the update and S q (SIMD over Dk); without the
+// delta rule there is no S k, so one pass does all three.
 #include <algorithm>
 #include <vector>
 
@@ -69,6 +70,28 @@ VLLM_METAL_INLINE float update_dot(float* __restrict s, float delta, const float
   return tree_sum(p);
 }
 
+// Without the delta rule: s[0:d] = s * g + delta * k; returns s . q (one pass).
+template <int D>
+VLLM_METAL_INLINE float decay_update_dot(float* __restrict s, const float* __restrict g,
+                                         float delta, const float* __restrict k,
+                                         const float* __restrict q, int d) {
+  const int n = D ? D : d;
+  const int n16 = n - n % kLanes;
+  float p[kLanes] = {};
+  for (int c = 0; c < n16; c += kLanes) {
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) {
+      s[c + l] = s[c + l] * g[c + l] + delta * k[c + l];
+      p[l] += s[c + l] * q[c + l];
+    }
+  }
+  for (int c = n16; c < n; ++c) {
+    s[c] = s[c] * g[c] + delta * k[c];
+    p[0] += s[c] * q[c];
+  }
+  return tree_sum(p);
+}
+
 // The head's [Dv, Dk] state inside the request's block.
 float* state_of(const GatedDeltaArgs& a, int64_t slot, int h) {
   const int64_t per = static_cast<int64_t>(a.head_v_dim) * a.head_k_dim;
@@ -106,8 +129,12 @@ VLLM_METAL_INLINE void delta_body(const GatedDeltaArgs& a, const Item& it, Delta
     driver::load_row(a.beta, a.beta_type, head, 1, &beta);
     for (int i = 0; i < dv; ++i) {
       float* s = state + static_cast<int64_t>(i) * dk;
-      const float delta = (w.v[i] - decay_dot<D>(s, w.g.data(), w.k.data(), dk)) * beta;
-      w.y[i] = update_dot<D>(s, delta, w.k.data(), w.q.data(), dk);
+      if (a.delta_rule) {
+        const float delta = (w.v[i] - decay_dot<D>(s, w.g.data(), w.k.data(), dk)) * beta;
+        w.y[i] = update_dot<D>(s, delta, w.k.data(), w.q.data(), dk);
+      } else {
+        w.y[i] = decay_update_dot<D>(s, w.g.data(), w.v[i] * beta, w.k.data(), w.q.data(), dk);
+      }
     }
     driver::store_row(w.y.data(), nullptr, dv, a.y, a.y_type, head * dv);
   }
