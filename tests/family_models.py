@@ -244,10 +244,27 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         conv_bias=False, conv_L_cache=3, block_dim=HIDDEN, block_ff_dim=INTER,
         block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False,
         tie_word_embeddings=True)),
+    # Mamba2 (SSD) mixers between attention layers: 4 heads of 32 over 2 groups of
+    # B/C, a 16-wide state; nemotron_h adds a ReLU² MLP layer of its own.
+    "nemotron_h": ("NemotronHForCausalLM", dict(
+        num_hidden_layers=4, layers_block_type=["mamba", "attention", "mamba", "mlp"],
+        mamba_num_heads=4,
+        mamba_head_dim=32, ssm_state_size=16, n_groups=2, conv_kernel=4, use_conv_bias=True,
+        mamba_proj_bias=False, attention_bias=False, mlp_bias=False, use_bias=False,
+        layer_norm_epsilon=1e-5, tie_word_embeddings=False)),
+    "granitemoehybrid": ("GraniteMoeHybridForCausalLM", dict(
+        num_hidden_layers=4, layer_types=["mamba", "attention"] * 2, mamba_n_heads=8,
+        mamba_d_head=32, mamba_expand=1, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
+        mamba_conv_bias=True, mamba_proj_bias=False, num_local_experts=MOE_EXPERTS,
+        num_experts_per_tok=2, intermediate_size=MOE_INTER, shared_intermediate_size=INTER,
+        embedding_multiplier=2.0, attention_multiplier=0.125, logits_scaling=4.0,
+        residual_multiplier=0.5, position_embedding_type="rope", attention_bias=False,
+        tie_word_embeddings=False)),
 }
 
-# Hybrids: Gated DeltaNet or short-conv layers keep a state per request.
-HYBRIDS = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lfm2"}
+# Hybrids: Gated DeltaNet, Mamba2 or short-conv layers keep a state per request.
+HYBRIDS = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lfm2", "nemotron_h",
+           "granitemoehybrid"}
 
 # Model types transformers 5 has no configuration class for (their hub
 # checkpoints ship one as remote code).

@@ -55,6 +55,9 @@ _POOL_BLOCKS = {"gemma4_text": 28, "gguf-gemma3_text": 40}
 # are 32 tokens here (not 16) and fewer of them fill the pool; each request's state takes one
 # block (two while its state moves on in align mode) besides its attention blocks.
 _POOL_BLOCKS.update({family: 9 for family in HYBRIDS - {"lfm2"}})
+# Nemotron-H's one attention layer and two Mamba2 ones: vLLM needs 13 blocks to hold
+# one 128-token request (it refuses 11).
+_POOL_BLOCKS["nemotron_h"] = 13
 
 
 def _preemptions(llm) -> float:

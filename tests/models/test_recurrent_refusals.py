@@ -1,7 +1,8 @@
-"""Every mlx-lm family that keeps a recurrent state other than Gated DeltaNet or short
-convolutions is refused at load, by name: ``UnsupportedModelError`` naming the
-model_type. Layers of short convolutions only (LFM2's, Gear's conv mixer) are
-served: the paged forward equals mlx-lm's own.
+"""Every mlx-lm family that keeps a recurrent state other than Gated DeltaNet, Mamba2
+or short convolutions is refused at load, by name: ``UnsupportedModelError`` naming
+the model_type. Layers of short convolutions only (LFM2's, Gear's conv mixer) and
+Mamba2 mixers between attention layers (Nemotron-H, Granite 4 hybrids) are served:
+the paged forward equals mlx-lm's own.
 
 Each family is built by mlx-lm's own classes from the smallest config it accepts
 (hidden 64, 2-4 layers mixing its recurrent and attention layer kinds, vocab 256),
@@ -90,8 +91,8 @@ def _instantiate(config: dict):
     return model_class(args_class.from_dict(config))
 
 
-# Short convolutions only: paged.
-SERVED = {"lfm2", "lfm2_moe", "gear"}
+# Short convolutions only, or Mamba2 mixers: paged.
+SERVED = {"lfm2", "lfm2_moe", "gear", "nemotron_h", "granitemoehybrid"}
 
 
 @pytest.mark.parametrize("family", [
@@ -105,7 +106,7 @@ def test_recurrent_family_refused_by_name(family):
 
 
 @pytest.mark.parametrize("family", sorted(SERVED))
-def test_short_conv_family_served_exactly(family):
+def test_state_family_served_exactly(family):
     from tests.models.test_family_sweep import _TOKENS, paged_logits
 
     model = _instantiate(dict(FAMILIES[family], model_type=family))

@@ -105,16 +105,17 @@ class ForwardContext:
         return y
 
     def gated_delta(self, entry: int, q: mx.array, k: mx.array, v: mx.array, g: mx.array,
-                    beta: mx.array) -> mx.array:
+                    beta: mx.array, delta: bool = True) -> mx.array:
         """q, k [total_q, Hk, Dk], v [total_q, Hv, Dv], g [total_q, Hv(, Dk)], beta
-        [total_q, Hv] -> [total_q, Hv, Dv]: state entry ``entry``'s recurrence."""
+        [total_q, Hv] -> [total_q, Hv, Dv]: state entry ``entry``'s recurrence (the
+        delta rule, or the linear rule of a Mamba2 SSM: ops.gdn.gated_delta)."""
         meta = self.metadata
         shape = self.states[entry]
         lo, hi = _float_rows(self.key_caches[entry]), _float_rows(self.value_caches[entry])
         y, lo, hi = gdn.gated_delta(q, k, v, g, beta, lo, hi,
                                     meta.state_slots[self.group_of(entry)], meta.cu_seqlens_q,
                                     meta.has_state, shape.ssm_offset,
-                                    shape.heads_in_lo(lo.shape[1]))
+                                    shape.heads_in_lo(lo.shape[1]), delta=delta)
         self.key_caches[entry] = _from_float_rows(lo, self.key_caches[entry])
         self.value_caches[entry] = _from_float_rows(hi, self.value_caches[entry])
         return y

@@ -1,17 +1,20 @@
-"""StateCache: what an mlx-lm model holds as a Gated DeltaNet layer's cache in a
-paged forward.
+"""StateCache: what an mlx-lm model holds as a Gated DeltaNet or Mamba2 layer's
+cache in a paged forward.
 
 mlx-lm's GDN mixers (qwen3_next, qwen3_5, and the families that share their
-``gated_delta_update``) keep an ``ArraysCache``: first the short convs' last inputs
-(one slot per conv), then the recurrent state, for a batch whose rows are whole
-sequences.
+``gated_delta_update``) and Mamba2 mixers (nemotron_h, granitemoehybrid, ... : the
+families that share ``ssm_update``) keep an ``ArraysCache``: first the short convs'
+last inputs (one slot per conv), then the recurrent state, for a batch whose rows
+are whole sequences.
 Here the rows are ``total_q`` single tokens of several requests, and each
 request's state lives in its KV page (attention/caches/state_pages.py). So:
 - a conv slot is None: the mixer pads each row with zeros of the conv's width, and
   the conv module (a PagedShortConv) takes only the row's own input, continuing
   its request's conv from the page;
-- the last slot is a StateRef: mlx-lm's ``gated_delta_update`` (switched to
-  paged_gated_delta_update) sees it and runs the packed recurrence over the pages;
+- the last slot is a StateRef: mlx-lm's ``gated_delta_update`` and ``ssm_update``
+  (switched to paged_gated_delta_update and paged_ssm_update) see it and run the
+  packed recurrence over the pages (a Mamba2 SSM is the gated rule without the
+  delta term: ops.gdn.gated_delta with delta=False);
 - what the mixer stores back (``cache[i] = ...``) is dropped: the ops wrote it.
 The family's own projections, norms, gates and head splits run unmodified.
 """
@@ -139,6 +142,43 @@ def _mlx_update():
 _MLX_UPDATE = _mlx_update()
 
 
+def paged_ssm_update(hidden_states: mx.array, A_log: mx.array, B: mx.array,  # noqa: N803
+                     C: mx.array, D: mx.array, dt: mx.array, dt_bias: mx.array,  # noqa: N803
+                     state: Any = None, time_step_limit: tuple[float, float] = (0.001, 100.0),
+                     mask: mx.array | None = None,
+                     lengths: mx.array | None = None) -> tuple[mx.array, Any]:
+    """mlx-lm's ``ssm_update`` (a Mamba2 SSM), paged when the state is a StateRef:
+    per head, S = exp(dt A) S + dt outer(x, B); y = S C + D x, with dt from mlx-lm's
+    own ``compute_dt``: the linear gated rule with q = C, k = B, v = x, g = exp(dt A),
+    beta = dt. hidden_states [rows, 1, H, Dh], B, C [rows, 1, G, N], dt [rows, 1, H]
+    -> (y [rows, 1, H, Dh], the StateRef)."""
+    if not isinstance(state, StateRef):
+        return _MLX_SSM(hidden_states, A_log, B, C, D, dt, dt_bias, state, time_step_limit,
+                        mask, lengths)
+    from mlx_lm.models import ssm
+
+    if mask is not None or lengths is not None:
+        raise ValueError(f"state entry {state.entry}: the mixer passed a mask of its own")
+    x = hidden_states[:, 0]
+    dt = ssm.compute_dt(dt, dt_bias, time_step_limit)[:, 0]         # [rows, H] float32
+    g = mx.exp(dt * -mx.exp(A_log.astype(mx.float32)))
+    y = get_forward_context().gated_delta(state.entry, C[:, 0], B[:, 0], x, g, dt,
+                                          delta=False)
+    y = y.astype(x.dtype) + x * D[:, None]
+    return y[:, None], state
+
+
+def _mlx_ssm():
+    from mlx_lm.models import ssm
+
+    return ssm.ssm_update
+
+
+_MLX_SSM = _mlx_ssm()
+
+
 def install_paged_gated_delta() -> int:
-    """mlx-lm's ``gated_delta_update`` -> paged_gated_delta_update (rebind_in_mlx_lm)."""
-    return rebind_in_mlx_lm("gated_delta_update", _MLX_UPDATE, paged_gated_delta_update)
+    """mlx-lm's ``gated_delta_update`` -> paged_gated_delta_update and ``ssm_update`` ->
+    paged_ssm_update (rebind_in_mlx_lm)."""
+    return (rebind_in_mlx_lm("gated_delta_update", _MLX_UPDATE, paged_gated_delta_update)
+            + rebind_in_mlx_lm("ssm_update", _MLX_SSM, paged_ssm_update))

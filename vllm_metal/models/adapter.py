@@ -36,7 +36,7 @@ from vllm_metal.models.state_layers import wrap_state_convs
 # Where mlx-lm blocks keep their attention module.
 _ATTENTION_NAMES = ("self_attn", "attention", "attn")
 # Attributes of a causal LM that hold its backbone.
-_BACKBONE_NAMES = ("model", "transformer")
+_BACKBONE_NAMES = ("model", "transformer", "backbone")
 # Rows of the probe forward (two, so per-row offsets are exercised).
 _PROBE_ROWS = 2
 
@@ -67,7 +67,7 @@ class KVEntry:
     # Multi-head latent attention: the latent width of each cached row [latent,
     # k_pe] (head_dim = rank + rope_dim, one KV head); None for K/V attention.
     latent_rank: int | None = None
-    # A linear-attention (Gated DeltaNet) layer: its recurrent state instead of K/V
+    # A linear-attention (Gated DeltaNet, Mamba2) layer: its recurrent state instead of K/V
     # (the fields above are then 0 / None).
     state: GdnStateShape | None = None
 
@@ -135,7 +135,7 @@ class ModelAdapter:
                        "attention, where the paged kernels take only causal and window masks)")
             elif "StateRef" in str(e):
                 why = (" (a recurrent layer computes with its state itself, e.g. a Mamba SSM, "
-                       "where vllm-metal pages Gated DeltaNet mixers only)")
+                       "where vllm-metal pages Gated DeltaNet and Mamba2 mixers only)")
             raise UnsupportedModelError(
                 f"{self.family}: its mlx-lm backbone {_qualname(self.backbone)} does not run "
                 f"on vllm-metal's paged cache{why} ({type(e).__name__}: {e})") from e
@@ -194,20 +194,20 @@ class ModelAdapter:
         convs, rule = probe.conv.get(i, set()), probe.rule.get(i)
         if convs != set(range(len(channels))) or recurrent != (rule is not None):
             what = ("each of its convs" if rule is not None or not recurrent
-                    else "mlx-lm gated_delta_update")
+                    else "mlx-lm's gated_delta_update or ssm_update")
             raise UnsupportedModelError(
                 f"{self.family}: {self._where(i)} keeps a recurrent state but did not run "
-                f"{what} on it once per token; vllm-metal pages short convolutions and Gated "
-                "DeltaNet mixers only")
+                f"{what} on it once per token; vllm-metal pages short convolutions, Gated "
+                "DeltaNet and Mamba2 mixers only")
         if rule is None:    # short convolutions only (LFM2)
             return KVEntry(0, 0, 0, 0.0, None, None, False,
                            state=GdnStateShape(kernel, channels, 0, 0, 0))
-        num_k_heads, head_k_dim, num_v_heads, head_v_dim = rule
+        num_k_heads, head_k_dim, num_v_heads, head_v_dim, delta = rule
         if num_v_heads % num_k_heads:
             raise UnsupportedModelError(
                 f"{self.family}: {self._where(i)} has {num_v_heads} value heads, not a "
                 f"multiple of its {num_k_heads} key heads")
-        shape = GdnStateShape(kernel, channels, num_v_heads, head_v_dim, head_k_dim)
+        shape = GdnStateShape(kernel, channels, num_v_heads, head_v_dim, head_k_dim, delta)
         return KVEntry(0, 0, 0, 0.0, None, None, False, state=shape)
 
     def _probe_head(self) -> tuple[int, bool, tuple[nn.Module, bool] | None]:
@@ -254,8 +254,8 @@ class _Probe(ForwardContext):
         self.attn: dict[int, tuple[int, float, int | None, float | None, bool]] = {}
         self.latent: dict[int, int] = {}   # MLA entries: their latent rank
         self.conv: dict[int, set[int]] = {}   # state entries: the convs that ran
-        # state entries: (key heads, key size, value heads, value size)
-        self.rule: dict[int, tuple[int, int, int, int]] = {}
+        # state entries: (key heads, key size, value heads, value size, delta rule)
+        self.rule: dict[int, tuple[int, int, int, int, bool]] = {}
 
     def write(self, entry: int, keys: mx.array, values: mx.array) -> None:
         _check_rows(keys, values)
@@ -280,10 +280,11 @@ class _Probe(ForwardContext):
         return mx.zeros(x.shape, dtype=x.dtype)
 
     def gated_delta(self, entry: int, q: mx.array, k: mx.array, v: mx.array, g: mx.array,
-                    beta: mx.array) -> mx.array:
+                    beta: mx.array, delta: bool = True) -> mx.array:
         if q.ndim != 3 or q.shape[0] != _PROBE_ROWS or v.ndim != 3 or k.shape != q.shape:
             raise UnsupportedModelError(f"gated delta rows q {tuple(q.shape)}, v {tuple(v.shape)}")
-        self.rule[entry] = (int(q.shape[1]), int(q.shape[2]), int(v.shape[1]), int(v.shape[2]))
+        self.rule[entry] = (int(q.shape[1]), int(q.shape[2]), int(v.shape[1]), int(v.shape[2]),
+                            bool(delta))
         return mx.zeros(v.shape, dtype=q.dtype)
 
     def write_latent(self, entry: int, latent: mx.array, k_pe: mx.array) -> None:
@@ -397,7 +398,7 @@ def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
                 f"{family}: KV entry {i} is mlx-lm's {type(cache).__name__}"
                 f"{' keeping ' + str(cache.keep) + ' tokens' if getattr(cache, 'keep', 0) else ''}"
                 "; vllm-metal pages plain and sliding-window attention caches and Gated "
-                "DeltaNet states only")
+                "DeltaNet and Mamba2 states, one kind per layer")
     if not windows:
         raise UnsupportedModelError(f"{family}: the model keeps no KV cache")
     return windows

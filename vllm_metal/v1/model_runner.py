@@ -17,7 +17,8 @@ from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, 
 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
-from vllm_metal.attention.caches.state_pages import block_size_for_states, half_page_floats
+from vllm_metal.attention.caches.state_pages import (GdnStateShape, block_size_for_states,
+                                                    half_page_floats)
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
@@ -170,8 +171,7 @@ class MetalModelRunner:
                     shapes=tuple(shapes), dtypes=(torch.float32,) * len(shapes),
                     block_size=cache.mamba_block_size,
                     page_size_padded=cache.mamba_page_size_padded,
-                    mamba_type=(MambaAttentionBackendEnum.GDN_ATTN if st.num_v_heads
-                                else MambaAttentionBackendEnum.SHORT_CONV),
+                    mamba_type=_mamba_type(st),
                     mamba_cache_mode=cache.mamba_cache_mode)
             elif entry.latent_rank is not None:
                 specs[_entry_name(i)] = MLAAttentionSpec(**common)
@@ -534,3 +534,12 @@ def _expand_logprobs(logprobs: LogprobsLists | None, step: StepInputs) -> Logpro
     ids[rows], lps[rows], ranks[rows] = (logprobs.logprob_token_ids, logprobs.logprobs,
                                          logprobs.sampled_token_ranks)
     return LogprobsLists(ids, lps, ranks)
+
+
+def _mamba_type(state: GdnStateShape) -> MambaAttentionBackendEnum:
+    """The label vLLM's hybrid manager groups a state layer by (the compute is ours)."""
+    if not state.num_v_heads:
+        return MambaAttentionBackendEnum.SHORT_CONV
+    if state.delta_rule:
+        return MambaAttentionBackendEnum.GDN_ATTN
+    return MambaAttentionBackendEnum.MAMBA2

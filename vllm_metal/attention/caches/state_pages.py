@@ -30,13 +30,16 @@ _ALIGN_FLOATS = 16
 class GdnStateShape:
     """One GDN layer's state: short convs of K taps over C_i channels (conv_dims; one
     conv over C = 2 * Hk * Dk + Hv * Dv for Qwen3-Next), then Hv heads of [Dv, Dk]
-    (none for a layer of short convolutions only, as LFM2's)."""
+    (none for a layer of short convolutions only, as LFM2's). A Mamba2 mixer's state
+    is the same shape (Dv the head size, Dk the SSM state size), updated by the
+    linear rule instead of the delta rule (delta_rule False)."""
 
     conv_kernel: int
     conv_dims: tuple[int, ...]
     num_v_heads: int
     head_v_dim: int
     head_k_dim: int
+    delta_rule: bool = True
 
     @property
     def conv_dim(self) -> int:
