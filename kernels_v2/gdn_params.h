@@ -1,6 +1,7 @@
 // Parameter block of the Gated DeltaNet kernels (gdn_short_conv, gdn_conv_state,
-// gdn_gated_delta), shared verbatim by the Metal sources and the host that
-// encodes them. Packed 4-byte scalars: Metal and C++ lay them out alike.
+// gdn_gated_delta, gdn_gated_delta_chunked), shared verbatim by the Metal
+// sources and the host that encodes them. Packed 4-byte scalars: Metal and C++
+// lay them out alike.
 #pragma once
 
 #ifndef __METAL_VERSION__
@@ -24,6 +25,7 @@ struct GdnParams {
   int heads_in_lo;  // heads whose state is in lo; the rest are in hi from column 0
   int vector_gate;  // 1: g is [T, Hv, Dk]; 0: [T, Hv]
   int delta_rule;   // 1: S += outer(beta (v - S k), k); 0: S += beta outer(v, k) (Mamba2)
+  int chunk;        // gdn_gated_delta_chunked: rows per chunk, 1 .. kGdnChunkMax; else 0
 };
 
 #ifndef __METAL_VERSION__

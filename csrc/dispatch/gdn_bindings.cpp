@@ -33,7 +33,7 @@ void bind_gdn_debug(nb::module_& m) {
       [](const std::string& op, const std::string& dtype, int total_rows, int num_seqs, int num_blocks,
          int lo_width, int hi_width, int channels, int taps, int conv_offset, int num_k_heads, int num_v_heads,
          int head_k_dim, int head_v_dim, int ssm_offset, int heads_in_lo, bool vector_gate,
-         bool delta_rule) {
+         bool delta_rule, int chunk) {
         dispatch::GdnProblem p;
         p.dtype = dispatch::parse_dtype(dtype);
         p.total_rows = total_rows;
@@ -52,6 +52,7 @@ void bind_gdn_debug(nb::module_& m) {
         p.heads_in_lo = heads_in_lo;
         p.vector_gate = vector_gate;
         p.delta_rule = delta_rule;
+        p.chunk = chunk;
         if (op == "short_conv") return plan_dict(dispatch::plan_gdn_short_conv(p));
         if (op == "gated_delta") return plan_dict(dispatch::plan_gdn_gated_delta(p));
         throw std::invalid_argument("op must be 'short_conv' or 'gated_delta'");
@@ -60,7 +61,7 @@ void bind_gdn_debug(nb::module_& m) {
       "hi_width"_a = 0, "channels"_a = 0, "taps"_a = 0, "conv_offset"_a = 0, "num_k_heads"_a = 0,
       "num_v_heads"_a = 0,
       "head_k_dim"_a = 0, "head_v_dim"_a = 0, "ssm_offset"_a = 0, "heads_in_lo"_a = 0,
-      "vector_gate"_a = false, "delta_rule"_a = true,
+      "vector_gate"_a = false, "delta_rule"_a = true, "chunk"_a = 0,
       "The Metal launches of a GDN op (dict: launches [kernel, grid, threads], in order; params bytes).");
 
   m.def(
@@ -85,6 +86,7 @@ void bind_gdn_debug(nb::module_& m) {
         VLLM_METAL_FIELD(heads_in_lo)
         VLLM_METAL_FIELD(vector_gate)
         VLLM_METAL_FIELD(delta_rule)
+        VLLM_METAL_FIELD(chunk)
 #undef VLLM_METAL_FIELD
         return nb::make_tuple(fields, sizeof(P));
       },

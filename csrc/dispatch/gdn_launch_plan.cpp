@@ -12,6 +12,9 @@ constexpr uint32_t kSimdWidth = 32;
 constexpr int kKeysPerLane = 8;        // kGdnKeysPerLane in kernels_v2/gdn.h
 constexpr int kRowsPerSimdgroup = 4;   // kGdnRowsPerSimdgroup
 constexpr uint32_t kConvThreads = 128; // kGdnConvThreads
+constexpr int kChunkMax = 64;          // kGdnChunkMax in kernels_v2/gdn_chunked.h
+constexpr int kChunkTileRows = 32;     // kGdnChunkSimdgroups x kGdnChunkRowsPerSimdgroup
+constexpr uint32_t kChunkThreads = 256;
 
 [[noreturn]] void bad(const std::string& msg) {
   throw std::invalid_argument("gdn: " + msg);
@@ -44,6 +47,7 @@ kernels::GdnParams params_of(const GdnProblem& p) {
   params.heads_in_lo = p.heads_in_lo;
   params.vector_gate = p.vector_gate ? 1 : 0;
   params.delta_rule = p.delta_rule ? 1 : 0;
+  params.chunk = 0;
   return params;
 }
 
@@ -57,6 +61,8 @@ KernelLaunch launch(const std::string& kernel, KernelDtype dtype, uint32_t x, ui
 bool metal_supports_gdn(int head_k_dim) {
   return head_k_dim > 0 && head_k_dim % kSimdWidth == 0 && head_k_dim <= int(kSimdWidth) * kKeysPerLane;
 }
+
+bool metal_supports_gdn_chunk(int chunk) { return chunk >= 1 && chunk <= kChunkMax; }
 
 GdnPlan plan_gdn_short_conv(const GdnProblem& p) {
   GdnPlan plan{{}, params_of(p)};
@@ -83,7 +89,19 @@ GdnPlan plan_gdn_gated_delta(const GdnProblem& p) {
       p.ssm_offset + p.heads_in_lo * per > p.lo_width || (p.num_v_heads - p.heads_in_lo) * per > p.hi_width) {
     bad("the head states do not fit lo and hi as placed");
   }
+  if (p.chunk < 0) bad("chunk must be >= 0");
+  const bool chunked = p.chunk > 0 && !p.vector_gate;
+  if (chunked && !metal_supports_gdn_chunk(p.chunk)) {
+    bad("the Metal chunked kernel takes chunks of 1 to 64 rows");
+  }
   if (p.num_v_heads == 0) return plan;
+  if (chunked) {
+    plan.params.chunk = p.chunk;
+    plan.launches.push_back(launch("gdn_gated_delta_chunked", p.dtype,
+                                   u32((p.head_v_dim + kChunkTileRows - 1) / kChunkTileRows),
+                                   u32(p.num_v_heads), u32(p.num_seqs), kChunkThreads));
+    return plan;
+  }
   plan.launches.push_back(launch("gdn_gated_delta", p.dtype,
                                  u32((p.head_v_dim + kRowsPerSimdgroup - 1) / kRowsPerSimdgroup),
                                  u32(p.num_v_heads), u32(p.num_seqs), kSimdWidth));

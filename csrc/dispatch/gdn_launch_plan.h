@@ -29,6 +29,7 @@ struct GdnProblem {
   int heads_in_lo = 0;
   bool vector_gate = false;
   bool delta_rule = true;                    // false: gated linear attention (no - S k)
+  int chunk = 0;                             // 0: token by token; C > 0: chunks of C rows
 };
 
 struct GdnPlan {
@@ -41,8 +42,13 @@ struct GdnPlan {
 // The gated delta kernel's key width: Dk a multiple of 32 up to 256
 // (kGdnKeysPerLane in kernels_v2/gdn.h).
 bool metal_supports_gdn(int head_k_dim);
+// The chunked kernel's chunk sizes: 1 to 64 rows (kGdnChunkMax in
+// kernels_v2/gdn_chunked.h, which sizes its threadgroup memory).
+bool metal_supports_gdn_chunk(int chunk);
 
 // Throw std::invalid_argument for an inconsistent or unsupported problem.
+// The gated delta runs gdn_gated_delta_chunked when chunk > 0 and the gate is
+// scalar, else the recurrence (gdn_gated_delta, which ignores chunk).
 GdnPlan plan_gdn_short_conv(const GdnProblem& problem);
 GdnPlan plan_gdn_gated_delta(const GdnProblem& problem);
 

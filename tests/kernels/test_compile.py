@@ -46,7 +46,11 @@ def host_names(ext) -> set[str]:
         delta = ext.debug.gdn_launch_plan("gated_delta", dtype, 1, num_seqs=1, num_blocks=1,
                                           lo_width=512, hi_width=512, num_k_heads=1,
                                           num_v_heads=1, head_k_dim=32, head_v_dim=16)
-        names.update(launch["kernel"] for launch in conv["launches"] + delta["launches"])
+        chunked = ext.debug.gdn_launch_plan("gated_delta", dtype, 1, num_seqs=1, num_blocks=1,
+                                            lo_width=512, hi_width=512, num_k_heads=1,
+                                            num_v_heads=1, head_k_dim=32, head_v_dim=16, chunk=64)
+        names.update(launch["kernel"]
+                     for launch in conv["launches"] + delta["launches"] + chunked["launches"])
     return names
 
 
@@ -61,8 +65,8 @@ def test_host_names_are_exactly_the_instantiations(kernels, ext):
     # 63 varlen + 36 GQA decode (12 specializations x 3 dtypes) + 21 reduce + 3 cache writes
     # + 9 LoRA (shrink, expand, expand_add x 3 dtypes) + 12 experts (float, q4, q8, mxfp4 x 3 dtypes)
     # + 6 MLA (cache write, attention x 3 dtypes)
-    # + 9 GDN (conv rows, conv state, gated delta x 3 dtypes)
-    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 12 + 6 + 9
+    # + 12 GDN (conv rows, conv state, gated delta, chunked gated delta x 3 dtypes)
+    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 12 + 6 + 12
 
 
 def test_block_size_instantiations_follow_constants_py(kernels):

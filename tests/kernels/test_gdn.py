@@ -55,8 +55,8 @@ def run_short_conv(kernels, ext, case: ConvCase, orders=DEFAULT_ORDERS, guard=Fa
     return as_float32(ys[0], case.x.dtype), pages[0]
 
 
-def run_gated_delta(kernels, ext, case: DeltaCase, orders=DEFAULT_ORDERS, guard=False):
-    """(y as float32 [T, Hv, Dv], lo, hi after the launch)."""
+def run_gated_delta(kernels, ext, case: DeltaCase, orders=DEFAULT_ORDERS, guard=False, chunk=0):
+    """(y as float32 [T, Hv, Dv], lo, hi after the launch); chunk > 0: the chunked kernel."""
     check_orders(orders)
     q, k, v, g, beta = case.inputs
     plan = ext.debug.gdn_launch_plan(
@@ -64,7 +64,7 @@ def run_gated_delta(kernels, ext, case: DeltaCase, orders=DEFAULT_ORDERS, guard=
         num_blocks=case.lo.shape[0], lo_width=case.lo.shape[1], hi_width=case.hi.shape[1],
         num_k_heads=q.shape[1], num_v_heads=v.shape[1], head_k_dim=q.shape[2],
         head_v_dim=v.shape[2], ssm_offset=case.ssm_offset, heads_in_lo=case.heads_in_lo,
-        vector_gate=g.ndim == 3, delta_rule=case.delta)
+        vector_gate=g.ndim == 3, delta_rule=case.delta, chunk=chunk)
     slots, cu, has_state = _batch(case.slots, case.lengths, case.has_state)
     results = []
     for order in orders:
@@ -182,11 +182,11 @@ def test_the_plans(ext):
     assert launch["kernel"] == "gdn_gated_delta_float32"
     assert launch["grid"] == (32, 32, 2) and launch["threads"] == (32, 1, 1)
     ints = np.frombuffer(delta["params"], np.int32).tolist()
-    assert ints[8:] == [16, 32, 128, 128, 24576, 0, 1, 1]
+    assert ints[8:] == [16, 32, 128, 128, 24576, 0, 1, 1, 0]
     linear = plan("gated_delta", "float32", 5, num_seqs=2, num_blocks=9, lo_width=heads,
                   hi_width=heads, num_k_heads=16, num_v_heads=32, head_k_dim=128,
                   head_v_dim=128, delta_rule=False)
-    assert np.frombuffer(linear["params"], np.int32).tolist()[-1] == 0
+    assert np.frombuffer(linear["params"], np.int32).tolist()[-2:] == [0, 0]
     with pytest.raises(ValueError, match="Dk a multiple of 32 up to 256"):
         plan("gated_delta", "float16", 1, num_seqs=1, num_blocks=1, lo_width=4096, hi_width=4096,
              num_k_heads=1, num_v_heads=1, head_k_dim=48, head_v_dim=16)
@@ -197,6 +197,33 @@ def test_the_plans(ext):
         plan("gated_delta", "float16", 1, num_seqs=1, num_blocks=1, lo_width=100, hi_width=100,
              num_k_heads=1, num_v_heads=1, head_k_dim=32, head_v_dim=16)
 
+
+
+def test_the_chunked_plan(ext):
+    plan = ext.debug.gdn_launch_plan
+    heads = 32 * 128 * 128
+    qwen = dict(num_seqs=2, num_blocks=9, lo_width=heads, hi_width=heads, num_k_heads=16,
+                num_v_heads=32, head_k_dim=128, head_v_dim=128)
+    chunked = plan("gated_delta", "bfloat16", 70, **qwen, chunk=64)
+    (launch,) = chunked["launches"]
+    assert launch["kernel"] == "gdn_gated_delta_chunked_bfloat16"
+    # Tiles of 32 state rows, 8 simdgroups each.
+    assert launch["grid"] == (4, 32, 2) and launch["threads"] == (256, 1, 1)
+    assert np.frombuffer(chunked["params"], np.int32).tolist()[-3:] == [0, 1, 64]
+    linear = plan("gated_delta", "float16", 3, **dict(qwen, head_v_dim=40), delta_rule=False,
+                  chunk=1)
+    (launch,) = linear["launches"]
+    assert launch["kernel"] == "gdn_gated_delta_chunked_float16" and launch["grid"] == (2, 32, 2)
+    assert np.frombuffer(linear["params"], np.int32).tolist()[-2:] == [0, 1]
+    # A vector gate keeps the recurrence, whatever the chunk; so does chunk 0.
+    for kwargs in (dict(vector_gate=True, chunk=64), dict(vector_gate=True, chunk=500), {}):
+        recurrent = plan("gated_delta", "float32", 70, **qwen, **kwargs)
+        assert [launch["kernel"] for launch in recurrent["launches"]] == ["gdn_gated_delta_float32"]
+        assert np.frombuffer(recurrent["params"], np.int32).tolist()[-1] == 0
+    with pytest.raises(ValueError, match="chunks of 1 to 64 rows"):
+        plan("gated_delta", "float32", 70, **qwen, chunk=65)
+    with pytest.raises(ValueError, match="chunk must be >= 0"):
+        plan("gated_delta", "float32", 70, **qwen, chunk=-1)
 
 def test_params_block_is_packed_four_byte_scalars(ext):
     fields, size = ext.debug.gdn_params_layout()
