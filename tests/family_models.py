@@ -260,11 +260,17 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         embedding_multiplier=2.0, attention_multiplier=0.125, logits_scaling=4.0,
         residual_multiplier=0.5, position_embedding_type="rope", attention_bias=False,
         tie_word_embeddings=False)),
+    # Every layer runs a Mamba2 mixer and attention side by side (mlx-lm's CacheList),
+    # with the checkpoint's muP multipliers at their defaults.
+    "falcon_h1": ("FalconH1ForCausalLM", dict(
+        mamba_n_heads=8, mamba_d_head=32, mamba_d_ssm=256, mamba_expand=1, mamba_d_state=16,
+        mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=True, mamba_norm_before_gate=False,
+        mamba_chunk_size=16, tie_word_embeddings=False)),
 }
 
 # Hybrids: Gated DeltaNet, Mamba2 or short-conv layers keep a state per request.
 HYBRIDS = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lfm2", "nemotron_h",
-           "granitemoehybrid"}
+           "granitemoehybrid", "falcon_h1"}
 
 # Model types transformers 5 has no configuration class for (their hub
 # checkpoints ship one as remote code).

@@ -84,7 +84,7 @@ class ModelAdapter:
         install_paged_sdpa()
         install_paged_gated_delta()
         layered = _layered(model, self.text_model)
-        windows = _cache_windows(layered, self.family)
+        windows, groups = _cache_windows(layered, self.family)
         _wrap_self_computing(layered, self.family)
         self._convs = wrap_state_convs(
             _layers(layered), [i for i, w in enumerate(windows) if isinstance(w, _StateSlots)],
@@ -92,7 +92,10 @@ class ModelAdapter:
         restack_expert_lists(_layers(layered) or [])
         self.caches = [self._state_cache(i, w.slots) if isinstance(w, _StateSlots)
                        else LayerCache(i) for i, w in enumerate(windows)]
-        _place_absolute_positions(self.backbone, self.caches)
+        # What the backbone is given: mlx-lm's list, a CacheList as a group.
+        self.model_caches = [self.caches[g[0]] if len(g) == 1
+                             else _CacheGroup([self.caches[i] for i in g]) for g in groups]
+        _place_absolute_positions(self.backbone, self.model_caches)
         self.entries, self.hidden_size = self._probe_backbone(windows)
         self.vocab_size, self.head_in_backbone, self.plain_head = self._probe_head()
 
@@ -101,7 +104,7 @@ class ModelAdapter:
     def hidden(self, input_ids: mx.array) -> mx.array:
         """int32 [T] -> [T, hidden]: the backbone over T rows of one token each,
         inside a forward_context."""
-        out = self.backbone(input_ids[:, None], cache=self.caches)
+        out = self.backbone(input_ids[:, None], cache=self.model_caches)
         return out.reshape(out.shape[0], out.shape[-1])
 
     def logits(self, rows: mx.array) -> mx.array:
@@ -125,7 +128,7 @@ class ModelAdapter:
         ids = mx.zeros((_PROBE_ROWS, 1), dtype=mx.int32)
         try:
             with forward_context(probe):
-                out = self.backbone(ids, cache=self.caches)
+                out = self.backbone(ids, cache=self.model_caches)
         except UnsupportedModelError as e:
             raise UnsupportedModelError(f"{self.family}: {e}") from e
         except Exception as e:
@@ -373,12 +376,15 @@ def _backbone_name(text_model: nn.Module, family: str) -> str:
         f"{' or '.join('.' + n for n in _BACKBONE_NAMES)}")
 
 
-def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
+def _cache_windows(text_model: nn.Module,
+                   family: str) -> tuple[list[int | _StateSlots | None], list[list[int]]]:
     """One entry per KV cache mlx-lm makes for the model: None for a plain cache,
     the size of a rotating (sliding-window) one, _StateSlots for an ArraysCache (conv
     inputs, then maybe a recurrent state: what the probe finds the layer doing with
-    it decides whether it is paged or refused)."""
-    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+    it decides whether it is paged or refused). A CacheList (a layer with a state and
+    attention side by side, as Falcon-H1's) gives an entry per cache in it; also
+    returns, per cache mlx-lm makes, the entries it became."""
+    from mlx_lm.models.cache import CacheList, make_prompt_cache
 
     try:
         made = make_prompt_cache(text_model)
@@ -386,22 +392,44 @@ def _cache_windows(text_model: nn.Module, family: str) -> list[int | None]:
         raise UnsupportedModelError(
             f"{family}: mlx-lm cannot make its cache ({type(e).__name__}: {e})") from e
     windows: list[int | _StateSlots | None] = []
-    for i, cache in enumerate(made):
-        if type(cache) is KVCache:
-            windows.append(None)
-        elif type(cache) is ArraysCache:
-            windows.append(_StateSlots(len(cache.cache)))  # [conv inputs..., state?]
-        elif type(cache) is RotatingKVCache and not cache.keep:
-            windows.append(int(cache.max_size))
-        else:
-            raise UnsupportedModelError(
-                f"{family}: KV entry {i} is mlx-lm's {type(cache).__name__}"
-                f"{' keeping ' + str(cache.keep) + ' tokens' if getattr(cache, 'keep', 0) else ''}"
-                "; vllm-metal pages plain and sliding-window attention caches and Gated "
-                "DeltaNet and Mamba2 states, one kind per layer")
+    groups: list[list[int]] = []
+    for cache in made:
+        parts = list(cache.caches) if type(cache) is CacheList else [cache]
+        groups.append(list(range(len(windows), len(windows) + len(parts))))
+        windows.extend(_window_of(part, len(windows) + n, family)
+                       for n, part in enumerate(parts))
     if not windows:
         raise UnsupportedModelError(f"{family}: the model keeps no KV cache")
-    return windows
+    return windows, groups
+
+
+def _window_of(cache, entry: int, family: str) -> int | _StateSlots | None:
+    from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+
+    if type(cache) is KVCache:
+        return None
+    if type(cache) is ArraysCache:
+        return _StateSlots(len(cache.cache))  # [conv inputs..., state?]
+    if type(cache) is RotatingKVCache and not cache.keep:
+        return int(cache.max_size)
+    raise UnsupportedModelError(
+        f"{family}: KV entry {entry} is mlx-lm's {type(cache).__name__}"
+        f"{' keeping ' + str(cache.keep) + ' tokens' if getattr(cache, 'keep', 0) else ''}"
+        "; vllm-metal pages plain and sliding-window attention caches and Gated "
+        "DeltaNet and Mamba2 states")
+
+
+class _CacheGroup:
+    """What a layer given an mlx-lm CacheList indexes: its entries' caches."""
+
+    def __init__(self, caches: list) -> None:
+        self.caches = tuple(caches)
+
+    def __getitem__(self, index: int):
+        return self.caches[index]
+
+    def __len__(self) -> int:
+        return len(self.caches)
 
 
 def _layers(text_model: nn.Module) -> list | None:

@@ -26,7 +26,7 @@ def wrap_state_convs(layers: list | None, state_entries: list[int], family: str,
     with_convs = [(i, layer) for i, layer in enumerate(layers) if _convs_of(layer)]
     if len(with_convs) != len(state_entries):
         raise error(
-            f"{family}: {len(state_entries)} layers keep a recurrent state (mlx-lm's "
+            f"{family}: {len(state_entries)} entries keep a recurrent state (mlx-lm's "
             f"ArraysCache) but {len(with_convs)} layers hold convolutions; vllm-metal pages "
             "mixers that start with short convolutions (Gated DeltaNet, Mamba2) only")
     for entry, (index, layer) in zip(state_entries, with_convs):
