@@ -125,10 +125,12 @@ template <typename T>
       for (int i = t; i >= 0; --i) {
         device const T* ki = k + (long(t0 + i) * params.num_k_heads + kh) * dk;
         float2 part = float2(0.0f);
-        for (int m = 0; m < key_lanes; ++m) {
-          const float kim = float(ki[int(lane) + 32 * m]);
-          part.x = fma(kt[m], kim, part.x);
-          part.y = fma(qt[m], kim, part.y);
+        for (int m = 0; m < kGdnChunkKeysPerLane; ++m) {
+          if (m < key_lanes) {
+            const float kim = float(ki[int(lane) + 32 * m]);
+            part.x = fma(kt[m], kim, part.x);
+            part.y = fma(qt[m], kim, part.y);
+          }
         }
         const float2 dots = simd_sum(part);
         if (lane == 0) {
@@ -152,13 +154,17 @@ template <typename T>
         gdn_chunk_load_keys(k + (long(t0 + t) * params.num_k_heads + kh) * dk, lane, key_lanes, kt);
         gdn_chunk_load_keys(q + (long(t0 + t) * params.num_k_heads + kh) * dk, lane, key_lanes, qt);
         float4 sk = float4(0.0f), sq = float4(0.0f);
-        for (int m = 0; m < key_lanes; ++m) {
-          sk = fma(s[m], float4(kt[m]), sk);
-          sq = fma(s[m], float4(qt[m]), sq);
+        for (int m = 0; m < kGdnChunkKeysPerLane; ++m) {
+          if (m < key_lanes) {
+            sk = fma(s[m], float4(kt[m]), sk);
+            sq = fma(s[m], float4(qt[m]), sq);
+          }
         }
         const float gamma = tg_gamma[t];
         float4 vt = float4(0.0f);
-        for (int r = 0; r < rows; ++r) vt[r] = float(v[head_t * dv + i0 + r]);
+        for (int r = 0; r < kGdnChunkRowsPerSimdgroup; ++r) {
+          if (r < rows) vt[r] = float(v[head_t * dv + i0 + r]);
+        }
         if (delta) vt -= gamma * simd_sum(sk);  // uniform branch
         const float4 out = gamma * simd_sum(sq);
         for (int half = 0; half < 2; ++half) {
@@ -186,7 +192,9 @@ template <typename T>
             d[half] = rhs[half] - sum_a;
             const float4 yt = fma(float4(tg_m[gdn_on_or_below(t, t)]), d[half], inter[half] + sum_m);
             device T* out = y + (long(t0 + t) * hv + h) * dv + i0;
-            for (int r = 0; r < rows; ++r) out[r] = T(yt[r]);
+            for (int r = 0; r < kGdnChunkRowsPerSimdgroup; ++r) {
+              if (r < rows) out[r] = T(yt[r]);
+            }
           }
         }
       }
@@ -197,16 +205,21 @@ template <typename T>
       }
       simdgroup_barrier(mem_flags::mem_threadgroup);
       const float gamma_last = tg_gamma[c - 1];
-      for (int m = 0; m < key_lanes; ++m) s[m] *= gamma_last;
+      for (int m = 0; m < kGdnChunkKeysPerLane; ++m) s[m] *= gamma_last;
       for (int i = 0; i < c; ++i) {
         const float4 coef = tg_tail[i] * tg_d[sg][i];
         device const T* ki = k + (long(t0 + i) * params.num_k_heads + kh) * dk;
-        for (int m = 0; m < key_lanes; ++m) s[m] = fma(coef, float4(float(ki[int(lane) + 32 * m])), s[m]);
+        for (int m = 0; m < kGdnChunkKeysPerLane; ++m) {
+          if (m < key_lanes) s[m] = fma(coef, float4(float(ki[int(lane) + 32 * m])), s[m]);
+        }
       }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
-  for (int m = 0; m < key_lanes; ++m) {
-    for (int r = 0; r < rows; ++r) state[long(r) * dk + int(lane) + 32 * m] = s[m][r];
+  // Constant trip counts (here and above) keep s, kt and qt in registers.
+  for (int m = 0; m < kGdnChunkKeysPerLane; ++m) {
+    for (int r = 0; r < kGdnChunkRowsPerSimdgroup; ++r) {
+      if (m < key_lanes && r < rows) state[long(r) * dk + int(lane) + 32 * m] = s[m][r];
+    }
   }
 }
