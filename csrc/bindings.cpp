@@ -218,6 +218,7 @@ raise at evaluation.)");
       "ssm_offset"_a,
       "heads_in_lo"_a,
       "delta_rule"_a = true,
+      "chunk"_a = 0,
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(Gated DeltaNet's gated delta rule over a packed batch: q, k [T, Hk, Dk],
@@ -225,7 +226,9 @@ v [T, Hv, Dv] (value head h reads key head h / (Hv / Hk)), g [T, Hv] or
 [T, Hv, Dk], beta [T, Hv] -> (y [T, Hv, Dv] in q's dtype, lo, hi). Per token and
 head, on its [Dv, Dk] float32 state S: S = S * g; S += outer(beta * (v - S k), k);
 y = S q; with delta_rule false, S += beta * outer(v, k) instead (Mamba2's gated
-linear attention). Head h's state is at lo[slot, ssm_offset + h * Dv * Dk] for h <
+linear attention). chunk 0 runs token by token; 32 or 64 (scalar g only) runs the
+chunked form in chunks of that many rows from each request's first row: equal up to
+rounding, which then depends on where the chunks start. Head h's state is at lo[slot, ssm_offset + h * Dv * Dk] for h <
 heads_in_lo, else at hi[slot, (h - heads_in_lo) * Dv * Dk], and is updated in
 place; slots, cu_seqlens and has_state as gdn_short_conv.)");
 

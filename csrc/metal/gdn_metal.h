@@ -23,7 +23,7 @@ void gdn_short_conv_gpu(const mlx::core::Stream& stream, const std::vector<mlx::
 // outputs: y, lo, hi (sharing the input pages' buffers).
 void gdn_gated_delta_gpu(const mlx::core::Stream& stream, const std::vector<mlx::core::array>& inputs,
                          std::vector<mlx::core::array>& outputs, int ssm_offset, int heads_in_lo,
-                         bool delta_rule);
+                         bool delta_rule, int chunk);
 
 }  // namespace vllm_metal::metal
 

@@ -158,7 +158,7 @@ std::tuple<mx::array, mx::array, mx::array> gdn_gated_delta(
     const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& g,
     const mx::array& beta, const mx::array& lo, const mx::array& hi, const mx::array& slots,
     const mx::array& cu_seqlens, const mx::array& has_state, int ssm_offset, int heads_in_lo,
-    bool delta_rule, mx::StreamOrDevice s) {
+    bool delta_rule, int chunk, mx::StreamOrDevice s) {
   const char* op = "gdn_gated_delta";
   if (q.ndim() != 3) fail(op, "q must be [T, Hk, Dk]");
   check_float(op, q, "q", "[T, Hk, Dk]");
@@ -196,6 +196,11 @@ std::tuple<mx::array, mx::array, mx::array> gdn_gated_delta(
                  std::to_string(hv - heads_in_lo) + " head states (need " +
                  std::to_string((hv - heads_in_lo) * per) + ")");
   }
+  if (chunk != 0 && !cpu::gdn_chunk_supported(chunk)) {
+    std::string sizes;
+    for (int c : cpu::kGdnChunkSizes) sizes += (sizes.empty() ? "" : " or ") + std::to_string(c);
+    fail(op, "chunk must be 0 (token by token) or " + sizes + ", got " + std::to_string(chunk));
+  }
   check_batch(op, slots, cu_seqlens, has_state);
   const bool fits = q.dtype() == k.dtype() && q.dtype() == v.dtype() &&
       dispatch::metal_supports_gdn(dk);
@@ -207,7 +212,8 @@ std::tuple<mx::array, mx::array, mx::array> gdn_gated_delta(
                                    as_int32(has_state, stream)};
   auto outs = mx::array::make_arrays(
       {v.shape(), lo.shape(), hi.shape()}, {q.dtype(), mx::float32, mx::float32},
-      std::make_shared<GdnGatedDelta>(stream, ssm_offset, heads_in_lo, delta_rule), inputs);
+      std::make_shared<GdnGatedDelta>(stream, ssm_offset, heads_in_lo, delta_rule, chunk),
+      inputs);
   return {outs[0], outs[1], outs[2]};
 }
 
@@ -242,6 +248,7 @@ void GdnGatedDelta::eval_cpu(const std::vector<mx::array>& inputs,
   a.ssm_offset = ssm_offset_;
   a.heads_in_lo = heads_in_lo_;
   a.delta_rule = delta_rule_;
+  a.chunk = chunk_;
   a.y = y.data<void>();
   a.y_type = elem_of(y.dtype());
   a.batch = batch_of(inputs, 7, q.shape(0), inputs[5].shape(0));
@@ -263,7 +270,8 @@ void GdnGatedDelta::eval_gpu(const std::vector<mx::array>& inputs,
   require_row_contiguous("gdn_gated_delta", inputs,
                          {"q", "k", "v", "g", "beta", "lo", "hi", "slots", "cu_seqlens",
                           "has_state"});
-  metal::gdn_gated_delta_gpu(stream(), inputs, outputs, ssm_offset_, heads_in_lo_, delta_rule_);
+  metal::gdn_gated_delta_gpu(stream(), inputs, outputs, ssm_offset_, heads_in_lo_, delta_rule_,
+                             chunk_);
 #else
   (void)inputs;
   (void)outputs;

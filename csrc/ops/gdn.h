@@ -54,6 +54,10 @@ std::pair<mlx::core::array, mlx::core::array> gdn_short_conv(
  *   delta_rule   true: S = g S; S += outer(beta (v - S k), k) (Gated DeltaNet);
  *                false: S = g S; S += beta outer(v, k) (Mamba2's gated linear attention);
  *                y = S q either way
+ *   chunk        0: token by token; 32 or 64: with scalar gates, the chunked (WY)
+ *                form in chunks of that many rows from each request's first row
+ *                (cpu/gdn/gdn_chunked.h): faster over prompts, equal up to rounding,
+ *                and its rounding depends on where the chunks start
  *   returns      (y [T, Hv, Dv] in q's dtype, lo, hi)
  */
 std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> gdn_gated_delta(
@@ -70,6 +74,7 @@ std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> gdn_gated_delta
     int ssm_offset,
     int heads_in_lo,
     bool delta_rule = true,
+    int chunk = 0,
     mlx::core::StreamOrDevice s = {});
 
 // Both run on the GPU stream (kernels_v2/gdn.metal) when the kernels are loaded,
@@ -106,11 +111,13 @@ class GdnShortConv : public mlx::core::Primitive {
 // Outputs: y, lo, hi.
 class GdnGatedDelta : public mlx::core::Primitive {
  public:
-  GdnGatedDelta(mlx::core::Stream stream, int ssm_offset, int heads_in_lo, bool delta_rule)
+  GdnGatedDelta(mlx::core::Stream stream, int ssm_offset, int heads_in_lo, bool delta_rule,
+                int chunk)
       : mlx::core::Primitive(stream),
         ssm_offset_(ssm_offset),
         heads_in_lo_(heads_in_lo),
-        delta_rule_(delta_rule) {}
+        delta_rule_(delta_rule),
+        chunk_(chunk) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -124,7 +131,7 @@ class GdnGatedDelta : public mlx::core::Primitive {
   bool is_equivalent(const mlx::core::Primitive& other) const override {
     const auto& o = static_cast<const GdnGatedDelta&>(other);
     return ssm_offset_ == o.ssm_offset_ && heads_in_lo_ == o.heads_in_lo_ &&
-        delta_rule_ == o.delta_rule_;
+        delta_rule_ == o.delta_rule_ && chunk_ == o.chunk_;
   }
   std::vector<mlx::core::Shape> output_shapes(
       const std::vector<mlx::core::array>& inputs) override {
@@ -135,6 +142,7 @@ class GdnGatedDelta : public mlx::core::Primitive {
   int ssm_offset_;
   int heads_in_lo_;
   bool delta_rule_;
+  int chunk_;
 };
 
 } // namespace vllm_metal

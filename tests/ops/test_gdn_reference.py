@@ -1,7 +1,7 @@
-"""The Gated DeltaNet references (ops/reference.py: short_conv_ref, gated_delta_ref)
-against float64 numpy loops written from the recurrence, mlx-lm's own ops, and
-themselves across chunk boundaries (a prompt split into chunks, state carried in the
-slot, equals the prompt at once)."""
+"""The Gated DeltaNet references (ops/reference.py: short_conv_ref, gated_delta_ref,
+gated_delta_chunked_ref) against float64 numpy loops written from the recurrence,
+mlx-lm's own ops, and themselves across chunk boundaries (a prompt split into chunks,
+state carried in the slot, equals the prompt at once)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from vllm_metal.ops.reference import gated_delta_ref, short_conv_ref
+from vllm_metal.ops.reference import gated_delta_chunked_ref, gated_delta_ref, short_conv_ref
 
 HK, HV, DK, DV, SLOTS = 2, 4, 8, 6, 5
 
@@ -49,12 +49,16 @@ def gated_delta_oracle(q, k, v, g, beta, state, slots, lengths, has_state, delta
     return y, state
 
 
-def _run(q, k, v, g, beta, state, slots, lengths, has_state, delta=True):
+def _run(q, k, v, g, beta, state, slots, lengths, has_state, delta=True, chunk=0):
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     f32 = lambda a: mx.array(np.asarray(a, np.float32))  # noqa: E731
-    y, new = gated_delta_ref(f32(q), f32(k), f32(v), f32(g), f32(beta), f32(state),
-                             mx.array(np.asarray(slots, np.int32)), mx.array(cu),
-                             mx.array(np.asarray(has_state, bool)), delta=delta)
+    args = (f32(q), f32(k), f32(v), f32(g), f32(beta), f32(state),
+            mx.array(np.asarray(slots, np.int32)), mx.array(cu),
+            mx.array(np.asarray(has_state, bool)))
+    if chunk:
+        y, new = gated_delta_chunked_ref(*args, chunk=chunk, delta=delta)
+    else:
+        y, new = gated_delta_ref(*args, delta=delta)
     return np.array(y, np.float64), np.array(new, np.float64)
 
 
@@ -82,6 +86,29 @@ def test_gated_delta_chunks_carry_the_state():
         start += n
     np.testing.assert_allclose(np.concatenate(ys), whole_y, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(carried[2], whole_state[2], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 8])
+@pytest.mark.parametrize("delta", [True, False], ids=["delta_rule", "linear"])
+def test_the_chunked_form_matches_float64(delta, chunk):
+    # Chunks of 3 split the 7- and 5-row requests mid-way; 8 holds each whole.
+    lengths, slots, has_state = [7, 1, 0, 5, 1], [3, 0, 2, 4, 1], [False, True, True, True, False]
+    args = _batch(lengths, seed=7)
+    y, state = _run(*args, slots, lengths, has_state, delta=delta, chunk=chunk)
+    want_y, want_state = gated_delta_oracle(*args, slots, lengths, has_state, delta=delta)
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(state, want_state, rtol=1e-5, atol=1e-5)
+
+
+def test_the_chunked_form_survives_gates_of_zero_and_underflow():
+    q, k, v, g, beta, state = _batch([12], seed=8)
+    g[2], g[5:11] = 0.0, 1e-30  # six of 1e-30: a product far below float32's least
+    g[11] = 1.0
+    y, new = _run(q, k, v, g, beta, state, [1], [12], [True], chunk=12)
+    want_y, want_state = gated_delta_oracle(q, k, v, g, beta, state, [1], [12], [True])
+    assert np.isfinite(y).all() and np.isfinite(new).all()
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(new, want_state, rtol=1e-5, atol=1e-5)
 
 
 def test_linear_mode_is_a_decayed_sum_of_outer_products():

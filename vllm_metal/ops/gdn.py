@@ -42,14 +42,21 @@ def short_conv(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.array,
 def gated_delta(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
                 lo: mx.array, hi: mx.array, slots: mx.array, cu_seqlens: mx.array,
                 has_state: mx.array, ssm_offset: int, heads_in_lo: int, *,
-                delta: bool = True) -> tuple[mx.array, mx.array, mx.array]:
+                delta: bool = True, chunk: int = 0) -> tuple[mx.array, mx.array, mx.array]:
     """q, k [T, Hk, Dk] (normalised, q scaled, as the family does), v [T, Hv, Dv],
     g [T, Hv] or [T, Hv, Dk] (the decay), beta [T, Hv] -> (y [T, Hv, Dv] in q's dtype,
     lo, hi). Per token, per value head: S = g * S; S += outer(beta * (v - S k), k);
     y = S q, from and into the head's [Dv, Dk] float32 state in the pages.
 
     delta=False drops the delta rule's "- S k": S = g * S; S += beta * outer(v, k);
-    y = S q, the gated linear attention of Mamba2's SSD mixers."""
+    y = S q, the gated linear attention of Mamba2's SSD mixers.
+
+    chunk=0 runs token by token. chunk=32 or 64 (scalar g [T, Hv] only; a vector gate
+    keeps the recurrence) runs the chunked (WY) form in chunks of that many rows from
+    each request's first row in the step: the same maths in matrix products, faster
+    over a prompt, but rounded differently, and its result depends on where the chunks
+    start (a prompt in two steps differs in the last bits from the prompt at once).
+    Any other value raises ValueError naming chunk."""
     return get_ops().gdn_gated_delta(q, k, v, g, beta, lo, hi, slots, cu_seqlens, has_state,
-                                     int(ssm_offset), int(heads_in_lo), bool(delta),
+                                     int(ssm_offset), int(heads_in_lo), bool(delta), int(chunk),
                                      stream=_stream())

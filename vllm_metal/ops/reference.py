@@ -307,6 +307,71 @@ def gated_delta_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx
     return mx.stack(ys).astype(q.dtype), state
 
 
+def _decay_ratios(g: mx.array) -> mx.array:
+    """g [n, H] -> r [H, n, n], r[h, t, i] = prod_{i < s <= t} g[s, h] for i <= t (r[h, t, t]
+    = 1), 0 above the diagonal: running products, never a quotient of cumulative ones (a
+    gate of 0, or products that underflow, give zeros rather than 0 / 0)."""
+    n = g.shape[0]
+    idx = mx.arange(n)
+    factors = mx.where(idx[:, None] < idx[None, :], g.T[:, None, :], 1.0)  # [H, i, s]
+    ratios = mx.cumprod(factors, axis=-1)  # [H, i, t]: the product over i < s <= t
+    return mx.where(idx[:, None] <= idx[None, :], ratios, 0.0).transpose(0, 2, 1)
+
+
+def _chunk(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array, s: mx.array,
+           delta: bool) -> tuple[mx.array, mx.array]:
+    """One chunk of n rows from state s [H, Dv, Dk] (q, k [n, H, Dk], v [n, H, Dv], g, beta
+    [n, H], float32) -> (y [n, H, Dv], the state after its last row)."""
+    r = _decay_ratios(g)
+    gamma = mx.cumprod(g, axis=0).T[:, :, None]  # [H, n, 1]
+    b = beta.T[:, :, None]
+    kh, qh, vh = (a.transpose(1, 0, 2) for a in (k, q, v))
+    st = s.transpose(0, 2, 1)
+    if delta:
+        # (I + A) D = diag(beta) (V - diag(gamma) K S^T), A[t, i] = beta_t r(t, i) k_t . k_i.
+        n = g.shape[0]
+        lower = mx.tril(b * r * (kh @ kh.transpose(0, 2, 1)), k=-1) + mx.eye(n)
+        d = mx.linalg.solve_triangular(lower, b * (vh - gamma * (kh @ st)), upper=False,
+                                       stream=mx.cpu)
+    else:
+        d = b * vh
+    y = gamma * (qh @ st) + (r * (qh @ kh.transpose(0, 2, 1))) @ d
+    s = gamma[:, -1:, :] * s + (r[:, -1, :, None] * d).transpose(0, 2, 1) @ kh
+    return y.transpose(1, 0, 2), s
+
+
+def gated_delta_chunked_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array,
+                            beta: mx.array, state: mx.array, state_slots: mx.array,
+                            cu_seqlens: mx.array, has_state: mx.array, *, chunk: int = 64,
+                            delta: bool = True) -> tuple[mx.array, mx.array]:
+    """gated_delta_ref's result by the chunked (WY) form, in float32: each sequence's rows
+    in chunks of `chunk` from its first (the last shorter). Within a chunk from state S0,
+    with r(t, i) the gates' product over (i, t] and gamma_t over [0, t]:
+      (I + A) D = diag(beta) (V - diag(gamma) K S0^T), A[t, i] = beta_t r(t, i) k_t . k_i
+      (i < t); D = diag(beta) V with delta=False
+      y_t = gamma_t S0 q_t + sum_{i <= t} r(t, i) (k_i . q_t) d_i
+      S = gamma_last S0 + sum_i r(last, i) d_i k_i^T
+    Arguments and result as gated_delta_ref's; a vector gate g [T, Hv, Dk] has no chunked
+    form here and goes token by token."""
+    if g.ndim == 3:
+        return gated_delta_ref(q, k, v, g, beta, state, state_slots, cu_seqlens, has_state,
+                               delta=delta)
+    repeat = v.shape[1] // q.shape[1]
+    q32, k32 = (mx.repeat(a.astype(mx.float32), repeat, axis=1) for a in (q, k))
+    v32, g32, b32 = (a.astype(mx.float32) for a in (v, g, beta))
+    cu = [int(c) for c in cu_seqlens.tolist()]
+    ys, state = [], mx.array(state)  # a copy: the caller's array stays as it was
+    for n, slot in enumerate(int(s) for s in state_slots.tolist()):
+        s = state[slot] if bool(has_state[n].item()) else mx.zeros_like(state[slot])
+        for a in range(cu[n], cu[n + 1], chunk):
+            rows = slice(a, min(a + chunk, cu[n + 1]))
+            y, s = _chunk(q32[rows], k32[rows], v32[rows], g32[rows], b32[rows], s, delta)
+            ys.append(y)
+        state[slot] = s
+    y = mx.concatenate(ys) if ys else mx.zeros((0, *v.shape[1:]))
+    return y.astype(q.dtype), state
+
+
 def short_conv_pages_ref(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.array,
                          cu_seqlens: mx.array, has_state: mx.array,
                          conv_offset: int = 0) -> tuple[mx.array, mx.array]:
@@ -326,10 +391,12 @@ def short_conv_pages_ref(x: mx.array, weight: mx.array, lo: mx.array, slots: mx.
 def gated_delta_pages_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
                           lo: mx.array, hi: mx.array, slots: mx.array, cu_seqlens: mx.array,
                           has_state: mx.array, ssm_offset: int, heads_in_lo: int, *,
-                          delta: bool = True) -> tuple[mx.array, mx.array, mx.array]:
-    """gated_delta_ref with the states in cache pages: head h < heads_in_lo at
-    lo[slot, ssm_offset + h * Dv * Dk], the rest at hi[slot, (h - heads_in_lo) * Dv * Dk],
-    each [Dv, Dk] float32. Returns (y [T, Hv, Dv], new lo, new hi)."""
+                          delta: bool = True,
+                          chunk: int = 0) -> tuple[mx.array, mx.array, mx.array]:
+    """gated_delta_ref (gated_delta_chunked_ref for chunk > 0) with the states in cache
+    pages: head h < heads_in_lo at lo[slot, ssm_offset + h * Dv * Dk], the rest at
+    hi[slot, (h - heads_in_lo) * Dv * Dk], each [Dv, Dk] float32. Returns (y [T, Hv, Dv],
+    new lo, new hi)."""
     heads, dv, dk = v.shape[1], v.shape[2], q.shape[2]
     per = dv * dk
     idx = slots.astype(mx.int32)
@@ -337,8 +404,13 @@ def gated_delta_pages_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, be
     parts = [lo[idx, ssm_offset:ssm_offset + n_lo * per].reshape(-1, n_lo, dv, dk),
              hi[idx, :n_hi * per].reshape(-1, n_hi, dv, dk)]
     states = mx.concatenate(parts, axis=1)
-    y, states = gated_delta_ref(q, k, v, g, beta, states, mx.arange(idx.shape[0]), cu_seqlens,
-                                has_state, delta=delta)
+    slots_in_states = mx.arange(idx.shape[0])
+    if chunk:
+        y, states = gated_delta_chunked_ref(q, k, v, g, beta, states, slots_in_states,
+                                            cu_seqlens, has_state, chunk=chunk, delta=delta)
+    else:
+        y, states = gated_delta_ref(q, k, v, g, beta, states, slots_in_states, cu_seqlens,
+                                    has_state, delta=delta)
     lo, hi = mx.array(lo), mx.array(hi)
     lo[idx, ssm_offset:ssm_offset + n_lo * per] = states[:, :n_lo].reshape(-1, n_lo * per)
     if n_hi:

@@ -20,6 +20,8 @@
 //   S = S * g
 //   S = S + beta * outer(v, k)
 //   y = S q
+// With scalar gates and a chunk size, the same maths in its chunked form
+// (gdn_chunked.h): equal up to rounding, faster over a prompt's rows.
 // Everything is computed in float32.
 #pragma once
 
@@ -83,6 +85,7 @@ struct GatedDeltaArgs {
   int64_t ssm_offset;
   int heads_in_lo;
   bool delta_rule;      // false: S += beta * outer(v, k), no S k term
+  int chunk;            // 0: token by token; else one of kGdnChunkSizes (scalar gates only)
   void* y;              // [T, Hv, Dv]
   Elem y_type;
   GdnBatch batch;
@@ -90,5 +93,22 @@ struct GatedDeltaArgs {
 
 // Checks the batch before writing anything.
 void gated_delta_cpu(const GatedDeltaArgs& a);
+
+// Rows per chunk of the chunked form (GatedDeltaArgs::chunk).
+inline constexpr int kGdnChunkSizes[] = {32, 64};
+
+inline bool gdn_chunk_supported(int chunk) {
+  for (int c : kGdnChunkSizes) {
+    if (c == chunk) return true;
+  }
+  return false;
+}
+
+// Head h's [Dv, Dk] state inside block `slot` of the pages.
+inline float* gdn_head_state(const GatedDeltaArgs& a, int64_t slot, int h) {
+  const int64_t per = static_cast<int64_t>(a.head_v_dim) * a.head_k_dim;
+  if (h < a.heads_in_lo) return a.lo + slot * a.lo_width + a.ssm_offset + h * per;
+  return a.hi + slot * a.hi_width + (h - a.heads_in_lo) * per;
+}
 
 } // namespace vllm_metal::cpu

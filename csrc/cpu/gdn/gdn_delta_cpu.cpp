@@ -2,10 +2,12 @@
 // Items are (request, value head): a head's [Dv, Dk] state is updated in
 // place in its page, token by token, one pass over each state row for the
 // decay and S k, a second for the update and S q (SIMD over Dk); without the
-// delta rule there is no S k, so one pass does all three.
+// delta rule there is no S k, so one pass does all three. With a chunk size
+// (and scalar gates) the items run the chunked form instead (gdn_chunked.h).
 #include <algorithm>
 #include <vector>
 
+#include "cpu/gdn/gdn_chunked.h"
 #include "cpu/gdn/gdn_cpu.h"
 #include "cpu/linear/linear_driver.h"
 #include "cpu/runtime/isa.h"
@@ -92,19 +94,12 @@ VLLM_METAL_INLINE float decay_update_dot(float* __restrict s, const float* __res
   return tree_sum(p);
 }
 
-// The head's [Dv, Dk] state inside the request's block.
-float* state_of(const GatedDeltaArgs& a, int64_t slot, int h) {
-  const int64_t per = static_cast<int64_t>(a.head_v_dim) * a.head_k_dim;
-  if (h < a.heads_in_lo) return a.lo + slot * a.lo_width + a.ssm_offset + h * per;
-  return a.hi + slot * a.hi_width + (h - a.heads_in_lo) * per;
-}
-
 template <int D>
 VLLM_METAL_INLINE void delta_body(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
   const int dk = D ? D : a.head_k_dim, dv = a.head_v_dim;
   const int hv = a.num_v_heads, hk = a.num_k_heads, h = it.head;
   const int kh = h / (hv / hk);
-  float* state = state_of(a, a.batch.slots[it.seq], h);
+  float* state = gdn_head_state(a, a.batch.slots[it.seq], h);
   if (a.batch.has_state[it.seq] == 0) {
     std::fill(state, state + static_cast<int64_t>(dv) * dk, 0.0f);
   }
@@ -182,9 +177,17 @@ void gated_delta_cpu(const GatedDeltaArgs& a) {
   // Longest first: the last items to start are the short ones.
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& x, const Item& y) { return x.rows > y.rows; });
+  // A vector gate has no chunked form here: those heads keep the recurrence.
+  const bool chunked = a.chunk > 0 && !a.vector_gate;
+  const GdnChunkKernels& kernels = gdn_chunk_kernels();
   ThreadPool::instance().parallel_for(static_cast<int>(items.size()), [&](int i) {
-    thread_local DeltaScratch w;
-    run_item(a, items[i], w);
+    if (chunked) {
+      thread_local ChunkScratch w;
+      kernels.item(a, items[i].seq, items[i].head, w);
+    } else {
+      thread_local DeltaScratch w;
+      run_item(a, items[i], w);
+    }
   });
 }
 
