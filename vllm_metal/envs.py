@@ -56,6 +56,13 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+def _gdn_chunk(raw: str) -> int:
+    value = int(raw.strip() or "0")
+    if value not in (0, 32, 64):
+        raise ValueError(f"expected 0, 32 or 64, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class EnvVar:
     default: str
@@ -92,6 +99,13 @@ VARIABLES: dict[str, EnvVar] = {
     "VLLM_METAL_CPU_THREADS": EnvVar(
         "0", _positive_int_or_zero,
         "Threads of the extension's CPU kernel pool; 0 means one per hardware thread."),
+    "VLLM_METAL_GDN_PREFILL_CHUNK": EnvVar(
+        "0", _gdn_chunk,
+        "32 or 64: hybrid models' Gated DeltaNet and Mamba2 layers run a prompt's rows in "
+        "the chunked (matrix) form of their recurrence, chunks of that many rows from where "
+        "the step starts (faster prefill; the rounding then depends on how the scheduler "
+        "splits a prompt, so greedy output can differ alone and in a batch); 0: token by "
+        "token, the same bits however the prompt is split."),
     "VLLM_METAL_DECODE_PIPELINE": EnvVar(
         "1", _bool,
         "Build step k+1's graph while step k runs; the host waits only when vLLM reads "

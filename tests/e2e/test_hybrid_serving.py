@@ -120,3 +120,39 @@ def test_vllm_serve_with_openai_client(family):
             assert complete(ids, stream=True) == text
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h"])
+def test_chunked_recurrence_matches_mlx_lm(family, monkeypatch):
+    """VLLM_METAL_GDN_PREFILL_CHUNK=32: prompts of 100+ tokens run the chunked form of
+    the gated rule (the delta rule for Qwen3-Next, the linear one for Nemotron-H) in
+    steps of up to 96 rows, batched with decode rows: mlx-lm's tokens and logprobs."""
+    from tests.e2e.conftest import PROMPTS
+
+    from vllm_metal.ops import gdn
+
+    monkeypatch.setenv("VLLM_METAL_GDN_PREFILL_CHUNK", "32")
+    chunked_rows = []
+    run = gdn.gated_delta
+
+    def recording(q, *args, chunk=0, **kwargs):
+        if chunk:
+            chunked_rows.append(q.shape[0])
+        return run(q, *args, chunk=chunk, **kwargs)
+
+    monkeypatch.setattr(gdn, "gated_delta", recording)
+    model_dir = cached_family_model(family)
+    prefix = mlx_reference.tokenize(model_dir, PREFIX)
+    ids = [prefix + mlx_reference.tokenize(model_dir, p) for p in PROMPTS[:3]]
+    ids.append(mlx_reference.tokenize(model_dir, PROMPTS[3]))
+    llm = make_llm(model_dir, max_model_len=512, max_num_batched_tokens=96)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, logprobs=TOP_LOGPROBS)
+    try:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], params,
+                            use_tqdm=False)
+        for prompt_ids, out in zip(ids, outs):
+            _check(model_dir, prompt_ids, out.outputs[0], rtol=RTOL)
+        assert max(chunked_rows) > 64, "steps of several chunks were meant to run"
+    finally:
+        del llm
+        gc.collect()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from vllm_metal import ops
+from vllm_metal import envs, ops
 from vllm_metal.attention.caches.state_pages import GdnStateShape
 from vllm_metal.ops import gdn
 from vllm_metal.ops.mla import latent_cache_write, mla_attention
@@ -115,7 +115,8 @@ class ForwardContext:
         y, lo, hi = gdn.gated_delta(q, k, v, g, beta, lo, hi,
                                     meta.state_slots[self.group_of(entry)], meta.cu_seqlens_q,
                                     meta.has_state, shape.ssm_offset,
-                                    shape.heads_in_lo(lo.shape[1]), delta=delta)
+                                    shape.heads_in_lo(lo.shape[1]), delta=delta,
+                                    chunk=envs.VLLM_METAL_GDN_PREFILL_CHUNK)
         self.key_caches[entry] = _from_float_rows(lo, self.key_caches[entry])
         self.value_caches[entry] = _from_float_rows(hi, self.value_caches[entry])
         return y
