@@ -227,8 +227,9 @@ v [T, Hv, Dv] (value head h reads key head h / (Hv / Hk)), g [T, Hv] or
 head, on its [Dv, Dk] float32 state S: S = S * g; S += outer(beta * (v - S k), k);
 y = S q; with delta_rule false, S += beta * outer(v, k) instead (Mamba2's gated
 linear attention). chunk 0 runs token by token; 32 or 64 (scalar g only) runs the
-chunked form in chunks of that many rows from each request's first row: equal up to
-rounding, which then depends on where the chunks start. Head h's state is at lo[slot, ssm_offset + h * Dv * Dk] for h <
+chunked form in chunks of that many rows from each request's first row (a last chunk
+under 8 rows token by token): equal up to rounding, which then depends on where the
+chunks start. Head h's state is at lo[slot, ssm_offset + h * Dv * Dk] for h <
 heads_in_lo, else at hi[slot, (h - heads_in_lo) * Dv * Dk], and is updated in
 place; slots, cu_seqlens and has_state as gdn_short_conv.)");
 

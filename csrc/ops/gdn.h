@@ -56,8 +56,9 @@ std::pair<mlx::core::array, mlx::core::array> gdn_short_conv(
  *                y = S q either way
  *   chunk        0: token by token; 32 or 64: with scalar gates, the chunked (WY)
  *                form in chunks of that many rows from each request's first row
- *                (cpu/gdn/gdn_chunked.h): faster over prompts, equal up to rounding,
- *                and its rounding depends on where the chunks start
+ *                (cpu/gdn/gdn_chunked.h), a last chunk under 8 rows (a decode row,
+ *                a prompt's tail) token by token: faster over prompts, equal up to
+ *                rounding, and its rounding depends on where the chunks start
  *   returns      (y [T, Hv, Dv] in q's dtype, lo, hi)
  */
 std::tuple<mlx::core::array, mlx::core::array, mlx::core::array> gdn_gated_delta(

@@ -98,8 +98,9 @@ def test_gates_of_zero_one_and_underflow(chunk, delta):
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
 @pytest.mark.parametrize("dk", [128, 40])
 def test_every_instruction_set(isa, dk, delta, chunk):
-    # Dk 40 and Dv 24 leave tails after whole vectors of either width.
-    case = make_delta([70, 1], [False, True], hk=1, hv=2, dk=dk, dv=24, seed=35, delta=delta)
+    # Dk 40 and Dv 24 leave tails after whole vectors of either width; 75 rows end in
+    # a chunk of 11.
+    case = make_delta([75, 1], [False, True], hk=1, hv=2, dk=dk, dv=24, seed=35, delta=delta)
     with cpu_isa(isa):
         y, lo, hi = gated_delta(*case.args(), delta=delta, chunk=chunk)
         mx.eval(y, lo, hi)
@@ -120,6 +121,19 @@ def test_a_vector_gate_keeps_the_token_recurrence():
     token = gated_delta(*case.args())
     for a, b in zip(chunked, token):
         np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_a_last_chunk_under_eight_rows_goes_token_by_token(chunk):
+    # Decode rows and short requests keep the recurrence's bits (the chunked form's
+    # products would cost more than their token steps); eight rows are chunked.
+    case = make_delta([1, 7, 1], [True, True, False], seed=40)
+    for a, b in zip(gated_delta(*case.args(), chunk=chunk), gated_delta(*case.args())):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    eight = make_delta([8], [True], seed=40)
+    y_chunked, y_token = (np.array(gated_delta(*eight.args(), chunk=c)[0]) for c in (chunk, 0))
+    assert (y_chunked != y_token).any()
+    np.testing.assert_allclose(y_chunked, y_token, rtol=1e-5, atol=1e-5)
 
 
 def test_a_request_is_the_same_bits_alone_or_in_a_batch():

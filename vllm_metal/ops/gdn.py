@@ -53,7 +53,8 @@ def gated_delta(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.arr
 
     chunk=0 runs token by token. chunk=32 or 64 (scalar g [T, Hv] only; a vector gate
     keeps the recurrence) runs the chunked (WY) form in chunks of that many rows from
-    each request's first row in the step: the same maths in matrix products, faster
+    each request's first row in the step, a last chunk of fewer than 8 rows (a decode
+    row, a prompt's tail) token by token: the same maths in matrix products, faster
     over a prompt, but rounded differently, and its result depends on where the chunks
     start (a prompt in two steps differs in the last bits from the prompt at once).
     Any other value raises ValueError naming chunk."""

@@ -36,10 +36,11 @@ struct ChunkScratch {
 };
 
 struct GdnChunkKernels {
-  // Request seq's rows for value head h, in chunks of a.chunk rows from its
-  // first row (the last chunk shorter), updating the head's state in place.
-  // a.chunk is one of kGdnChunkSizes and the gate scalar.
-  void (*item)(const GatedDeltaArgs& a, int seq, int h, ChunkScratch& w);
+  // Rows [r0, r1) for value head h, in chunks of a.chunk rows from r0 (the last
+  // shorter), from and into the head's [Dv, Dk] state. a.chunk is one of
+  // kGdnChunkSizes and the gate scalar.
+  void (*rows)(const GatedDeltaArgs& a, int h, int64_t r0, int64_t r1, float* state,
+               ChunkScratch& w);
 };
 
 const GdnChunkKernels& gdn_chunk_kernels_generic();

@@ -25,7 +25,7 @@ namespace {
 #include "cpu/linear/simd_avx512.inc"
 #include "cpu/gdn/gdn_chunked.inc"
 
-const GdnChunkKernels kTable = {chunked_item};
+const GdnChunkKernels kTable = {chunked_rows};
 }  // namespace
 }  // namespace vllm_metal::cpu::gdn_avx512
 

@@ -16,7 +16,7 @@ namespace {
 #include "cpu/linear/simd_generic.inc"
 #include "cpu/gdn/gdn_chunked.inc"
 
-const GdnChunkKernels kTable = {chunked_item};
+const GdnChunkKernels kTable = {chunked_rows};
 }  // namespace
 }  // namespace gdn_generic
 

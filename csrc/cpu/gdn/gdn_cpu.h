@@ -86,6 +86,8 @@ struct GatedDeltaArgs {
   int heads_in_lo;
   bool delta_rule;      // false: S += beta * outer(v, k), no S k term
   int chunk;            // 0: token by token; else one of kGdnChunkSizes (scalar gates only)
+                        // in chunks from each request's first row, a last chunk under
+                        // kGdnChunkMinRows rows token by token
   void* y;              // [T, Hv, Dv]
   Elem y_type;
   GdnBatch batch;
@@ -96,6 +98,11 @@ void gated_delta_cpu(const GatedDeltaArgs& a);
 
 // Rows per chunk of the chunked form (GatedDeltaArgs::chunk).
 inline constexpr int kGdnChunkSizes[] = {32, 64};
+
+// A request's last chunk with fewer rows than this (a decode row, a prompt's
+// tail) goes token by token: the chunked form's products cost about as much
+// for one row as for sixteen, which is more than 8 token steps.
+inline constexpr int kGdnChunkMinRows = 8;
 
 inline bool gdn_chunk_supported(int chunk) {
   for (int c : kGdnChunkSizes) {

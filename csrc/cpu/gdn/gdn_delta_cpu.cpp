@@ -3,7 +3,8 @@
 // place in its page, token by token, one pass over each state row for the
 // decay and S k, a second for the update and S q (SIMD over Dk); without the
 // delta rule there is no S k, so one pass does all three. With a chunk size
-// (and scalar gates) the items run the chunked form instead (gdn_chunked.h).
+// (and scalar gates) the items run the chunked form instead (gdn_chunked.h),
+// but for a last chunk of fewer than kGdnChunkMinRows rows.
 #include <algorithm>
 #include <vector>
 
@@ -23,6 +24,13 @@ struct Item {
   int seq;
   int head;
   int64_t rows;
+};
+
+// Rows [r0, r1) of value head `head`, from and into its state.
+struct Span {
+  int head;
+  int64_t r0, r1;
+  float* state;
 };
 
 struct DeltaScratch {
@@ -95,20 +103,17 @@ VLLM_METAL_INLINE float decay_update_dot(float* __restrict s, const float* __res
 }
 
 template <int D>
-VLLM_METAL_INLINE void delta_body(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
+VLLM_METAL_INLINE void delta_body(const GatedDeltaArgs& a, const Span& sp, DeltaScratch& w) {
   const int dk = D ? D : a.head_k_dim, dv = a.head_v_dim;
-  const int hv = a.num_v_heads, hk = a.num_k_heads, h = it.head;
+  const int hv = a.num_v_heads, hk = a.num_k_heads, h = sp.head;
   const int kh = h / (hv / hk);
-  float* state = gdn_head_state(a, a.batch.slots[it.seq], h);
-  if (a.batch.has_state[it.seq] == 0) {
-    std::fill(state, state + static_cast<int64_t>(dv) * dk, 0.0f);
-  }
+  float* state = sp.state;
   w.q.resize(dk);
   w.k.resize(dk);
   w.g.resize(dk);
   w.v.resize(dv);
   w.y.resize(dv);
-  for (int64_t t = a.batch.cu_seqlens[it.seq]; t < a.batch.cu_seqlens[it.seq + 1]; ++t) {
+  for (int64_t t = sp.r0; t < sp.r1; ++t) {
     const int64_t key_row = (t * hk + kh) * dk, head = t * hv + h;
     driver::load_row(a.q, a.q_type, key_row, dk, w.q.data());
     driver::load_row(a.k, a.k_type, key_row, dk, w.k.data());
@@ -136,33 +141,58 @@ VLLM_METAL_INLINE void delta_body(const GatedDeltaArgs& a, const Item& it, Delta
 }
 
 // Dk = 128 (Qwen3-Next, Qwen3.5) with the trip counts known.
-VLLM_METAL_INLINE void delta_item(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
-  if (a.head_k_dim == 128) return delta_body<128>(a, it, w);
-  delta_body<0>(a, it, w);
+VLLM_METAL_INLINE void delta_rows(const GatedDeltaArgs& a, const Span& sp, DeltaScratch& w) {
+  if (a.head_k_dim == 128) return delta_body<128>(a, sp, w);
+  delta_body<0>(a, sp, w);
 }
 
-void delta_generic(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
-  delta_item(a, it, w);
+void delta_generic(const GatedDeltaArgs& a, const Span& sp, DeltaScratch& w) {
+  delta_rows(a, sp, w);
 }
 #if VLLM_METAL_X86_DISPATCH
-VLLM_METAL_TARGET_AVX512 void delta_avx512(const GatedDeltaArgs& a, const Item& it,
+VLLM_METAL_TARGET_AVX512 void delta_avx512(const GatedDeltaArgs& a, const Span& sp,
                                            DeltaScratch& w) {
-  delta_item(a, it, w);
+  delta_rows(a, sp, w);
 }
-VLLM_METAL_TARGET_AVX2 void delta_avx2(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
-  delta_item(a, it, w);
+VLLM_METAL_TARGET_AVX2 void delta_avx2(const GatedDeltaArgs& a, const Span& sp, DeltaScratch& w) {
+  delta_rows(a, sp, w);
 }
 #endif
 
-void run_item(const GatedDeltaArgs& a, const Item& it, DeltaScratch& w) {
+void token_by_token(const GatedDeltaArgs& a, const Span& sp, DeltaScratch& w) {
 #if VLLM_METAL_X86_DISPATCH
   switch (active_isa()) {
-    case Isa::Avx512: return delta_avx512(a, it, w);
-    case Isa::Avx2: return delta_avx2(a, it, w);
+    case Isa::Avx512: return delta_avx512(a, sp, w);
+    case Isa::Avx2: return delta_avx2(a, sp, w);
     default: break;
   }
 #endif
-  delta_generic(a, it, w);
+  delta_generic(a, sp, w);
+}
+
+// Request it.seq's rows for head it.head: chunks of a.chunk rows from its first
+// row (with chunked), and token by token the rest, a last chunk too short to pay
+// for the chunked form's matrix products (kGdnChunkMinRows).
+void run_item(const GatedDeltaArgs& a, const Item& it, bool chunked,
+              const GdnChunkKernels& kernels) {
+  const int64_t r0 = a.batch.cu_seqlens[it.seq], r1 = a.batch.cu_seqlens[it.seq + 1];
+  float* state = gdn_head_state(a, a.batch.slots[it.seq], it.head);
+  if (a.batch.has_state[it.seq] == 0) {
+    std::fill(state, state + static_cast<int64_t>(a.head_v_dim) * a.head_k_dim, 0.0f);
+  }
+  int64_t split = r0;
+  if (chunked) {
+    const int64_t tail = (r1 - r0) % a.chunk;
+    split = tail < kGdnChunkMinRows ? r1 - tail : r1;
+  }
+  if (split > r0) {
+    thread_local ChunkScratch w;
+    kernels.rows(a, it.head, r0, split, state, w);
+  }
+  if (r1 > split) {
+    thread_local DeltaScratch w;
+    token_by_token(a, {it.head, split, r1, state}, w);
+  }
 }
 
 } // namespace
@@ -181,13 +211,7 @@ void gated_delta_cpu(const GatedDeltaArgs& a) {
   const bool chunked = a.chunk > 0 && !a.vector_gate;
   const GdnChunkKernels& kernels = gdn_chunk_kernels();
   ThreadPool::instance().parallel_for(static_cast<int>(items.size()), [&](int i) {
-    if (chunked) {
-      thread_local ChunkScratch w;
-      kernels.item(a, items[i].seq, items[i].head, w);
-    } else {
-      thread_local DeltaScratch w;
-      run_item(a, items[i], w);
-    }
+    run_item(a, items[i], chunked, kernels);
   });
 }
 
