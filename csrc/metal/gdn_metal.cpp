@@ -48,9 +48,6 @@ void gdn_short_conv_gpu(const mx::Stream& stream, const std::vector<mx::array>& 
 void gdn_gated_delta_gpu(const mx::Stream& stream, const std::vector<mx::array>& inputs,
                          std::vector<mx::array>& outputs, int ssm_offset, int heads_in_lo,
                          bool delta_rule, int chunk) {
-  // The Metal kernel runs token by token for any chunk: the chunked form is the
-  // same maths, so only the rounding differs from the CPU's chunked result.
-  (void)chunk;
   auto& y = outputs[0];
   y.set_data(mx::allocator::malloc(y.nbytes()));
   outputs[1].copy_shared_buffer(inputs[5]);  // in place
@@ -72,10 +69,13 @@ void gdn_gated_delta_gpu(const mx::Stream& stream, const std::vector<mx::array>&
   p.heads_in_lo = heads_in_lo;
   p.vector_gate = inputs[3].ndim() == 3;
   p.delta_rule = delta_rule;
+  p.chunk = chunk;  // the plan runs the chunked kernel for chunk > 0 and scalar gates
   if (p.num_seqs == 0 || p.head_v_dim == 0) return;
   const dispatch::GdnPlan plan = dispatch::plan_gdn_gated_delta(p);
   auto& device = mx::metal::device(stream.device);
   auto& enc = mx::metal::get_command_encoder(stream);
+  // The recurrent and the chunked kernel bind the same buffers; the chunked one
+  // declares its threadgroup memory in the shader, so nothing else is set.
   for (const auto& launch : plan.launches) {
     enc.set_compute_pipeline_state(pipeline(device, launch));
     for (int b = 0; b < 5; ++b) enc.set_input_array(inputs[b], b);
