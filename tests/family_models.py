@@ -266,11 +266,17 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         mamba_n_heads=8, mamba_d_head=32, mamba_d_ssm=256, mamba_expand=1, mamba_d_state=16,
         mamba_n_groups=2, mamba_d_conv=4, mamba_rms_norm=True, mamba_norm_before_gate=False,
         mamba_chunk_size=16, tie_word_embeddings=False)),
+    # Mamba2 layers only (no attention), tied embeddings as the mamba2 checkpoints ship.
+    "mamba2": ("Mamba2ForCausalLM", dict(
+        num_heads=8, head_dim=32, expand=1, state_size=16, n_groups=2, conv_kernel=4,
+        use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5, time_step_rank="auto",
+        time_step_limit=(0.0, float("inf")), residual_in_fp32=True,
+        tie_word_embeddings=True)),
 }
 
 # Hybrids: Gated DeltaNet, Mamba2 or short-conv layers keep a state per request.
 HYBRIDS = {"qwen3_next", "qwen3_5", "qwen3_5_moe", "olmo_hybrid", "lfm2", "nemotron_h",
-           "granitemoehybrid", "falcon_h1"}
+           "granitemoehybrid", "falcon_h1", "mamba2"}
 
 # Model types transformers 5 has no configuration class for (their hub
 # checkpoints ship one as remote code).

@@ -58,6 +58,9 @@ _POOL_BLOCKS.update({family: 9 for family in HYBRIDS - {"lfm2"}})
 # Nemotron-H's one attention layer and two Mamba2 ones: vLLM needs 13 blocks to hold
 # one 128-token request (it refuses 11).
 _POOL_BLOCKS["nemotron_h"] = 13
+# Mamba2 alone: a request holds a fixed number of state blocks from its first step,
+# so a small pool admits fewer requests at once and never preempts one.
+_NEVER_PREEMPTS = {"mamba2"}
 
 
 def _preemptions(llm) -> float:
@@ -107,7 +110,8 @@ def _check_engine(model_dir, family, pool_blocks=None):
         before = _preemptions(llm)
         for prompt_ids, out in zip(ids, _run(llm, ids)):
             _check(model_dir, prompt_ids, out)
-        assert _preemptions(llm) > before, "the pool was meant to force preemption"
+        if family not in _NEVER_PREEMPTS:
+            assert _preemptions(llm) > before, "the pool was meant to force preemption"
         # The longest prompt again: its full blocks come from the prefix cache.
         longest = max(ids, key=len)
         _check(model_dir, longest, _run(llm, [longest])[0])

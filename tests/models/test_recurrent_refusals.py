@@ -1,8 +1,8 @@
 """Every mlx-lm family that keeps a recurrent state other than Gated DeltaNet, Mamba2
 or short convolutions is refused at load, by name: ``UnsupportedModelError`` naming
 the model_type. Layers of short convolutions only (LFM2's, Gear's conv mixer) and
-Mamba2 mixers beside attention layers (Nemotron-H, Granite 4 hybrids, Falcon-H1) are
-served: the paged forward equals mlx-lm's own.
+Mamba2 mixers, beside attention layers (Nemotron-H, Granite 4 hybrids, Falcon-H1) or
+alone (Mamba2), are served: the paged forward equals mlx-lm's own.
 
 Each family is built by mlx-lm's own classes from the smallest config it accepts
 (hidden 64, 2-4 layers mixing its recurrent and attention layer kinds, vocab 256),
@@ -91,8 +91,8 @@ def _instantiate(config: dict):
     return model_class(args_class.from_dict(config))
 
 
-# Short convolutions only, or Mamba2 mixers: paged.
-SERVED = {"lfm2", "lfm2_moe", "gear", "nemotron_h", "granitemoehybrid", "falcon_h1"}
+# Short convolutions only, or Mamba2 mixers (with or without attention): paged.
+SERVED = {"lfm2", "lfm2_moe", "gear", "nemotron_h", "granitemoehybrid", "falcon_h1", "mamba2"}
 
 
 @pytest.mark.parametrize("family", [

@@ -175,11 +175,6 @@ class ModelAdapter:
                     f"masks a window of {window}")
             entries.append(KVEntry(num_kv_heads, head_dim, num_heads, scale, window,
                                    softcap, sinks, latent))
-        if all(e.state is not None for e in entries):
-            raise UnsupportedModelError(
-                f"{self.family}: every layer keeps a recurrent state and none attends; "
-                "vllm-metal serves hybrids (attention beside Gated DeltaNet, Mamba2 or "
-                "short-conv layers), not purely recurrent models")
         return entries, int(out.shape[-1])
 
     def _state_cache(self, i: int, slots: int) -> StateCache:

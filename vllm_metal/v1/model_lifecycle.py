@@ -107,10 +107,19 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
     return model
 
 
+# The page geometry of a model without attention layers: one head of 64 per token
+# row (the block size then grows until a block holds a request's state).
+_STATE_ROW = 64
+
+
 def derive_dims(adapter: ModelAdapter) -> ModelDims:
     """The paged cache's dimensions; refused when KV entries differ in shape. A hybrid's
     state entries take their room in the attention entries' pages (state_pages.py)."""
     attending = [e for e in adapter.entries if e.state is None]
+    if not attending:
+        # A purely recurrent model (Mamba2): the pages hold only states, rows of a
+        # nominal single head of _STATE_ROW floats' worth.
+        return ModelDims(len(adapter.entries), 1, 1, _STATE_ROW, adapter.vocab_size)
     shapes = {(e.num_kv_heads, e.head_dim, e.latent_rank) for e in attending}
     if len(shapes) != 1:
         raise UnsupportedModelError(
