@@ -1,8 +1,8 @@
 """The chunked gated delta kernel (kernels_v2/gdn_chunked.h) on the MSL harness,
 launched as the host plans it (chunk > 0, scalar gates), against the float64
-oracle of the recurrence, under two lane orders. Chunk boundaries change only the
-rounding, so every comparison is to a tolerance; pages start NaN outside the
-states that requests continue, as in test_gdn."""
+oracle of the recurrence and the CPU op's and the pure-MLX chunked forms, under two
+lane orders. Chunk boundaries change only the rounding, so every comparison is to a
+tolerance; pages start NaN outside the states that requests continue, as in test_gdn."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 
 from tests.kernels.test_gdn import run_gated_delta
 from tests.ops.test_gdn import TOLERANCE, assert_pages, assert_rows, make_delta
+from vllm_metal.ops.gdn import gated_delta
+from vllm_metal.ops.reference import gated_delta_pages_ref
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 MODES = pytest.mark.parametrize("delta", [True, False], ids=["delta_rule", "linear"])
@@ -39,6 +41,20 @@ def test_a_mixed_batch_matches_the_float64_oracle(kernels, ext, dtype, delta):
                       dv=40, heads_in_lo=2, dtype=dtype, seed=31, delta=delta)
     check(kernels, ext, case, chunk=32)
 
+
+@MODES
+@pytest.mark.parametrize("chunk", [32, 64])
+def test_the_cpu_op_and_the_mlx_reference_in_chunks_agree(kernels, ext, chunk, delta):
+    case = make_delta([100, 1, 0, 9], [False, True, True, True], hk=1, hv=2, dk=64, dv=40,
+                      heads_in_lo=1, dtype=mx.float16, seed=39, delta=delta)
+    y, lo, hi = run_gated_delta(kernels, ext, case, chunk=chunk)
+    tolerance = 2 * TOLERANCE[mx.float16]
+    for other in (gated_delta(*case.args(), delta=delta, chunk=chunk),
+                  gated_delta_pages_ref(*case.args(), delta=delta, chunk=chunk)):
+        other_y, other_lo, other_hi = (np.array(a.astype(mx.float32)) for a in other)
+        np.testing.assert_allclose(y, other_y, rtol=tolerance, atol=tolerance)
+        np.testing.assert_allclose(lo, other_lo, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(hi, other_hi, rtol=2e-5, atol=2e-5)
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])
 def test_chunk_sizes_from_one_row_to_the_largest(kernels, ext, chunk):
