@@ -96,11 +96,11 @@ def test_gates_of_zero_one_and_underflow(chunk, delta):
 @pytest.mark.parametrize("chunk", CHUNKS)
 @pytest.mark.parametrize("delta", **MODES)
 @pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
-@pytest.mark.parametrize("dk", [128, 40])
-def test_every_instruction_set(isa, dk, delta, chunk):
-    # Dk 40 and Dv 24 leave tails after whole vectors of either width; 75 rows end in
-    # a chunk of 11.
-    case = make_delta([75, 1], [False, True], hk=1, hv=2, dk=dk, dv=24, seed=35, delta=delta)
+@pytest.mark.parametrize("dk,dv", [(128, 24), (40, 24), (8, 6)])
+def test_every_instruction_set(isa, dk, dv, delta, chunk):
+    # Dk 40 and 8, Dv 24 and 6 leave tails after whole vectors of either width (or hold
+    # none); 75 rows end in a chunk of 11.
+    case = make_delta([75, 1], [False, True], hk=1, hv=2, dk=dk, dv=dv, seed=35, delta=delta)
     with cpu_isa(isa):
         y, lo, hi = gated_delta(*case.args(), delta=delta, chunk=chunk)
         mx.eval(y, lo, hi)
