@@ -137,8 +137,9 @@ class ModelAdapter:
                 why = (" (its attention computes with the mask as an array, e.g. latent "
                        "attention, where the paged kernels take only causal and window masks)")
             elif "StateRef" in str(e):
-                why = (" (a recurrent layer computes with its state itself, e.g. a Mamba SSM, "
-                       "where vllm-metal pages Gated DeltaNet and Mamba2 mixers only)")
+                why = (" (a recurrent layer computes with its state itself, e.g. Mamba 1's "
+                       "selective scan, where vllm-metal pages Gated DeltaNet and Mamba2 "
+                       "mixers only)")
             raise UnsupportedModelError(
                 f"{self.family}: its mlx-lm backbone {_qualname(self.backbone)} does not run "
                 f"on vllm-metal's paged cache{why} ({type(e).__name__}: {e})") from e
@@ -379,7 +380,7 @@ def _cache_windows(text_model: nn.Module,
     it decides whether it is paged or refused). A CacheList (a layer with a state and
     attention side by side, as Falcon-H1's) gives an entry per cache in it; also
     returns, per cache mlx-lm makes, the entries it became."""
-    from mlx_lm.models.cache import CacheList, make_prompt_cache
+    from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
 
     try:
         made = make_prompt_cache(text_model)
@@ -389,7 +390,10 @@ def _cache_windows(text_model: nn.Module,
     windows: list[int | _StateSlots | None] = []
     groups: list[list[int]] = []
     for cache in made:
-        parts = list(cache.caches) if type(cache) is CacheList else [cache]
+        # Only a state beside attention is split: other CacheLists (two attentions
+        # in a layer, a sparse-attention indexer's cache) are refused as one entry.
+        split = type(cache) is CacheList and any(type(c) is ArraysCache for c in cache.caches)
+        parts = list(cache.caches) if split else [cache]
         groups.append(list(range(len(windows), len(windows) + len(parts))))
         windows.extend(_window_of(part, len(windows) + n, family)
                        for n, part in enumerate(parts))

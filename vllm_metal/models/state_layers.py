@@ -26,9 +26,10 @@ def wrap_state_convs(layers: list | None, state_entries: list[int], family: str,
     with_convs = [(i, layer) for i, layer in enumerate(layers) if _convs_of(layer)]
     if len(with_convs) != len(state_entries):
         raise error(
-            f"{family}: {len(state_entries)} entries keep a recurrent state (mlx-lm's "
-            f"ArraysCache) but {len(with_convs)} layers hold convolutions; vllm-metal pages "
-            "mixers that start with short convolutions (Gated DeltaNet, Mamba2) only")
+            f"{family}: mlx-lm keeps a recurrent state (ArraysCache) for "
+            f"{len(state_entries)} layer(s) but {len(with_convs)} layer(s) hold convolutions; "
+            "vllm-metal pages mixers that start with short convolutions (Gated DeltaNet, "
+            "Mamba2) only")
     for entry, (index, layer) in zip(state_entries, with_convs):
         found = _convs_of(layer)
         modules = [m.conv if isinstance(m, PagedShortConv) else m for _, _, m in found]
