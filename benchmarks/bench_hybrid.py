@@ -13,7 +13,7 @@ context (attention: ops.paged_attention over the context; GDN: ops.gdn.short_con
 ops.gdn.gated_delta on the state) times the layer counts.
 
 Then the time to first token of a long prompt through vllm.LLM with prefix caching on,
-cold and on a prefix hit.
+cold, on a prefix hit, and cold with the recurrences in the chunked form.
 
     .venv/bin/python benchmarks/bench_hybrid.py [--contexts 1024,16384] [--steps 16]
         [--ttft-context 8192]
@@ -136,11 +136,12 @@ def measure(loaded, context: int, steps: int) -> dict:
                 attention_layers=n_attn, gdn_layers=len(states))
 
 
-def ttft(path: Path, context: int) -> tuple[float, float]:
+def ttft(path: Path, context: int) -> tuple[float, float, float]:
     """Seconds to the first token of a ``context``-token prompt through vllm.LLM with
     prefix caching on: cold, then for a prompt sharing all but its last 16 tokens (a
     prefix hit: the cached blocks' attention rows and the recurrent state at the last
-    cached block boundary are reused)."""
+    cached block boundary are reused), then cold again with the GDN layers in the
+    chunked form (VLLM_METAL_GDN_PREFILL_CHUNK=64, read at each call)."""
     import os
 
     # The engine in this process: a forked engine core would inherit MLX's threads.
@@ -154,12 +155,16 @@ def ttft(path: Path, context: int) -> tuple[float, float]:
     prompt = [(i * 37) % (VOCAB - 10) + 10 for i in range(context)]
     other = prompt[:-16] + [(i * 53) % (VOCAB - 10) + 10 for i in range(16)]
     times = []
-    for ids in (prompt, other):
+    for ids, chunk in ((prompt, "0"), (other, "0"), (prompt, "64")):
+        os.environ["VLLM_METAL_GDN_PREFILL_CHUNK"] = chunk
+        if len(times) == 2:
+            llm.reset_prefix_cache()    # the chunked run starts cold too
         begin = time.perf_counter()
         llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
         times.append(time.perf_counter() - begin)
+    del os.environ["VLLM_METAL_GDN_PREFILL_CHUNK"]
     del llm
-    return times[0], times[1]
+    return times[0], times[1], times[2]
 
 
 def main() -> None:
@@ -189,9 +194,10 @@ def main() -> None:
                   f"{r['attention_ms'] / r['step_ms']:.0%} |")
         del loaded
         if args.ttft_context:
-            cold, hit = ttft(path, args.ttft_context)
+            cold, hit, chunked = ttft(path, args.ttft_context)
             print(f"\nTTFT of a {args.ttft_context}-token prompt, prefix caching on: cold "
-                  f"{cold:.2f} s, prefix hit (all but the last 16 tokens cached) {hit:.2f} s")
+                  f"{cold:.2f} s, prefix hit (all but the last 16 tokens cached) {hit:.2f} s, "
+                  f"cold with VLLM_METAL_GDN_PREFILL_CHUNK=64 {chunked:.2f} s")
 
 
 if __name__ == "__main__":
