@@ -67,8 +67,9 @@ def test_jit_source_holds_every_kernel_and_compiles(tmp_path):
     single.write_text(ext.source)
     library = MslLibrary(single, defines={}, cache_dir=REPO / "build" / "msl_harness")
     # + LoRA: shrink, expand, expand_add x 3 dtypes; experts: float, q4, q8, mxfp4 x 3 dtypes;
-    # MLA: cache write, attention x 3 dtypes; GDN: conv rows, conv state, gated delta x 3 dtypes
-    assert len(library.kernels) == 63 + 36 + 21 + 3 + 9 + 12 + 6 + 9
+    # MLA: cache write, attention x 3 dtypes; GDN: conv rows, conv state, gated delta,
+    # chunked gated delta x 3 dtypes
+    assert len(library.kernels) == 63 + 36 + 21 + 3 + 9 + 12 + 6 + 12
 
 
 def test_probe_reads_the_installed_extension_in_a_child_process():

@@ -142,7 +142,7 @@ class ModelAdapter:
                        "mixers only)")
             raise UnsupportedModelError(
                 f"{self.family}: its mlx-lm backbone {_qualname(self.backbone)} does not run "
-                f"on vllm-metal's paged cache{why} ({type(e).__name__}: {e})") from e
+                f"on vllm-metal's paged cache{why} ({type(e).__name__}: {_first_line(e)})") from e
         entries = []
         for i, rotating in enumerate(windows):
             if isinstance(rotating, _StateSlots):
@@ -546,3 +546,10 @@ def _float_dtype(model: nn.Module) -> mx.Dtype:
 def _qualname(obj: object) -> str:
     kind = type(obj)
     return f"{kind.__module__}.{kind.__name__}"
+
+
+def _first_line(e: Exception) -> str:
+    """An exception's message up to its first line break (nanobind's argument errors
+    list every overload on lines of their own)."""
+    text = str(e)
+    return text.splitlines()[0] if text else ""

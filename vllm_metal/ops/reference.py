@@ -276,6 +276,14 @@ def short_conv_ref(x: mx.array, weight: mx.array, conv_state: mx.array, state_sl
     return mx.concatenate(ys, axis=0).astype(x.dtype), state
 
 
+def _float32_rows(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
+                  repeat: int) -> tuple[mx.array, ...]:
+    """The gated rule's inputs in float32, q and k repeated to one key head per value
+    head."""
+    q32, k32 = (mx.repeat(a.astype(mx.float32), repeat, axis=1) for a in (q, k))
+    return (q32, k32, *(a.astype(mx.float32) for a in (v, g, beta)))
+
+
 def gated_delta_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx.array,
                     state: mx.array, state_slots: mx.array, cu_seqlens: mx.array,
                     has_state: mx.array, *, delta: bool = True) -> tuple[mx.array, mx.array]:
@@ -291,8 +299,7 @@ def gated_delta_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array, beta: mx
     """
     heads = v.shape[1]
     repeat = heads // q.shape[1]
-    q32, k32 = (mx.repeat(a.astype(mx.float32), repeat, axis=1) for a in (q, k))
-    v32, g32, b32 = (a.astype(mx.float32) for a in (v, g, beta))
+    q32, k32, v32, g32, b32 = _float32_rows(q, k, v, g, beta, repeat)
     cu = [int(c) for c in cu_seqlens.tolist()]
     ys, state = [], mx.array(state)  # a copy: the caller's array stays as it was
     for n, slot in enumerate(int(s) for s in state_slots.tolist()):
@@ -357,8 +364,7 @@ def gated_delta_chunked_ref(q: mx.array, k: mx.array, v: mx.array, g: mx.array,
         return gated_delta_ref(q, k, v, g, beta, state, state_slots, cu_seqlens, has_state,
                                delta=delta)
     repeat = v.shape[1] // q.shape[1]
-    q32, k32 = (mx.repeat(a.astype(mx.float32), repeat, axis=1) for a in (q, k))
-    v32, g32, b32 = (a.astype(mx.float32) for a in (v, g, beta))
+    q32, k32, v32, g32, b32 = _float32_rows(q, k, v, g, beta, repeat)
     cu = [int(c) for c in cu_seqlens.tolist()]
     ys, state = [], mx.array(state)  # a copy: the caller's array stays as it was
     for n, slot in enumerate(int(s) for s in state_slots.tolist()):
