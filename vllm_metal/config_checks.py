@@ -35,10 +35,9 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
         raise UnsupportedConfigError(
             f"vllm-metal runs one engine: got --data-parallel-size "
             f"{parallel.data_parallel_size}; use 1")
-    if vllm_config.speculative_config is not None:
-        raise UnsupportedConfigError(
-            "speculative decoding is not supported by vllm-metal yet; "
-            "remove --speculative-config")
+    from vllm_metal.spec_decode.support import check_speculative_config
+
+    check_speculative_config(vllm_config)
     lora = vllm_config.lora_config
     if lora is not None and str(lora.lora_dtype).removeprefix("torch.") not in LORA_DTYPES:
         raise UnsupportedConfigError(

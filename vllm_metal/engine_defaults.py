@@ -14,7 +14,8 @@ _installed = False
 
 
 def install() -> None:
-    """Idempotent: wrap vLLM's choice of the prefix-caching default."""
+    """Idempotent: wrap vLLM's choice of the prefix-caching default (and, with
+    speculative decoding, of asynchronous scheduling)."""
     global _installed
     if _installed:
         return
@@ -32,6 +33,22 @@ def install() -> None:
             self.enable_prefix_caching = False
             logger.info("Prefix caching is off for hybrid models (%s) unless "
                         "--enable-prefix-caching is given", model_config.architecture)
+        method = (self.speculative_config or {}).get("method")
+        if method is not None:
+            # Before vLLM builds the method's config, which for some methods wants
+            # packages (or checkpoints) that would fail first with their own message.
+            from vllm_metal.spec_decode.support import check_method
+
+            check_method(method)
+        if self.speculative_config is not None:
+            from vllm_metal.spec_decode.support import check_scheduling
+
+            # The runner proposes drafts from the tokens a step accepted, which
+            # asynchronous scheduling would hand it one step late.
+            check_scheduling(self.async_scheduling)
+            if self.async_scheduling is None:
+                self.async_scheduling = False
+                logger.info("Asynchronous scheduling is off with --speculative-config")
         return choose(self, model_config)
 
     EngineArgs._set_default_chunked_prefill_and_prefix_caching_args = choose_for_metal

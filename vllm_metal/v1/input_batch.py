@@ -61,7 +61,11 @@ class StepInputs:
     block_tables:   int32 [num_groups, num_reqs, max_blocks]  one table per KV cache group
     slot_mapping:   int32 [num_groups, total_q]
     sample_mask:    bool  [num_reqs]      request reaches the end of its known tokens
-    logits_indices: int32 [num_sampling]  packed row of each sampling request's last token
+    logits_indices: int32 [num_rows]      packed rows the head reads: each sampling
+                                          request's last token, and before it the
+                                          rows of its drafts
+    num_drafts:     int32 [num_reqs]      draft tokens ending each request's query
+                                          (None: a step without drafts)
     """
 
     req_ids: list[str]
@@ -73,6 +77,7 @@ class StepInputs:
     slot_mapping: np.ndarray
     sample_mask: np.ndarray
     logits_indices: np.ndarray
+    num_drafts: np.ndarray | None = None
 
     @property
     def sampling_req_ids(self) -> list[str]:
@@ -166,6 +171,15 @@ class InputBatch:
                 self.token_ids[row, n] = token_id
                 self.num_tokens[row] = n + 1
 
+    def set_drafts(self, req_id: str, drafts: list[int]) -> None:
+        """Write a request's scheduled drafts after its known tokens, where its step's
+        query reads them; they stay out of num_tokens until accepted. vLLM's padding
+        drafts (-1) are read as token 0: they are refused whatever the row says."""
+        row = self.row_of[req_id]
+        n = int(self.num_tokens[row])
+        end = min(n + len(drafts), self.max_model_len)
+        self.token_ids[row, n:end] = np.maximum(np.asarray(drafts[:end - n], np.int32), 0)
+
     def set_token(self, req_id: str, position: int, token_id: int) -> None:
         """Overwrite the token at ``position`` of a request's row (placeholder fill)."""
         row = self.row_of.get(req_id)
@@ -201,9 +215,16 @@ class InputBatch:
 
         sample_mask = seq_lens >= self.num_tokens[rows]
         logits_indices = (cu_seqlens_q[1:] - 1)[sample_mask].astype(np.int32)
+        num_drafts = None
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        if drafts:
+            num_drafts = np.fromiter((len(drafts.get(r, ())) for r in req_ids),
+                                     dtype=np.int32, count=len(req_ids))
+            logits_indices = _draft_rows(cu_seqlens_q[1:][sample_mask],
+                                         num_drafts[sample_mask])
         return StepInputs(req_ids, input_ids, positions, cu_seqlens_q, seq_lens,
                           np.ascontiguousarray(block_tables), slot_mapping,
-                          sample_mask, logits_indices)
+                          sample_mask, logits_indices, num_drafts)
 
     def _decode_inputs(self, req_ids: list[str]) -> StepInputs:
         """prepare_inputs for a few requests of one token each, from per-request
@@ -268,3 +289,13 @@ class InputBatch:
                 f"request needs {end} KV blocks, more than max_model_len allows "
                 f"({self.max_blocks_per_req})")
         self.block_table[group, row, start:end] = block_ids
+
+
+def _draft_rows(ends: np.ndarray, num_drafts: np.ndarray) -> np.ndarray:
+    """int32: for each sampling request, whose query ends before packed row ``ends[i]``
+    with ``num_drafts[i]`` = k drafts, the k + 1 rows ending its query: the row before
+    each draft (which predicts it) and the last row (the bonus token's)."""
+    counts = num_drafts + 1
+    first = np.repeat(ends - counts, counts)
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return (first + offsets).astype(np.int32)

@@ -12,8 +12,8 @@ import torch
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheSpec,
                                         MambaSpec, MLAAttentionSpec, SlidingWindowSpec)
-from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, LogprobsLists,
-                             ModelRunnerOutput)
+from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, DraftTokenIds,
+                             LogprobsLists, ModelRunnerOutput)
 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
@@ -23,6 +23,8 @@ from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forw
 from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
 from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
+from vllm_metal.spec_decode.drafters import Drafter, make_drafter
+from vllm_metal.spec_decode.verification import verify_drafts
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
 from vllm_metal.v1.logits_processing import grammar_bitmask_words
@@ -90,6 +92,11 @@ class MetalModelRunner:
         # KV cache groups of recurrent-state entries -> their state block size in
         # tokens (vLLM's mamba_block_size: max_model_len, or block_size in align mode).
         self._state_groups: dict[int, int] = {}
+        # With --speculative-config: what proposes drafts, the drafts the step in
+        # flight verifies, and the requests that sampled last (they get proposals).
+        self.drafter: Drafter | None = None
+        self._step_drafts: dict[str, list[int]] = {}
+        self._proposal_ids: list[str] = []
 
     # -- setup -------------------------------------------------------------
 
@@ -106,11 +113,25 @@ class MetalModelRunner:
             def wrap(model):
                 self.lora = LoRAManager(model, lora_config, adapters, max_positions)
         self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap)
+        if self.vllm_config.speculative_config is not None:
+            self._check_speculative_target()
+            self.drafter = make_drafter(self.vllm_config)
         self._fit_states_in_blocks()
         vocab = self.loaded.dims.vocab_size
         kernels = self.backend.sampling_kernels
         self.sampler = Sampler(vocab, self.logprobs_mode, cpu_kernel=kernels)
         self.prompt_logprobs = PromptLogprobsTracker(vocab, self.logprobs_mode, cpu_kernel=kernels)
+
+    def _check_speculative_target(self) -> None:
+        recurrent = [i for i, e in enumerate(self.loaded.adapter.entries) if e.state is not None]
+        if recurrent:
+            # A verification step runs the recurrence through drafts that may be
+            # refused, and nothing here keeps the state from before them.
+            raise ValueError(
+                f"--speculative-config: {self.model_config.architecture} has recurrent "
+                f"layers ({len(recurrent)} of {len(self.loaded.adapter.entries)}), whose "
+                "state cannot be rolled back past refused drafts; serve it without "
+                "--speculative-config")
 
     @property
     def kv_dtype(self) -> mx.Dtype:
@@ -257,6 +278,7 @@ class MetalModelRunner:
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         self.pending_tokens.resolve_stale()
+        self._step_drafts = scheduler_output.scheduled_spec_decode_tokens
         step = self.input_batch.prepare_inputs(scheduler_output)
         if self.lora is not None:
             states = [self.input_batch.requests[r] for r in step.req_ids]
@@ -303,6 +325,10 @@ class MetalModelRunner:
             return EMPTY_MODEL_RUNNER_OUTPUT
         step = forwarded.step
         sampling_ids = step.sampling_req_ids
+        if self.drafter is not None:
+            self._proposal_ids = sampling_ids
+        if step.num_drafts is not None:
+            return self._sample_with_drafts(forwarded, grammar_output)
         inflight = logprobs = None
         if sampling_ids:
             states = [self.input_batch.requests[r] for r in sampling_ids]
@@ -333,6 +359,44 @@ class MetalModelRunner:
         output = _StepOutput(self.pending_tokens, step, inflight, logprobs,
                              forwarded.prompt_logprobs)
         return output if self._pipeline else output.get_output()
+
+    def _sample_with_drafts(self, forwarded: _ForwardedStep,
+                            grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        """A step whose queries end in drafts: each sampling request emits its accepted
+        drafts and one more token (rejection.py), read back before returning."""
+        step = forwarded.step
+        sampling_ids = step.sampling_req_ids
+        self.pending_tokens.resolve_all()
+        states = [self.input_batch.requests[r] for r in sampling_ids]
+        drafts = [list(self._step_drafts.get(r, ())) for r in sampling_ids]
+        verified = verify_drafts(self.sampler, self.loaded, states, drafts, forwarded.rows,
+                                 forwarded.logits, grammar_output)
+        emitted = dict(zip(sampling_ids, verified.tokens))
+        for req_id, tokens in emitted.items():
+            for token in tokens:
+                self.input_batch.append_token(req_id, token)
+        counts = [len(emitted.get(r, ())) for r in step.req_ids]
+        logprobs = None
+        if verified.logprobs is not None:
+            logprobs = LogprobsLists(*verified.logprobs,
+                                     cu_num_generated_tokens=np.cumsum([0, *counts]).tolist())
+        return ModelRunnerOutput(
+            req_ids=step.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
+            sampled_token_ids=[emitted.get(r, []) for r in step.req_ids],
+            logprobs=logprobs,
+            prompt_logprobs_dict=forwarded.prompt_logprobs,
+        )
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """Drafts for the requests that sampled in the last step (vLLM calls this after
+        it has taken that step's output)."""
+        if self.drafter is None or not self._proposal_ids:
+            return None
+        self.pending_tokens.resolve_all()
+        req_ids = [r for r in self._proposal_ids if r in self.input_batch.requests]
+        self._proposal_ids = []
+        return DraftTokenIds(req_ids, self.drafter.propose(self.input_batch, req_ids))
 
     # -- helpers -----------------------------------------------------------
 

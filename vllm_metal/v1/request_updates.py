@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
                            prompt_logprobs: PromptLogprobsTracker) -> None:
-    """Finished requests leave; new ones arrive; running ones get blocks and counts."""
+    """Finished requests leave; new ones arrive; running ones get blocks, counts and
+    the drafts their query verifies."""
     for req_id in out.finished_req_ids:
         batch.remove_request(req_id)
         prompt_logprobs.remove_request(req_id)
@@ -59,6 +60,8 @@ def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
             batch.append_blocks(req_id, new_blocks)
 
     batch.apply_schedule(out)
+    for req_id, drafts in out.scheduled_spec_decode_tokens.items():
+        batch.set_drafts(req_id, drafts)
 
 
 def _restore_outputs(state: RequestState, num_outputs: int,

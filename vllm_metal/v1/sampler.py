@@ -173,15 +173,21 @@ class Sampler:
         self.cpu_kernel = cpu_kernel
         self._rng: np.random.Generator | None = None
 
-    def _keys(self, batch: SamplingBatch) -> mx.array:
+    @property
+    def rng(self) -> np.random.Generator:
+        """The host generator of unseeded rows' keys (and speculative acceptances)."""
         if self._rng is None:
             # Seeded once from MLX's global RNG (one sync), which the worker
             # seeds from vLLM's --seed: unseeded draws stay reproducible.
             words = np.array(mx.random.randint(0, 1 << 30, shape=(2,)), dtype=np.int64)
             self._rng = np.random.default_rng(int(words[0] << 30 | words[1]))
-        return row_keys(batch, self._rng)
+        return self._rng
 
-    def _argmax(self, logits: mx.array, use_kernel: bool,
+    def keys(self, batch: SamplingBatch) -> mx.array:
+        """uint32 [R, 2]: each row's draw key (row_keys)."""
+        return row_keys(batch, self.rng)
+
+    def argmax(self, logits: mx.array, use_kernel: bool,
                 allowed: mx.array | None = None) -> mx.array:
         # Measured (benchmarks/bench_sampler.py): MLX's argmax is as fast for a
         # row or two; the kernel wins from a few rows on (2.3x at 16).
@@ -229,27 +235,27 @@ class Sampler:
             allowed = grammar_bitmask_words(grammar_bitmask)
             grammar_bitmask = None
         if batch.all_greedy_plain and grammar_bitmask is None:
-            return SamplerResult(self._argmax(logits, use_kernel, allowed).astype(mx.int32), None)
+            return SamplerResult(self.argmax(logits, use_kernel, allowed).astype(mx.int32), None)
 
         logits = logits.astype(mx.float32)
         raw = logits   # raw_* modes score the logits before any processing
 
         logits = apply_processors(logits, batch, grammar_bitmask)
         if batch.all_greedy:
-            sampled = self._argmax(logits, use_kernel, allowed)
+            sampled = self.argmax(logits, use_kernel, allowed)
         elif use_kernel and not processed_logprobs:
             # The kernel applies the grammar, temperature, min_p, top-k and top-p
             # itself (greedy rows: T = 0, argmax).
             temperature = np.where(batch.greedy, 0.0, batch.temperature).astype(np.float32)
-            sampled = sample_tokens(logits, mx.array(temperature), self._keys(batch),
+            sampled = sample_tokens(logits, mx.array(temperature), self.keys(batch),
                                     allowed=allowed, **_filter_arrays(batch))
         else:
             logits = apply_sampling_filters(logits, batch, self.top_p_candidates)
             if use_kernel:
                 temperature = np.where(batch.greedy, 0.0, 1.0).astype(np.float32)
-                sampled = sample_tokens(logits, mx.array(temperature), self._keys(batch))
+                sampled = sample_tokens(logits, mx.array(temperature), self.keys(batch))
             else:
-                noise = gumbel_noise(self._keys(batch), self.vocab_size)
+                noise = gumbel_noise(self.keys(batch), self.vocab_size)
                 noise = mx.where(mx.array(batch.greedy)[:, None], 0.0, noise)
                 # -inf stays -inf under finite noise, so masked tokens are never drawn.
                 sampled = mx.argmax(logits + noise, axis=-1)
@@ -258,14 +264,19 @@ class Sampler:
             return SamplerResult(sampled, None)
 
         source = logits if self.logprobs_mode.startswith("processed") else raw
+        return SamplerResult(sampled, self.logprobs(source, sampled, batch))
+
+    def logprobs(self, source: mx.array, tokens: mx.array, batch: SamplingBatch
+                 ) -> SamplerLogprobs:
+        """The batch's logprobs of ``tokens`` (int32 [R]) and its top-K (or asked ids),
+        scored from ``source`` [R, V] float32: the raw logits, or the processed ones
+        in the processed_* modes."""
         normalize = self.logprobs_mode.endswith("logprobs")
-        if use_kernel and batch.logprob_token_ids is None:
-            return SamplerResult(sampled, SamplerLogprobs(
-                *top_logprobs(source, sampled, batch.num_logprobs, normalize)))
+        if self.cpu_kernel and batch.logprob_token_ids is None:
+            return SamplerLogprobs(*top_logprobs(source, tokens, batch.num_logprobs, normalize))
         scores = log_softmax(source) if normalize else source
-        return SamplerResult(sampled, gather_logprobs(
-            scores, sampled, batch.num_logprobs,
-            batch.logprob_token_ids, batch.explicit_logprob_rows))
+        return gather_logprobs(scores, tokens, batch.num_logprobs,
+                               batch.logprob_token_ids, batch.explicit_logprob_rows)
 
 
 def compute_prompt_logprobs(logits: mx.array, target_ids: mx.array, num_logprobs: int,

@@ -41,6 +41,15 @@ class RequestSamplingState:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"generator_seed must be an int or None, got {seed!r}")
 
+    def extended(self, drafts: list[int]) -> RequestSamplingState:
+        """This request as it would sample after ``drafts`` (a speculative row): the
+        outputs gain the drafts, so penalties, bad words, min_tokens and the seeded
+        key see the history that row follows."""
+        row = RequestSamplingState(self.params, self.prompt_token_ids,
+                                   self.output_token_ids + drafts, self.generator_seed)
+        row._prompt_array = self._prompt_array
+        return row
+
     @property
     def prompt_array(self) -> np.ndarray:
         """int32 [prompt_len], built once: the prompt never changes."""
@@ -108,7 +117,7 @@ def _pairs(rows: list[int], ids: list[np.ndarray], vocab_size: int, what: str
     return row_arr, id_arr
 
 
-def _splitmix64(z: np.ndarray) -> np.ndarray:
+def splitmix64(z: np.ndarray) -> np.ndarray:
     z = z + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -124,7 +133,7 @@ def seeded_keys(seeds: list[int], steps: list[int]) -> np.ndarray:
     s = np.array([x & _MASK64 for x in seeds], dtype=np.uint64)
     t = np.array(steps, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        z = _splitmix64(_splitmix64(s) ^ _splitmix64(t ^ np.uint64(0x5DEECE66D)))
+        z = splitmix64(splitmix64(s) ^ splitmix64(t ^ np.uint64(0x5DEECE66D)))
     return np.stack([(z >> np.uint64(32)).astype(np.uint32),
                      (z & np.uint64(0xFFFFFFFF)).astype(np.uint32)], axis=1)
 

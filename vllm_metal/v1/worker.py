@@ -125,7 +125,7 @@ class MetalWorker(WorkerBase):
         return None
 
     def take_draft_token_ids(self):
-        return None
+        return self.model_runner.take_draft_token_ids()
 
     def get_cache_block_size_bytes(self) -> int:
         return self.model_runner.kv_bytes_per_block()

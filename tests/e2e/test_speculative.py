@@ -1,0 +1,182 @@
+"""Speculative decoding through vllm.LLM: greedy tokens equal mlx-lm's with drafts in
+any batch, acceptance as the drafts deserve, and bad configurations refused."""
+
+import gc
+
+import numpy as np
+import pytest
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
+from tests.e2e import mlx_reference
+from tests.e2e.conftest import PROMPTS, make_llm
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+         "prompt_lookup_max": 3}
+MAX_TOKENS = 32
+
+
+def _metric(llm, name):
+    for m in llm.get_metrics():
+        if m.name == name:
+            return getattr(m, "value", None) if hasattr(m, "value") else m.values
+    raise AssertionError(f"no metric {name}")
+
+
+def _prompts(model_dir):
+    # Repeated phrases give the prompt lookup something to find.
+    texts = PROMPTS + [PROMPTS[1] + " " + PROMPTS[1], "a b c d a b c d a b c d a b"]
+    return [mlx_reference.tokenize(model_dir, t) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def ngram_llm(llama_dir):
+    llm = make_llm(llama_dir, speculative_config=NGRAM, enable_prefix_caching=True,
+                   max_num_batched_tokens=64, disable_log_stats=False)
+    yield llm
+    del llm
+    gc.collect()
+
+
+def _generate(llm, prompts, params):
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                        use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_ngram_greedy_equals_mlx_lm_in_a_batch(llama_dir, ngram_llm):
+    """Ten requests at once, prompts chunked at 64 tokens: every request's tokens are
+    mlx-lm's greedy tokens, and drafts were accepted along the way."""
+    prompts = _prompts(llama_dir)
+    got = _generate(ngram_llm, prompts, SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS))
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == mlx_reference.greedy_tokens(llama_dir, prompt, MAX_TOKENS)
+    assert _metric(ngram_llm, "vllm:spec_decode_num_accepted_tokens") > 0
+
+
+def test_ngram_prefix_hits_and_repeats_are_identical(llama_dir, ngram_llm):
+    """The same prompts again (prefix-cache hits) and one alone give the same tokens."""
+    prompts = _prompts(llama_dir)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    first = _generate(ngram_llm, prompts, params)
+    again = _generate(ngram_llm, prompts, params)
+    alone = _generate(ngram_llm, prompts[-1:], params)
+    assert again == first
+    assert alone[0] == first[-1]
+
+
+def test_acceptance_counts_match_a_replay_of_the_rule(llama_dir, ngram_llm):
+    """One request alone: every step's drafts are vLLM's prompt lookup of the tokens so
+    far, and the accepted ones are exactly the drafts that match mlx-lm's continuation.
+    Replaying that on the reference tokens gives the step and acceptance counts."""
+    from vllm.v1.spec_decode.ngram_proposer import (
+        _find_longest_matched_ngram_and_propose_tokens as lookup,
+    )
+
+    prompt = _prompts(llama_dir)[-1]
+    expected = mlx_reference.greedy_tokens(llama_dir, prompt, MAX_TOKENS)
+    before = {n: _metric(ngram_llm, n) for n in (
+        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens")}
+    got = _generate(ngram_llm, [prompt], SamplingParams(temperature=0.0,
+                                                        max_tokens=MAX_TOKENS))[0]
+    assert got == expected
+    drafts = draft_tokens = accepted = 0
+    done = 1                                    # the prefill step emits one token
+    while done < len(expected):
+        context = np.asarray(prompt + expected[:done], dtype=np.int32)
+        proposal = lookup(context, NGRAM["prompt_lookup_min"], NGRAM["prompt_lookup_max"],
+                          512, NGRAM["num_speculative_tokens"]).tolist()
+        # The scheduler never drafts past max_tokens: the last token has no use.
+        proposal = proposal[:max(len(expected) - done - 1, 0)]
+        hit = 0
+        while hit < len(proposal) and proposal[hit] == expected[done + hit]:
+            hit += 1
+        if proposal:
+            drafts += 1
+            draft_tokens += len(proposal)
+            accepted += hit
+        done += hit + 1
+    assert _metric(ngram_llm, "vllm:spec_decode_num_drafts") - before[
+        "vllm:spec_decode_num_drafts"] == drafts
+    assert _metric(ngram_llm, "vllm:spec_decode_num_draft_tokens") - before[
+        "vllm:spec_decode_num_draft_tokens"] == draft_tokens
+    assert _metric(ngram_llm, "vllm:spec_decode_num_accepted_tokens") - before[
+        "vllm:spec_decode_num_accepted_tokens"] == accepted
+    assert accepted > 0
+
+
+def test_ngram_logprobs_are_the_plain_runs(llama_dir, ngram_llm):
+    """Logprobs of accepted drafts come from their verification rows: the same values
+    (to rounding) and the same top tokens as the run without speculation."""
+    prompt = _prompts(llama_dir)[-1]
+    params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=3)
+    spec = ngram_llm.generate([TokensPrompt(prompt_token_ids=prompt)], params,
+                              use_tqdm=False)[0].outputs[0]
+    ref = mlx_reference.full_logprobs(llama_dir, prompt + list(spec.token_ids))
+    for i, (token, entry) in enumerate(zip(spec.token_ids, spec.logprobs)):
+        row = ref[len(prompt) - 1 + i]
+        assert abs(entry[token].logprob - row[token]) < 1e-3
+        top = sorted(((lp.rank, t) for t, lp in entry.items() if lp.rank <= 3))
+        assert [t for _, t in top][:1] == [int(np.argmax(row))]
+
+
+def test_penalties_and_seeds_with_drafts(llama_dir, ngram_llm):
+    """A repetition penalty reads the drafts before each row: greedy tokens equal the
+    plain engine's; a seeded sampled request repeats itself in any batch."""
+    prompts = _prompts(llama_dir)
+    penal = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, repetition_penalty=1.3,
+                           frequency_penalty=0.2)
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=MAX_TOKENS)
+    spec_penal = _generate(ngram_llm, prompts[-2:], penal)
+    spec_seeded = _generate(ngram_llm, prompts, [seeded] * len(prompts))
+    alone_seeded = _generate(ngram_llm, prompts[-1:], seeded)
+    assert alone_seeded[0] == spec_seeded[-1]
+    plain = make_llm(llama_dir, max_num_batched_tokens=64)
+    try:
+        assert _generate(plain, prompts[-2:], penal) == spec_penal
+    finally:
+        del plain
+        gc.collect()
+
+
+def test_preempted_requests_keep_their_tokens(llama_dir):
+    """A KV pool too small for the batch preempts requests mid-draft; each still ends
+    with mlx-lm's greedy tokens."""
+    prompts = [p[:40] for p in _prompts(llama_dir)]
+    llm = make_llm(llama_dir, speculative_config=NGRAM, max_model_len=96,
+                   num_gpu_blocks_override=14, block_size=16, disable_log_stats=False)
+    try:
+        got = _generate(llm, prompts, SamplingParams(temperature=0.0, max_tokens=48))
+        preempted = _metric(llm, "vllm:num_preemptions")
+    finally:
+        del llm
+        gc.collect()
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == mlx_reference.greedy_tokens(llama_dir, prompt, 48)
+    assert preempted > 0
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"method": "eagle3", "model": "TARGET", "num_speculative_tokens": 2}, "eagle3"),
+    ({"method": "suffix", "num_speculative_tokens": 2}, "'suffix' is not supported"),
+    ({"method": "ngram", "num_speculative_tokens": 64}, "num_speculative_tokens=64"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "rejection_sample_method": "synthetic",
+      "synthetic_acceptance_length": 2.0}, "rejection_sample_method"),
+])
+def test_unsupported_configs_are_refused_by_name(llama_dir, spec, message):
+    spec = {k: str(llama_dir) if v == "TARGET" else v for k, v in spec.items()}
+    with pytest.raises(Exception, match=message):
+        make_llm(llama_dir, speculative_config=spec)
+
+
+def test_explicit_async_scheduling_is_refused(llama_dir):
+    with pytest.raises(Exception, match="--async-scheduling"):
+        make_llm(llama_dir, speculative_config=NGRAM, async_scheduling=True)
+
+
+def test_recurrent_targets_are_refused():
+    from tests.family_models import cached_family_model
+
+    with pytest.raises(Exception, match="Lfm2ForCausalLM has recurrent layers"):
+        make_llm(cached_family_model("lfm2"), speculative_config=NGRAM)
