@@ -180,3 +180,66 @@ def test_recurrent_targets_are_refused():
 
     with pytest.raises(Exception, match="Lfm2ForCausalLM has recurrent layers"):
         make_llm(cached_family_model("lfm2"), speculative_config=NGRAM)
+
+
+def _draft(model_dir, k=3):
+    return {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": k}
+
+
+@pytest.mark.parametrize("draft", ["self", "quantized", "other_shape"])
+def test_draft_model_greedy_equals_mlx_lm(llama_dir, draft):
+    """The target drafting for itself accepts every draft; a 4-bit copy of it and a
+    one-layer model of another shape (its own cache geometry) accept some. Greedy
+    tokens are mlx-lm's in every case, in a batch with chunked prompts and prefix hits."""
+    from tests.tiny_models import cached_tiny_model
+
+    draft_dir = {"self": llama_dir,
+                 "quantized": cached_tiny_model("llama", quantize_bits=4),
+                 "other_shape": cached_tiny_model("qwen3", num_hidden_layers=1, head_dim=128,
+                                                  num_key_value_heads=1)}[draft]
+    prompts = _prompts(llama_dir)
+    llm = make_llm(llama_dir, speculative_config=_draft(draft_dir), enable_prefix_caching=True,
+                   max_num_batched_tokens=64, disable_log_stats=False)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+        got = _generate(llm, prompts, params)
+        again = _generate(llm, prompts[:3], params)
+        drafted = _metric(llm, "vllm:spec_decode_num_draft_tokens")
+        accepted = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
+    finally:
+        del llm
+        gc.collect()
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == mlx_reference.greedy_tokens(llama_dir, prompt, MAX_TOKENS)
+    assert again == got[:3]
+    assert drafted > 0
+    if draft == "self":
+        assert accepted == drafted
+    else:
+        assert 0 < accepted < drafted
+
+
+def test_draft_model_under_preemption(llama_dir):
+    prompts = [p[:40] for p in _prompts(llama_dir)]
+    llm = make_llm(llama_dir, speculative_config=_draft(llama_dir), max_model_len=96,
+                   num_gpu_blocks_override=14, block_size=16, disable_log_stats=False)
+    try:
+        got = _generate(llm, prompts, SamplingParams(temperature=0.0, max_tokens=48))
+        preempted = _metric(llm, "vllm:num_preemptions")
+        drafted = _metric(llm, "vllm:spec_decode_num_draft_tokens")
+        accepted = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
+    finally:
+        del llm
+        gc.collect()
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == mlx_reference.greedy_tokens(llama_dir, prompt, 48)
+    assert preempted > 0
+    assert accepted == drafted > 0
+
+
+def test_draft_of_another_vocabulary_is_refused(llama_dir):
+    from tests.tiny_models import cached_tiny_model
+
+    with pytest.raises(Exception, match="vocab"):
+        make_llm(llama_dir, speculative_config=_draft(cached_tiny_model("llama",
+                                                                        vocab_size=512)))

@@ -19,7 +19,6 @@ from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
 from vllm_metal.attention.caches.state_pages import (GdnStateShape, block_size_for_states,
                                                     half_page_floats)
-from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
 from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
@@ -29,7 +28,8 @@ from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
 from vllm_metal.v1.logits_processing import grammar_bitmask_words
 from vllm_metal.v1.memory_budget import ActivationEstimate
-from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
+from vllm_metal.v1.model_lifecycle import LoadedModel, load_model, parameter_bytes
+from vllm_metal.v1.packed_forward import packed_forward
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
 from vllm_metal.v1.request_updates import apply_scheduler_output
@@ -115,7 +115,8 @@ class MetalModelRunner:
         self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap)
         if self.vllm_config.speculative_config is not None:
             self._check_speculative_target()
-            self.drafter = make_drafter(self.vllm_config)
+            self.drafter = make_drafter(self.vllm_config, self.backend, dtype,
+                                        self.loaded.dims.vocab_size)
         self._fit_states_in_blocks()
         vocab = self.loaded.dims.vocab_size
         kernels = self.backend.sampling_kernels
@@ -203,6 +204,20 @@ class MetalModelRunner:
         return specs
 
     def kv_bytes_per_block(self) -> int:
+        """Bytes a block id holds: the target's entries, and a draft model's."""
+        draft = getattr(self.drafter, "bytes_per_block", None)
+        return self._target_bytes_per_block() + (
+            draft(self.block_size, self.kv_dtype) if draft is not None else 0)
+
+    def target_kv_fraction(self) -> float:
+        """The target's share of kv_bytes_per_block (what vLLM's plan sizes)."""
+        return self._target_bytes_per_block() / self.kv_bytes_per_block()
+
+    def draft_parameter_bytes(self) -> int:
+        model = getattr(self.drafter, "model", None)
+        return parameter_bytes(model.model) if model is not None else 0
+
+    def _target_bytes_per_block(self) -> int:
         dims = self.loaded.dims
         return PagedKVCache.bytes_per_block(dims.num_layers, self.block_size,
                                             dims.num_kv_heads, dims.head_dim, self.kv_dtype,
@@ -213,11 +228,12 @@ class MetalModelRunner:
         attention entry, and in every recurrent-state entry one block (two in align
         mode, the state that moves on and the one it left)."""
         entries = self.loaded.adapter.entries
-        page = self.kv_bytes_per_block() // len(entries)
+        page = self._target_bytes_per_block() // len(entries)
         states = sum(e.state is not None for e in entries)
         kept = 2 if self.vllm_config.cache_config.mamba_cache_mode == "align" else 1
         blocks = -(-self.max_model_len // self.block_size)
-        return page * ((len(entries) - states) * blocks + states * kept)
+        draft = self.kv_bytes_per_block() - self._target_bytes_per_block()
+        return page * ((len(entries) - states) * blocks + states * kept) + draft * blocks
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         dims = self.loaded.dims
@@ -230,6 +246,10 @@ class MetalModelRunner:
                               for g, group in enumerate(kv_cache_config.kv_cache_groups)
                               if isinstance(group.kv_cache_spec, MambaSpec)}
         huge = self.backend.commit_kv_cache(self.kv_cache)
+        if hasattr(self.drafter, "initialize_cache"):
+            draft = self.drafter.initialize_cache(kv_cache_config.num_blocks, self.block_size,
+                                                  self.kv_dtype, _full_group(kv_cache_config))
+            huge += self.backend.commit_kv_cache(draft)
         logger.info("KV cache: %d blocks of %d tokens, %.1f MiB, %d group(s), committed%s",
                     kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20,
                     len(kv_cache_config.kv_cache_groups),
@@ -405,6 +425,8 @@ class MetalModelRunner:
         for req_id in (*scheduler_output.finished_req_ids, *cached.resumed_req_ids,
                        *(scheduler_output.preempted_req_ids or ())):
             self.pending_tokens.forget(req_id)
+            if self.drafter is not None:
+                self.drafter.forget(req_id)
         apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
@@ -454,26 +476,7 @@ class MetalModelRunner:
                  input_ids: mx.array | None = None, state_slots: dict | None = None) -> mx.array:
         """Packed forward over all scheduled tokens -> hidden [total_q, hidden] (lazy).
         state_slots: _state_blocks of the step (hybrids only)."""
-        meta = AttentionMetadata(
-            positions=mx.array(step.positions),
-            cu_seqlens_q=mx.array(step.cu_seqlens_q),
-            seq_lens=mx.array(step.seq_lens),
-            block_tables=[mx.array(t) for t in step.block_tables],
-            slot_mapping=[mx.array(s) for s in step.slot_mapping],
-        )
-        if state_slots is not None:
-            slots: list[mx.array | None] = [None] * len(step.block_tables)
-            for g, (_, cur) in state_slots.items():
-                slots[g] = mx.array(cur)
-            meta.state_slots = slots
-            meta.has_state = mx.array(
-                (step.positions[step.cu_seqlens_q[:-1]] > 0).astype(np.int32))
-        ctx = ForwardContext(meta, cache.key_caches, cache.value_caches, cache.groups,
-                             self._states)
-        with forward_context(ctx):
-            if input_ids is None:
-                input_ids = mx.array(step.input_ids)
-            hidden = self.loaded.backbone(input_ids[None])[0]
+        hidden = packed_forward(self.loaded, step, cache, self._states, input_ids, state_slots)
         if self._debug_sync:
             mx.eval(hidden)  # surfaces kernel errors at the forward that caused them
         return hidden
@@ -569,6 +572,17 @@ def _layout(config: KVCacheConfig, num_entries: int) -> tuple[list[int], list[in
         raise ValueError(f"vLLM's KV cache plan leaves out {', '.join(missing)}")
     buffer_of = {start: b for b, start in enumerate(sorted(set(starts)))}
     return groups, [buffer_of[start] for start in starts]
+
+
+def _full_group(config: KVCacheConfig) -> int:
+    """The KV cache group whose block tables keep every block of a request (a draft
+    model's cache follows them)."""
+    for g, group in enumerate(config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, FullAttentionSpec):   # MLA's included
+            return g
+    raise ValueError("--speculative-config: a draft model needs a target with full-attention "
+                     "layers (this one has only sliding-window or recurrent ones)")
 
 
 def _align_bitmask(grammar_output: GrammarOutput | None, sampling_ids: list[str]):

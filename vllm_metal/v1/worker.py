@@ -78,7 +78,7 @@ class MetalWorker(WorkerBase):
         budget = MemoryBudget(
             device_total=self.backend.device_memory_bytes(),
             utilization=float(cache_config.gpu_memory_utilization),
-            weights=parameter_bytes(runner.loaded.model),
+            weights=parameter_bytes(runner.loaded.model) + runner.draft_parameter_bytes(),
             activations=self._activation_bytes,
             allocator_cache=cache_limit,
         )
@@ -94,7 +94,9 @@ class MetalWorker(WorkerBase):
                     "allocator cache %.2f GiB, KV cache %.2f GiB%s", budget.budget / 2**30,
                     budget.weights / 2**30, budget.activations / 2**30,
                     budget.allocator_cache / 2**30, kv_bytes / 2**30, source)
-        return kv_bytes
+        # vLLM sizes the pool by the target's pages; a draft model's cache takes the
+        # rest of each block's bytes.
+        return int(kv_bytes * runner.target_kv_fraction())
 
     def update_max_model_len(self, max_model_len: int) -> None:
         self.model_config.max_model_len = max_model_len

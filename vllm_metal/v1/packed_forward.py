@@ -1,0 +1,45 @@
+"""One packed varlen forward of a loaded model over a step's tokens, on a paged cache."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
+
+if TYPE_CHECKING:
+    from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
+    from vllm_metal.v1.input_batch import StepInputs
+    from vllm_metal.v1.model_lifecycle import LoadedModel
+
+
+def packed_forward(model: LoadedModel, step: StepInputs, cache: PagedKVCache,
+                   states: dict | None = None, input_ids: mx.array | None = None,
+                   state_slots: dict | None = None) -> mx.array:
+    """All of ``step``'s tokens through ``model`` -> final hidden [total_q, hidden]
+    (lazy); the cache's entries are written as the graph runs. states: the model's
+    recurrent-state entries (entry -> shape); state_slots: per state group, the
+    (previous, current) state block of each request (hybrids only); input_ids int32
+    [total_q] in place of step.input_ids (device-fed tokens)."""
+    meta = AttentionMetadata(
+        positions=mx.array(step.positions),
+        cu_seqlens_q=mx.array(step.cu_seqlens_q),
+        seq_lens=mx.array(step.seq_lens),
+        block_tables=[mx.array(t) for t in step.block_tables],
+        slot_mapping=[mx.array(s) for s in step.slot_mapping],
+    )
+    if state_slots is not None:
+        slots: list[mx.array | None] = [None] * len(step.block_tables)
+        for g, (_, cur) in state_slots.items():
+            slots[g] = mx.array(cur)
+        meta.state_slots = slots
+        meta.has_state = mx.array(
+            (step.positions[step.cu_seqlens_q[:-1]] > 0).astype(np.int32))
+    ctx = ForwardContext(meta, cache.key_caches, cache.value_caches, cache.groups,
+                         states or {})
+    with forward_context(ctx):
+        if input_ids is None:
+            input_ids = mx.array(step.input_ids)
+        return model.backbone(input_ids[None])[0]
