@@ -69,6 +69,14 @@ def verify(sampler: Sampler, logits: mx.array, batch: SamplingBatch, drafts: np.
     if batch.num_rows != logits.shape[0] or drafts.shape != (logits.shape[0],):
         raise ValueError(f"{logits.shape[0]} logits rows, {batch.num_rows} batch rows and "
                          f"{drafts.shape} drafts must agree")
+    if batch.vocab_size != vocab:
+        raise ValueError(f"batch was built for vocab_size={batch.vocab_size}, "
+                         f"sampler has {vocab}")
+    if batch.num_rows == 0:
+        empty = mx.zeros((0,), dtype=mx.int32)
+        return Verdict(empty, None, mx.zeros((0, vocab), dtype=mx.float32))
+    # A draft outside the vocabulary is no token the target could emit: refused.
+    drafts = np.where(drafts < vocab, drafts, -1).astype(np.int32)
     if logits.shape[1] != vocab:
         logits = logits[:, :vocab]
     raw = logits.astype(mx.float32)
@@ -126,6 +134,12 @@ def accept(drafts: np.ndarray, cu_rows: np.ndarray, targets: np.ndarray,
     cu_rows[r] .. cu_rows[r + 1] - 1, its last the bonus row); targets int [N] and
     draft_probs float [N] (None: all greedy) from a Verdict; greedy bool [N];
     uniforms float [N] (acceptance_uniforms; None: all greedy)."""
+    n = len(drafts)
+    counts = np.diff(cu_rows)
+    if (len(cu_rows) < 1 or cu_rows[0] != 0 or cu_rows[-1] != n or (counts < 1).any()
+            or len(targets) != n or (draft_probs is not None and len(draft_probs) != n)):
+        raise ValueError(f"cu_rows {list(cu_rows)} must split the {n} rows (targets "
+                         f"{len(targets)}) into requests of at least one row each")
     if draft_probs is None:
         ok = targets == drafts
     else:
