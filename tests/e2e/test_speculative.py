@@ -2,6 +2,7 @@
 any batch, acceptance as the drafts deserve, and bad configurations refused."""
 
 import gc
+import re
 
 import numpy as np
 import pytest
@@ -140,6 +141,28 @@ def test_penalties_and_seeds_with_drafts(llama_dir, ngram_llm):
         gc.collect()
 
 
+def test_grammar_constrained_requests_with_drafts(llama_dir, ngram_llm):
+    """A regex-constrained request checks each draft against the grammar's mask for its
+    row: the answer matches the pattern and equals the plain engine's."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    prompts = _prompts(llama_dir)[-3:]
+    params = SamplingParams(temperature=0.0, max_tokens=40, structured_outputs=(
+        StructuredOutputsParams(regex=r"(a b c d ){2,6}[0-9]{3}")))
+    spec = ngram_llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                              use_tqdm=False)
+    plain = make_llm(llama_dir, max_num_batched_tokens=64)
+    try:
+        ref = plain.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                             use_tqdm=False)
+    finally:
+        del plain
+        gc.collect()
+    for a, b in zip(spec, ref):
+        assert re.fullmatch(r"(a b c d ){2,6}[0-9]{3}", a.outputs[0].text)
+        assert list(a.outputs[0].token_ids) == list(b.outputs[0].token_ids)
+
+
 def test_preempted_requests_keep_their_tokens(llama_dir):
     """A KV pool too small for the batch preempts requests mid-draft; each still ends
     with mlx-lm's greedy tokens."""
@@ -243,3 +266,46 @@ def test_draft_of_another_vocabulary_is_refused(llama_dir):
     with pytest.raises(Exception, match="vocab"):
         make_llm(llama_dir, speculative_config=_draft(cached_tiny_model("llama",
                                                                         vocab_size=512)))
+
+
+def test_vllm_serve_with_ngram_speaks_openai(llama_dir):
+    """`vllm serve --speculative-config` answers the openai client with mlx-lm's greedy
+    tokens, streamed or not, concurrently; /metrics counts drafts and acceptances;
+    min_p (which vLLM leaves out of speculation) is a 400 and the server stays up."""
+    import json
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+    import requests
+
+    from tests.e2e.server import VllmServer
+
+    srv = VllmServer(str(llama_dir), "--max-model-len", "512", "--max-num-seqs", "8",
+                     "--gpu-memory-utilization", "0.3", "--served-model-name", "tiny",
+                     "--speculative-config", json.dumps(NGRAM))
+    try:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused")
+        prompts = _prompts(llama_dir)
+
+        def complete(prompt):
+            out = client.completions.create(model="tiny", prompt=prompt, max_tokens=24,
+                                            temperature=0.0)
+            return out.choices[0].text
+
+        with ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(complete, prompts))
+        for prompt, text in zip(prompts, texts):
+            assert text == mlx_reference.greedy_text(llama_dir, prompt, 24)
+        stream = client.completions.create(model="tiny", prompt=prompts[-1], max_tokens=24,
+                                           temperature=0.0, stream=True)
+        assert "".join(c.choices[0].text for c in stream) == texts[-1]
+        with pytest.raises(openai.BadRequestError, match="min_p"):
+            client.completions.create(model="tiny", prompt="a", max_tokens=4, extra_body={
+                "min_p": 0.2})
+        metrics = requests.get(srv.base_url + "/metrics", timeout=10).text
+        accepted = [line for line in metrics.splitlines()
+                    if line.startswith("vllm:spec_decode_num_accepted_tokens_total")]
+        assert accepted and float(accepted[0].split()[-1]) > 0
+        assert requests.get(srv.base_url + "/health", timeout=10).status_code == 200
+    finally:
+        srv.stop()

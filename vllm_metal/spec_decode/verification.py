@@ -44,6 +44,9 @@ def verify_drafts(sampler: Sampler, model: LoadedModel, states: list[RequestStat
     batch = build_sampling_batch(rows, sampler.vocab_size)
     bitmask = _row_bitmask(grammar_output, states, counts, int(cu_rows[-1]))
 
+    # The forward first, on its own: evaluated together with the head's argmax, the
+    # verification step of the bundled model took 14 ms instead of 6 + 1.6.
+    mx.eval(hidden_rows)
     targets = None
     if batch.all_greedy_plain:
         allowed = None if bitmask is None else grammar_bitmask_words(bitmask)

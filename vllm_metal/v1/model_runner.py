@@ -590,12 +590,16 @@ def _align_bitmask(grammar_output: GrammarOutput | None, sampling_ids: list[str]
     if grammar_output is None or not grammar_output.structured_output_request_ids:
         return None
     source = np.asarray(grammar_output.grammar_bitmask, dtype=np.int32)
+    ids = grammar_output.structured_output_request_ids
+    # With speculative decoding each request owns a block of 1 + k rows (one per
+    # draft position); a step without drafts reads each block's first row.
+    stride = source.shape[0] // len(ids)
     aligned = np.full((len(sampling_ids), source.shape[1]), -1, dtype=np.int32)
     row_of = {r: i for i, r in enumerate(sampling_ids)}
-    for j, req_id in enumerate(grammar_output.structured_output_request_ids):
+    for j, req_id in enumerate(ids):
         i = row_of.get(req_id)
         if i is not None:
-            aligned[i] = source[j]
+            aligned[i] = source[j * stride]
     return aligned
 
 
