@@ -1,4 +1,4 @@
-"""vLLM general plugin: a local ``.gguf`` file is a valid ``--model``.
+"""vLLM general plugin: a local ``.gguf`` file is a valid ``--model`` (and draft model).
 
 vLLM 0.33 has no GGUF path of its own. Before vLLM builds its ModelConfig we
 write (once, cached) a directory with the config.json, generation config and
@@ -27,6 +27,7 @@ def register() -> None:
 
     def create_model_config(self):
         redirect_gguf_args(self)
+        redirect_gguf_draft(self)
         return original(self)
 
     setattr(create_model_config, _MARK, True)
@@ -69,3 +70,22 @@ def redirect_gguf_args(args) -> None:
     if getattr(args, "generation_config", "auto") == "auto":
         args.generation_config = hf_dir
     logger.info("Serving GGUF %s (config and tokenizer from its metadata, in %s)", gguf, hf_dir)
+
+
+def redirect_gguf_draft(args) -> None:
+    """A GGUF draft model (--speculative-config's model): vLLM builds the draft's config
+    from a directory of HF files and takes no separate config path, so the draft is
+    named by the file's derived directory, whose marker names the file the worker
+    loads (model_lifecycle)."""
+    spec = args.speculative_config
+    if not isinstance(spec, dict):
+        return
+    gguf = gguf_model_file(spec.get("model"))
+    if gguf is None:
+        return
+    from vllm_metal import envs
+    from vllm_metal.gguf.loader import materialize_hf_dir
+
+    hf_dir = str(materialize_hf_dir(gguf, cache_root=envs.VLLM_METAL_GGUF_CACHE))
+    args.speculative_config = {**spec, "model": hf_dir}
+    logger.info("Draft model GGUF %s (config from its metadata, in %s)", gguf, hf_dir)

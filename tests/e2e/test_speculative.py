@@ -309,3 +309,24 @@ def test_vllm_serve_with_ngram_speaks_openai(llama_dir):
         assert requests.get(srv.base_url + "/health", timeout=10).status_code == 200
     finally:
         srv.stop()
+
+
+def test_gguf_target_and_draft(tmp_path):
+    """A .gguf file as draft model: vLLM is given its derived config directory and the
+    worker loads the file; drafting for itself, every draft is accepted and the tokens
+    are mlx-lm's (through our GGUF loader) greedy ones."""
+    from tests.gguf_models import make_tiny_gguf
+
+    gguf = make_tiny_gguf(tmp_path / "model.gguf", "llama", "Q8_0")
+    prompts = [mlx_reference.tokenize(gguf, t) for t in PROMPTS[:4]]
+    llm = make_llm(gguf, speculative_config=_draft(gguf), disable_log_stats=False)
+    try:
+        got = _generate(llm, prompts, SamplingParams(temperature=0.0, max_tokens=16))
+        drafted = _metric(llm, "vllm:spec_decode_num_draft_tokens")
+        accepted = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
+    finally:
+        del llm
+        gc.collect()
+    for prompt, tokens in zip(prompts, got):
+        assert tokens == mlx_reference.greedy_tokens(gguf, prompt, 16)
+    assert accepted == drafted > 0

@@ -87,9 +87,11 @@ def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
 
 def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
     """A GGUF file through our GGUF loader; an HF-format directory through mlx-lm."""
+    from vllm_metal.gguf.loader import gguf_source
     from vllm_metal.gguf_plugin import gguf_model_file
 
-    gguf = gguf_model_file(model_path)
+    # A GGUF's derived HF directory stands for the file (a draft model's path).
+    gguf = gguf_model_file(model_path) or gguf_source(model_path)
     if gguf is not None:
         from vllm_metal.gguf.loader import load_gguf_model
 
