@@ -17,11 +17,13 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
 MAX_TOKENS = 32
 
 
-def _metric(llm, name):
+def _metric(llm, name, required=True):
     for m in llm.get_metrics():
         if m.name == name:
             return getattr(m, "value", None) if hasattr(m, "value") else m.values
-    raise AssertionError(f"no metric {name}")
+    if required:
+        raise AssertionError(f"no metric {name}")
+    return None
 
 
 def _prompts(model_dir):
@@ -37,6 +39,25 @@ def ngram_llm(llama_dir):
     yield llm
     del llm
     gc.collect()
+
+
+_COUNTERS = {"preempted": "vllm:num_preemptions",
+             "drafted": "vllm:spec_decode_num_draft_tokens",
+             "accepted": "vllm:spec_decode_num_accepted_tokens"}
+
+
+def _run_engine(model_dir, batches, params, **llm_kwargs):
+    """Each batch of prompts through one fresh engine, in turn -> (each batch's token
+    lists, the engine's preemption, draft and acceptance counts: None without
+    speculation)."""
+    llm = make_llm(model_dir, disable_log_stats=False, **llm_kwargs)
+    try:
+        outs = [_generate(llm, batch, params) for batch in batches]
+        counts = {key: _metric(llm, name, required=False) for key, name in _COUNTERS.items()}
+    finally:
+        del llm
+        gc.collect()
+    return outs, counts
 
 
 def _generate(llm, prompts, params):
@@ -133,12 +154,8 @@ def test_penalties_and_seeds_with_drafts(llama_dir, ngram_llm):
     spec_seeded = _generate(ngram_llm, prompts, [seeded] * len(prompts))
     alone_seeded = _generate(ngram_llm, prompts[-1:], seeded)
     assert alone_seeded[0] == spec_seeded[-1]
-    plain = make_llm(llama_dir, max_num_batched_tokens=64)
-    try:
-        assert _generate(plain, prompts[-2:], penal) == spec_penal
-    finally:
-        del plain
-        gc.collect()
+    (plain,), _ = _run_engine(llama_dir, [prompts[-2:]], penal, max_num_batched_tokens=64)
+    assert plain == spec_penal
 
 
 def test_grammar_constrained_requests_with_drafts(llama_dir, ngram_llm):
@@ -151,33 +168,26 @@ def test_grammar_constrained_requests_with_drafts(llama_dir, ngram_llm):
         StructuredOutputsParams(regex=r"(a b c d ){2,6}[0-9]{3}")))
     spec = ngram_llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
                               use_tqdm=False)
-    plain = make_llm(llama_dir, max_num_batched_tokens=64)
-    try:
-        ref = plain.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                             use_tqdm=False)
-    finally:
-        del plain
-        gc.collect()
-    for a, b in zip(spec, ref):
-        assert re.fullmatch(r"(a b c d ){2,6}[0-9]{3}", a.outputs[0].text)
-        assert list(a.outputs[0].token_ids) == list(b.outputs[0].token_ids)
+    (plain,), _ = _run_engine(llama_dir, [prompts], params, max_num_batched_tokens=64)
+    for out, tokens in zip(spec, plain):
+        assert re.fullmatch(r"(a b c d ){2,6}[0-9]{3}", out.outputs[0].text)
+        assert list(out.outputs[0].token_ids) == tokens
 
 
 def test_preempted_requests_keep_their_tokens(llama_dir):
     """A KV pool too small for the batch preempts requests mid-draft; each still ends
     with mlx-lm's greedy tokens."""
     prompts = [p[:40] for p in _prompts(llama_dir)]
-    llm = make_llm(llama_dir, speculative_config=NGRAM, max_model_len=96,
-                   num_gpu_blocks_override=14, block_size=16, disable_log_stats=False)
-    try:
-        got = _generate(llm, prompts, SamplingParams(temperature=0.0, max_tokens=48))
-        preempted = _metric(llm, "vllm:num_preemptions")
-    finally:
-        del llm
-        gc.collect()
+    (got,), counts = _run_engine(llama_dir, [prompts], SamplingParams(temperature=0.0,
+                                                                      max_tokens=48),
+                                 speculative_config=NGRAM, **_SMALL_POOL)
     for prompt, tokens in zip(prompts, got):
         assert tokens == mlx_reference.greedy_tokens(llama_dir, prompt, 48)
-    assert preempted > 0
+    assert counts["preempted"] > 0
+
+
+# Room for ~96 tokens of KV: ten growing requests must preempt each other.
+_SMALL_POOL = dict(max_model_len=96, num_gpu_blocks_override=14, block_size=16)
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -221,43 +231,29 @@ def test_draft_model_greedy_equals_mlx_lm(llama_dir, draft):
                  "other_shape": cached_tiny_model("qwen3", num_hidden_layers=1, head_dim=128,
                                                   num_key_value_heads=1)}[draft]
     prompts = _prompts(llama_dir)
-    llm = make_llm(llama_dir, speculative_config=_draft(draft_dir), enable_prefix_caching=True,
-                   max_num_batched_tokens=64, disable_log_stats=False)
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-        got = _generate(llm, prompts, params)
-        again = _generate(llm, prompts[:3], params)
-        drafted = _metric(llm, "vllm:spec_decode_num_draft_tokens")
-        accepted = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
-    finally:
-        del llm
-        gc.collect()
+    (got, again), counts = _run_engine(
+        llama_dir, [prompts, prompts[:3]], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+        speculative_config=_draft(draft_dir), enable_prefix_caching=True,
+        max_num_batched_tokens=64)
     for prompt, tokens in zip(prompts, got):
         assert tokens == mlx_reference.greedy_tokens(llama_dir, prompt, MAX_TOKENS)
     assert again == got[:3]
-    assert drafted > 0
+    assert counts["drafted"] > 0
     if draft == "self":
-        assert accepted == drafted
+        assert counts["accepted"] == counts["drafted"]
     else:
-        assert 0 < accepted < drafted
+        assert 0 < counts["accepted"] < counts["drafted"]
 
 
 def test_draft_model_under_preemption(llama_dir):
     prompts = [p[:40] for p in _prompts(llama_dir)]
-    llm = make_llm(llama_dir, speculative_config=_draft(llama_dir), max_model_len=96,
-                   num_gpu_blocks_override=14, block_size=16, disable_log_stats=False)
-    try:
-        got = _generate(llm, prompts, SamplingParams(temperature=0.0, max_tokens=48))
-        preempted = _metric(llm, "vllm:num_preemptions")
-        drafted = _metric(llm, "vllm:spec_decode_num_draft_tokens")
-        accepted = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
-    finally:
-        del llm
-        gc.collect()
+    (got,), counts = _run_engine(llama_dir, [prompts], SamplingParams(temperature=0.0,
+                                                                      max_tokens=48),
+                                 speculative_config=_draft(llama_dir), **_SMALL_POOL)
     for prompt, tokens in zip(prompts, got):
         assert tokens == mlx_reference.greedy_tokens(llama_dir, prompt, 48)
-    assert preempted > 0
-    assert accepted == drafted > 0
+    assert counts["preempted"] > 0
+    assert counts["accepted"] == counts["drafted"] > 0
 
 
 def test_draft_of_another_vocabulary_is_refused(llama_dir):
@@ -319,14 +315,8 @@ def test_gguf_target_and_draft(tmp_path):
 
     gguf = make_tiny_gguf(tmp_path / "model.gguf", "llama", "Q8_0")
     prompts = [mlx_reference.tokenize(gguf, t) for t in PROMPTS[:4]]
-    llm = make_llm(gguf, speculative_config=_draft(gguf), disable_log_stats=False)
-    try:
-        got = _generate(llm, prompts, SamplingParams(temperature=0.0, max_tokens=16))
-        drafted = _metric(llm, "vllm:spec_decode_num_draft_tokens")
-        accepted = _metric(llm, "vllm:spec_decode_num_accepted_tokens")
-    finally:
-        del llm
-        gc.collect()
+    (got,), counts = _run_engine(gguf, [prompts], SamplingParams(temperature=0.0, max_tokens=16),
+                                 speculative_config=_draft(gguf))
     for prompt, tokens in zip(prompts, got):
         assert tokens == mlx_reference.greedy_tokens(gguf, prompt, 16)
-    assert accepted == drafted > 0
+    assert counts["accepted"] == counts["drafted"] > 0
