@@ -3,7 +3,6 @@ which vLLM's scheduler schedules into the next step."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Protocol
 
 import mlx.core as mx
@@ -20,8 +19,6 @@ if TYPE_CHECKING:
     from vllm_metal.v1.input_batch import InputBatch
     from vllm_metal.v1.model_lifecycle import LoadedModel
 
-logger = logging.getLogger("vllm_metal")
-
 
 class Drafter(Protocol):
     def propose(self, batch: InputBatch, req_ids: list[str]) -> list[list[int]]:
@@ -30,6 +27,17 @@ class Drafter(Protocol):
 
     def forget(self, req_id: str) -> None:
         """The request finished or lost its blocks (preemption)."""
+
+    def bytes_per_block(self, block_size: int, kv_dtype: mx.Dtype) -> int:
+        """Bytes of the drafter's own K/V per block id (0: it keeps none)."""
+
+    def initialize_cache(self, num_blocks: int, block_size: int, kv_dtype: mx.Dtype,
+                         group: int) -> PagedKVCache:
+        """Make the drafter's cache (only when bytes_per_block > 0): ``num_blocks`` blocks
+        addressed by the target's block table of KV cache group ``group``."""
+
+    def parameter_bytes(self) -> int:
+        """Bytes of the drafter's own weights."""
 
 
 class NgramDrafter:
@@ -55,6 +63,16 @@ class NgramDrafter:
 
     def forget(self, req_id: str) -> None:
         return None
+
+    def bytes_per_block(self, block_size: int, kv_dtype: mx.Dtype) -> int:
+        return 0
+
+    def initialize_cache(self, num_blocks: int, block_size: int, kv_dtype: mx.Dtype,
+                         group: int) -> PagedKVCache:
+        raise ValueError("the n-gram drafter keeps no cache")
+
+    def parameter_bytes(self) -> int:
+        return 0
 
 
 class DraftModelDrafter:
@@ -90,6 +108,11 @@ class DraftModelDrafter:
                                   d.head_dim, kv_dtype, latent=d.latent)
         self.group = group
         return self.cache
+
+    def parameter_bytes(self) -> int:
+        from vllm_metal.v1.model_lifecycle import parameter_bytes
+
+        return parameter_bytes(self.model.model)
 
     def forget(self, req_id: str) -> None:
         self._seen.pop(req_id, None)
@@ -150,18 +173,9 @@ class DraftModelDrafter:
               table: np.ndarray, block_size: int) -> np.ndarray:
         """One packed draft forward: request i's q_lens[i] tokens from position starts[i]
         -> the argmax after each request's last token, int64 [num_reqs]."""
-        cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-        req_of = np.repeat(np.arange(len(q_lens)), q_lens)
-        positions = (starts[req_of] + np.arange(int(cu[-1])) - cu[:-1][req_of]).astype(np.int32)
-        seq_lens = (starts + q_lens).astype(np.int32)
-        blocks = -(-int(seq_lens.max()) // block_size)
-        tables = np.ascontiguousarray(table[:, :blocks])[None]
-        slots = (tables[0][req_of, positions // block_size] * block_size
-                 + positions % block_size).astype(np.int32)[None]
-        last = (cu[1:] - 1).astype(np.int32)
-        step = StepInputs([""] * len(q_lens), tokens.astype(np.int32), positions, cu,
-                          seq_lens, tables, slots, np.ones(len(q_lens), bool), last)
-        hidden = packed_forward(self.model, step, self.cache)[mx.array(last)]
+        step = StepInputs.of_spans([""] * len(q_lens), tokens, starts, q_lens, table,
+                                   block_size)
+        hidden = packed_forward(self.model, step, self.cache)[mx.array(step.logits_indices)]
         ids = self.model.greedy_tokens(hidden, self.vocab_size)
         if ids is None:
             ids = mx.argmax(self.model.logits(hidden)[:, :self.vocab_size], axis=-1)

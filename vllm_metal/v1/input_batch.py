@@ -83,6 +83,23 @@ class StepInputs:
     def sampling_req_ids(self) -> list[str]:
         return [r for r, s in zip(self.req_ids, self.sample_mask) if s]
 
+    @classmethod
+    def of_spans(cls, req_ids: list[str], tokens: np.ndarray, starts: np.ndarray,
+                 q_lens: np.ndarray, tables: np.ndarray, block_size: int) -> StepInputs:
+        """Inputs outside vLLM's schedule (profiling, a draft model's steps): request i
+        runs its q_lens[i] tokens of ``tokens`` from position starts[i] over its row
+        of ``tables`` (one group, int32 [num_reqs, blocks]); each samples its last."""
+        cu = np.zeros(len(q_lens) + 1, dtype=np.int32)
+        np.cumsum(q_lens, out=cu[1:])
+        req_of = np.repeat(np.arange(len(q_lens)), q_lens)
+        positions = (starts[req_of] + np.arange(int(cu[-1])) - cu[:-1][req_of]).astype(np.int32)
+        seq_lens = (starts + q_lens).astype(np.int32)
+        tables = np.ascontiguousarray(tables[:, :-(-int(seq_lens.max()) // block_size)])
+        slots = (tables[req_of, positions // block_size] * block_size
+                 + positions % block_size).astype(np.int32)
+        return cls(req_ids, tokens.astype(np.int32), positions, cu, seq_lens, tables[None],
+                   slots[None], np.ones(len(q_lens), bool), (cu[1:] - 1).astype(np.int32))
+
 
 # Requests up to which a decode step's inputs are built from Python scalars.
 _SCALAR_DECODE_MAX = 16

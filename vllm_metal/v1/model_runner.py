@@ -28,7 +28,7 @@ from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
 from vllm_metal.v1.logits_processing import grammar_bitmask_words
 from vllm_metal.v1.memory_budget import ActivationEstimate
-from vllm_metal.v1.model_lifecycle import LoadedModel, load_model, parameter_bytes
+from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.packed_forward import packed_forward
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
@@ -205,17 +205,15 @@ class MetalModelRunner:
 
     def kv_bytes_per_block(self) -> int:
         """Bytes a block id holds: the target's entries, and a draft model's."""
-        draft = getattr(self.drafter, "bytes_per_block", None)
-        return self._target_bytes_per_block() + (
-            draft(self.block_size, self.kv_dtype) if draft is not None else 0)
+        draft = self.drafter.bytes_per_block(self.block_size, self.kv_dtype) if self.drafter else 0
+        return self._target_bytes_per_block() + draft
 
     def target_kv_fraction(self) -> float:
         """The target's share of kv_bytes_per_block (what vLLM's plan sizes)."""
         return self._target_bytes_per_block() / self.kv_bytes_per_block()
 
     def draft_parameter_bytes(self) -> int:
-        model = getattr(self.drafter, "model", None)
-        return parameter_bytes(model.model) if model is not None else 0
+        return self.drafter.parameter_bytes() if self.drafter is not None else 0
 
     def _target_bytes_per_block(self) -> int:
         dims = self.loaded.dims
@@ -246,7 +244,8 @@ class MetalModelRunner:
                               for g, group in enumerate(kv_cache_config.kv_cache_groups)
                               if isinstance(group.kv_cache_spec, MambaSpec)}
         huge = self.backend.commit_kv_cache(self.kv_cache)
-        if hasattr(self.drafter, "initialize_cache"):
+        if self.drafter is not None and self.drafter.bytes_per_block(self.block_size,
+                                                                     self.kv_dtype):
             draft = self.drafter.initialize_cache(kv_cache_config.num_blocks, self.block_size,
                                                   self.kv_dtype, _full_group(kv_cache_config))
             huge += self.backend.commit_kv_cache(draft)
@@ -400,13 +399,7 @@ class MetalModelRunner:
         if verified.logprobs is not None:
             logprobs = LogprobsLists(*verified.logprobs,
                                      cu_num_generated_tokens=np.cumsum([0, *counts]).tolist())
-        return ModelRunnerOutput(
-            req_ids=step.req_ids,
-            req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
-            sampled_token_ids=[emitted.get(r, []) for r in step.req_ids],
-            logprobs=logprobs,
-            prompt_logprobs_dict=forwarded.prompt_logprobs,
-        )
+        return _runner_output(step, emitted, logprobs, forwarded.prompt_logprobs)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """Drafts for the requests that sampled in the last step (vLLM calls this after
@@ -503,16 +496,23 @@ class _StepOutput(AsyncModelRunnerOutput):
             if self._logprobs is not None:
                 ids, lps, ranks = (np.array(a) for a in self._logprobs)
                 logprobs = _expand_logprobs(LogprobsLists(ids, lps, ranks), step)
-        return ModelRunnerOutput(
-            req_ids=step.req_ids,
-            req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
-            sampled_token_ids=[sampled.get(r, []) for r in step.req_ids],
-            logprobs=logprobs,
-            prompt_logprobs_dict=self._prompt_logprobs,
-        )
+        return _runner_output(step, sampled, logprobs, self._prompt_logprobs)
 
     def get_kv_connector_output(self):
         return None
+
+
+def _runner_output(step: StepInputs, sampled: dict[str, list[int]],
+                   logprobs: LogprobsLists | None, prompt_logprobs: dict) -> ModelRunnerOutput:
+    """vLLM's output of a step: each scheduled request's sampled tokens ([] for prompt
+    chunks), in the step's order."""
+    return ModelRunnerOutput(
+        req_ids=step.req_ids,
+        req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
+        sampled_token_ids=[sampled.get(r, []) for r in step.req_ids],
+        logprobs=logprobs,
+        prompt_logprobs_dict=prompt_logprobs,
+    )
 
 
 def _greedy_plain(params) -> bool:
@@ -532,18 +532,12 @@ def _reads_output_values(params) -> bool:
 def _synthetic_prefill(q_lens: np.ndarray, blocks_per_seq: int, block_size: int) -> StepInputs:
     """Inputs for a forward of fresh prompts of ``q_lens`` tokens (profiling/warm-up)."""
     num_seqs = len(q_lens)
-    cu = np.zeros(num_seqs + 1, dtype=np.int32)
-    np.cumsum(q_lens, out=cu[1:])
-    total = int(cu[-1])
-    seq_of = np.repeat(np.arange(num_seqs), q_lens)
-    positions = (np.arange(total) - cu[:-1][seq_of]).astype(np.int32)
     block_tables = (1 + np.arange(num_seqs * blocks_per_seq, dtype=np.int32)).reshape(
         num_seqs, blocks_per_seq)
-    slots = (block_tables[seq_of, positions // block_size] * block_size
-             + positions % block_size).astype(np.int32)
-    return StepInputs([f"profile-{i}" for i in range(num_seqs)], np.zeros(total, np.int32),
-                      positions, cu, q_lens.astype(np.int32), block_tables[None], slots[None],
-                      np.ones(num_seqs, bool), (cu[1:] - 1).astype(np.int32))
+    return StepInputs.of_spans([f"profile-{i}" for i in range(num_seqs)],
+                               np.zeros(int(q_lens.sum()), np.int32),
+                               np.zeros(num_seqs, np.int32), q_lens.astype(np.int32),
+                               block_tables, block_size)
 
 
 def _entry_name(entry: int) -> str:
