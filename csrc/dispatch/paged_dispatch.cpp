@@ -41,6 +41,44 @@ std::string describe(int partition, int partitions, int64_t scratch) {
       std::to_string(scratch >> 10) + " KiB scratch";
 }
 
+// Keys each sequence attends: its context, or its window.
+std::vector<int32_t> attended_spans(const PagedProblem& p, int sliding_window) {
+  std::vector<int32_t> spans(p.seq_lens);
+  if (sliding_window > 0) {
+    for (int32_t& s : spans) s = std::min(s, sliding_window);
+  }
+  return spans;
+}
+
+// A few query rows per sequence: their work is as small as a decode step's, so
+// the keys are shared among the threads as decode's are (the general rule
+// counts (row, head) pairs against a GPU's simdgroups and would leave a
+// single verification query on one thread).
+PagedDispatch cpu_short_query_dispatch(const PagedProblem& p, const DispatchEnv& env, int sliding_window) {
+  const std::vector<int32_t> spans = attended_spans(p, sliding_window);
+  const int num_seqs = static_cast<int>(spans.size());
+  const int partition = cpu_decode_partition(spans.data(), num_seqs, env.compute_units);
+  int parts = 1;
+  int64_t total_q = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    parts = std::max(parts, static_cast<int>(ceil_div(std::max<int32_t>(spans[s], 1), partition)));
+    total_q += p.query_lens[s];
+  }
+  PagedDispatch d;
+  const int64_t scratch = scratch_bytes(total_q, p.num_heads, parts, p.head_size);
+  if (parts < 2 || scratch > kMaxScratchBytes) {
+    d.reason = "CPU short queries: one piece per sequence for " + std::to_string(env.compute_units) + " thread(s)";
+    return d;
+  }
+  d.route = PagedRoute::SplitKv;
+  d.partition_size = partition;
+  d.num_partitions = parts;
+  d.scratch_bytes = scratch;
+  d.reason = "CPU short queries: " + describe(partition, parts, scratch) + " for " +
+      std::to_string(env.compute_units) + " thread(s)";
+  return d;
+}
+
 }  // namespace
 
 const char* route_name(PagedRoute route) {
@@ -188,15 +226,15 @@ PagedDispatch decide_cpu_paged_dispatch(const PagedProblem& p, const DispatchEnv
   const int num_seqs = static_cast<int>(p.seq_lens.size());
   bool decode = num_seqs > 0;
   for (int s = 0; s < num_seqs && decode; ++s) decode = p.query_lens[s] == 1;
+  bool short_queries = num_seqs > 0 && !decode;
+  for (int s = 0; s < num_seqs && short_queries; ++s) short_queries = p.query_lens[s] <= kCpuShortQueryRows;
+  if (short_queries) return cpu_short_query_dispatch(p, env, sliding_window);
   if (!decode || env.gqa_decode_disabled) {
     PagedDispatch d = decide_paged_dispatch(p, env);
     if (decode) d.reason = "GQA decode disabled (VLLM_METAL_DISABLE_GQA_DECODE); " + d.reason;
     return d;
   }
-  std::vector<int32_t> spans(p.seq_lens);
-  if (sliding_window > 0) {
-    for (int32_t& s : spans) s = std::min(s, sliding_window);
-  }
+  const std::vector<int32_t> spans = attended_spans(p, sliding_window);
   PagedDispatch d;
   d.route = PagedRoute::GqaDecode;
   d.partition_size = cpu_decode_partition(spans.data(), num_seqs, env.compute_units);

@@ -61,7 +61,10 @@ PagedDispatch decide_paged_dispatch(const PagedProblem& problem, const DispatchE
 // decode batches take GqaDecode whenever it is not disabled: the CPU kernel
 // serves every geometry, block size and dtype pair, and its partitions are cut
 // to share the keys evenly among the threads (cpu_decode_partition) rather
-// than to fill a GPU. Every other batch follows decide_paged_dispatch.
+// than to fill a GPU. Batches of short queries (every sequence at most
+// kCpuShortQueryRows rows: speculative verification, small prefill chunks)
+// cut their keys the same way, through SplitKv; every other batch follows
+// decide_paged_dispatch.
 // sliding_window > 0 limits each row to its last sliding_window keys.
 PagedDispatch decide_cpu_paged_dispatch(const PagedProblem& problem, const DispatchEnv& env, int sliding_window = 0);
 
@@ -71,6 +74,9 @@ PagedDispatch decide_cpu_paged_dispatch(const PagedProblem& problem, const Dispa
 // ceil(span / partition) equal pieces. spans: keys each sequence attends.
 inline constexpr int kCpuPiecesPerThread = 2;
 inline constexpr int kCpuMinPiece = 64;
+// Query rows per sequence up to which a CPU batch counts as short queries (the
+// CPU kernels' decode kernel takes that many rows: paged_attention_cpu.cpp).
+inline constexpr int kCpuShortQueryRows = 16;
 int cpu_decode_partition(const int32_t* spans, int num_seqs, int threads);
 
 }  // namespace vllm_metal::dispatch

@@ -226,12 +226,43 @@ def test_cpu_sliding_window_limits_the_keys_to_share():
     assert d["num_partitions"] == -(-1000 // d["partition_size"])  # pieces cut the window only
 
 
-@pytest.mark.parametrize("seq_lens,query_lens", [([400, 300], [400, 300]), ([3000], [3]),
+@pytest.mark.parametrize("seq_lens,query_lens", [([400, 300], [400, 300]), ([3000], [17]),
                                                  ([300, 900], [1, 40])])
 def test_cpu_prefill_and_mixed_batches_follow_the_general_rules(seq_lens, query_lens):
     cpu = cpu_decide(seq_lens, query_lens, threads=2)
     metal = decide(seq_lens, query_lens, shape=SMOLLM, dtype="float32", cores=2)
     assert cpu == metal
+
+
+CPU_SHORT_QUERY_ROWS = 16  # kCpuShortQueryRows
+
+
+@pytest.mark.parametrize("seq_lens,query_lens,threads", [([3000], [4], 2), ([2000, 600], [4, 4], 2),
+                                                         ([8000], [16], 4), ([600] * 8, [4] * 8, 2),
+                                                         ([900, 300], [1, 4], 2), ([40], [2], 2)])
+def test_cpu_short_queries_share_the_keys_as_decode_does(seq_lens, query_lens, threads):
+    # One speculative verification (4 rows) over 3000 keys: the general rule counts
+    # 4 x 9 (row, head) pairs against a GPU and splits by 512; the CPU cuts the
+    # keys into two pieces per thread, as for a decode row.
+    d = cpu_decide(seq_lens, query_lens, threads=threads)
+    partition = cpu_partition(seq_lens, threads)
+    parts = max(-(-n // partition) for n in seq_lens)
+    if parts < 2:
+        assert (d["route"], d["num_partitions"]) == ("Varlen", 1) and "short queries" in d["reason"]
+    else:
+        assert (d["route"], d["partition_size"], d["num_partitions"]) == ("SplitKv", partition, parts)
+        assert d["scratch_bytes"] == sum(query_lens) * SMOLLM["num_heads"] * parts * (
+            SMOLLM["head_size"] + 2) * 4
+
+
+def test_cpu_short_queries_end_at_the_decode_kernels_rows():
+    assert cpu_decide([3000], [CPU_SHORT_QUERY_ROWS])["reason"].startswith("CPU short queries")
+    longer = cpu_decide([3000], [CPU_SHORT_QUERY_ROWS + 1])
+    assert longer == decide([3000], [CPU_SHORT_QUERY_ROWS + 1], shape=SMOLLM, dtype="float32", cores=2)
+
+
+def test_cpu_short_queries_on_one_thread_are_not_split():
+    assert cpu_decide([9000], [4], threads=1)["route"] == "Varlen"
 
 
 def test_cpu_disabled_gqa_decode_takes_the_general_path():

@@ -7,7 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.ops.paged_inputs import assert_close, make_batch
+from tests.ops.isa import cpu_isa
+from tests.ops.paged_inputs import PagedBatch, assert_close, make_batch
 from vllm_metal import ops
 from vllm_metal.native import get_ops
 from vllm_metal.ops.reference import paged_attention_ref
@@ -74,6 +75,52 @@ def test_gqa_decode_route_options(force_route, options):
 def test_split_kv_route_on_a_chunked_prefill(force_route):
     force_route("SplitKv", 256)
     check(make_batch([900, 40], [7, 40], num_heads=4, num_kv_heads=2), sliding_window=500)
+
+
+SHORT_QUERY_CASES = [
+    # (seq_lens, q_lens, num_heads, num_kv_heads, head_size, block_size): a few query
+    # rows per sequence (speculative verification), which the decode kernel takes
+    ([700, 45, 1100], [4, 2, 16], 9, 3, 64, 16),
+    ([513, 300], [3, 8], 16, 2, 128, 32),
+    ([260, 7], [5, 7], 8, 8, 256, 8),
+]
+
+
+@pytest.mark.parametrize("route,partition", [("Varlen", 512), ("SplitKv", 256)])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16], ids=str)
+@pytest.mark.parametrize("case", SHORT_QUERY_CASES, ids=lambda c: f"{c[2]}x{c[3]}x{c[4]}")
+def test_short_queries_match_the_reference(force_route, route, partition, dtype, case):
+    seq_lens, q_lens, heads, kv_heads, head_size, block_size = case
+    force_route(route, partition)
+    check(make_batch(seq_lens, q_lens, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size,
+                     block_size=block_size, dtype=dtype), dtype)
+
+
+@pytest.mark.parametrize("options", [{"sliding_window": 300}, {"softcap": 4.0},
+                                     {"sinks": mx.array([float(h % 5) - 2 for h in range(12)])}],
+                         ids=["window", "softcap", "sinks"])
+def test_short_query_options(options):
+    batch = make_batch([40, 700, 1030], [3, 4, 16], num_heads=12, num_kv_heads=4, head_size=64)
+    if "softcap" in options:
+        batch.query = batch.query * 6
+    check(batch, **options)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=str)
+def test_each_row_of_a_short_query_is_what_it_gets_alone(force_route, dtype, isa):
+    # The rows of a verification query share each K/V vector but not their
+    # arithmetic: row r gives, bit for bit, what a one-row query at its position gives.
+    force_route("Varlen", 512)
+    rows = 6
+    batch = make_batch([700], [rows], num_heads=9, num_kv_heads=3, head_size=64, dtype=dtype)
+    with cpu_isa(isa):  # the intrinsics kernels (the portable one takes one row)
+        together = np.array(run(batch))
+        for r in range(rows):
+            alone = PagedBatch(batch.query[r:r + 1], batch.key_cache, batch.value_cache,
+                               batch.block_tables, mx.array([700 - rows + 1 + r], dtype=mx.int32),
+                               mx.array([0, 1], dtype=mx.int32), batch.scale)
+            assert np.array_equal(np.array(run(alone)), together[r:r + 1]), f"row {r}"
 
 
 def test_forcing_gqa_decode_on_prefill_rows_is_an_error(force_route):

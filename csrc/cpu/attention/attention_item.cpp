@@ -314,12 +314,13 @@ VLLM_METAL_TARGET_AVX512 __attribute__((flatten)) void decode_avx512(const Atten
 #endif
 
 template <typename KV, int D>
-AttentionItemFn for_isa(Isa isa, bool decode) {
+AttentionItemFn for_isa(Isa isa, bool decode, bool rows = false) {
 #if VLLM_METAL_X86_DISPATCH
   if constexpr (D != 0) {
-    if (decode && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
-    if (decode && isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
+    if ((decode || rows) && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
+    if ((decode || rows) && isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
   }
+  if (rows) return nullptr;
   if (isa == Isa::Avx512) return decode ? &decode_avx512<KV, D> : &item_avx512<KV, D>;
   if (isa == Isa::Avx2) return decode ? &decode_avx2<KV, D> : &item_avx2<KV, D>;
 #endif
@@ -327,28 +328,28 @@ AttentionItemFn for_isa(Isa isa, bool decode) {
 }
 
 template <typename KV>
-AttentionItemFn for_head_size(Isa isa, int head_size, bool decode) {
+AttentionItemFn for_head_size(Isa isa, int head_size, bool decode, bool rows) {
   switch (head_size) {
     case 64:
-      return for_isa<KV, 64>(isa, decode);
+      return for_isa<KV, 64>(isa, decode, rows);
     case 128:
-      return for_isa<KV, 128>(isa, decode);
+      return for_isa<KV, 128>(isa, decode, rows);
     case 256:
-      return for_isa<KV, 256>(isa, decode);
+      return for_isa<KV, 256>(isa, decode, rows);
     default:
-      return for_isa<KV, 0>(isa, decode);
+      return for_isa<KV, 0>(isa, decode, rows);
   }
 }
 
-AttentionItemFn select(mlx::core::Dtype kv_dtype, int head_size, bool decode) {
+AttentionItemFn select(mlx::core::Dtype kv_dtype, int head_size, bool decode, bool rows = false) {
   const Isa isa = active_isa();
   switch (kv_dtype) {
     case mlx::core::float32:
-      return for_head_size<F32>(isa, head_size, decode);
+      return for_head_size<F32>(isa, head_size, decode, rows);
     case mlx::core::float16:
-      return for_head_size<F16>(isa, head_size, decode);
+      return for_head_size<F16>(isa, head_size, decode, rows);
     case mlx::core::bfloat16:
-      return for_head_size<BF16>(isa, head_size, decode);
+      return for_head_size<BF16>(isa, head_size, decode, rows);
     default:
       throw std::invalid_argument(
           "paged_attention: cache dtype must be float16, bfloat16 or float32");
@@ -374,6 +375,10 @@ AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, int head_size) 
 
 AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size) {
   return select(kv_dtype, head_size, true);
+}
+
+AttentionItemFn select_rows_item(mlx::core::Dtype kv_dtype, int head_size) {
+  return select(kv_dtype, head_size, false, true);
 }
 
 } // namespace vllm_metal::cpu

@@ -66,4 +66,11 @@ AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, int head_size);
 // otherwise the portable one (fp16 / bf16 runs decoded into the tiles).
 AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size);
 
+// The intrinsics decode kernel for several query rows of one sequence that
+// start attending at the same key (no sliding window cuts them apart): each
+// K/V vector is read once for every row, as the tile kernel does, without its
+// staging copy. nullptr where there is no intrinsics kernel (the portable
+// decode kernel takes one row).
+AttentionItemFn select_rows_item(mlx::core::Dtype kv_dtype, int head_size);
+
 } // namespace vllm_metal::cpu

@@ -30,6 +30,11 @@ int rows_per_item(int num_heads) {
   return std::clamp(128 / num_heads, 1, 32);
 }
 
+// Query rows of an item up to which the decode kernel takes them (reading each
+// K/V vector in place once for all rows) rather than the tile kernel (which
+// stages K/V tiles in fp32 and pays off when many rows reuse them).
+constexpr int kDecodeKernelMaxRows = 16;
+
 struct WorkItem {
   int seq;
   int row_begin; // query rows of the sequence, [row_begin, row_end)
@@ -61,7 +66,8 @@ class Planner {
         rows_(rows_per_item(p.num_heads)),
         tile_(attention_tile_keys(p.num_kv_heads, p.head_size)),
         kernel_(select_attention_item(p.kv_dtype, p.head_size)),
-        decode_kernel_(select_decode_item(p.kv_dtype, p.head_size)) {}
+        decode_kernel_(select_decode_item(p.kv_dtype, p.head_size)),
+        rows_kernel_(select_rows_item(p.kv_dtype, p.head_size)) {}
 
   void run(ThreadPool& pool) {
     plan();
@@ -161,7 +167,7 @@ class Planner {
     a.row_hi = row_hi;
     a.softcap = p_.softcap;
     a.tile = tile_;
-    (rows == 1 ? decode_kernel_ : kernel_)(a);
+    kernel_for(a)(a);
 
     if (w.partial >= 0) {
       float* dst = partials_.data() + static_cast<size_t>(w.partial) * slot_floats();
@@ -174,6 +180,15 @@ class Planner {
       write_output(p_, first_token + i / p_.num_heads, i % p_.num_heads, a.m[i], a.l[i],
                    a.acc + static_cast<int64_t>(i) * d);
     }
+  }
+
+  AttentionItemFn kernel_for(const AttentionItem& a) const {
+    if (a.rows == 1) return decode_kernel_;
+    if (rows_kernel_ == nullptr || a.rows > kDecodeKernelMaxRows) return kernel_;
+    for (int r = 1; r < a.rows; ++r) {
+      if (a.row_lo[r] != a.row_lo[0]) return kernel_; // a sliding window's rows
+    }
+    return rows_kernel_;
   }
 
   // Combine the split-KV softmax states of one item group and write it out.
@@ -208,6 +223,7 @@ class Planner {
   const int tile_;
   const AttentionItemFn kernel_;
   const AttentionItemFn decode_kernel_;
+  const AttentionItemFn rows_kernel_;
   std::vector<WorkItem> items_;
   std::vector<MergeGroup> groups_;
   int num_partials_ = 0;
