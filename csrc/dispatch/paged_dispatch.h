@@ -75,7 +75,7 @@ PagedDispatch decide_cpu_paged_dispatch(const PagedProblem& problem, const Dispa
 inline constexpr int kCpuPiecesPerThread = 2;
 inline constexpr int kCpuMinPiece = 64;
 // Query rows per sequence up to which a CPU batch counts as short queries (the
-// CPU kernels' decode kernel takes that many rows: paged_attention_cpu.cpp).
+// pieces kernel takes that many rows per item: kPieceRows, paged_pieces_cpu.h).
 inline constexpr int kCpuShortQueryRows = 16;
 int cpu_decode_partition(const int32_t* spans, int num_seqs, int threads);
 

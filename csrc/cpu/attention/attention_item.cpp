@@ -317,8 +317,8 @@ template <typename KV, int D>
 AttentionItemFn for_isa(Isa isa, bool decode, bool rows = false) {
 #if VLLM_METAL_X86_DISPATCH
   if constexpr (D != 0) {
-    if ((decode || rows) && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
-    if ((decode || rows) && isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
+    if (rows && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
+    if (rows && isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
   }
   if (rows) return nullptr;
   if (isa == Isa::Avx512) return decode ? &decode_avx512<KV, D> : &item_avx512<KV, D>;
@@ -377,7 +377,7 @@ AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size) {
   return select(kv_dtype, head_size, true);
 }
 
-AttentionItemFn select_rows_item(mlx::core::Dtype kv_dtype, int head_size) {
+AttentionItemFn select_pieces_item(mlx::core::Dtype kv_dtype, int head_size) {
   return select(kv_dtype, head_size, false, true);
 }
 

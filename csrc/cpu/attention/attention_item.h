@@ -48,7 +48,24 @@ struct AttentionItem {
   float* v_tile;
   float* scores;
   int tile; // keys per tile
+
+  // The pieces kernel (select_pieces_item) only: the item's keys [key_lo,
+  // key_hi) and the piece size; m, l and acc then hold one state per piece
+  // (m[p * nq + i], ...), and the tile and scores scratch is unused.
+  int key_lo = 0;
+  int key_hi = 0;
+  int piece = 0;
+  // Optional: each piece folded into these nq states as it ends (m, l, acc then
+  // hold one piece's states).
+  float* fold_m = nullptr;
+  float* fold_l = nullptr;
+  float* fold_acc = nullptr;
 };
+
+// (m, l, acc[0:d]) <- the softmax state of itself and (m2, l2, acc2), log2
+// domain. One out-of-line definition, so every fold of a call (in a kernel or
+// in a merge) is the same arithmetic.
+void fold_state(float& m, float& l, float* acc, float m2, float l2, const float* acc2, int d);
 
 using AttentionItemFn = void (*)(const AttentionItem&);
 
@@ -58,19 +75,18 @@ int attention_tile_keys(int num_kv_heads, int head_size);
 // The kernel for this cache dtype and head size on the active ISA.
 AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, int head_size);
 
-// The single-row kernel (rows == 1: a decode step), same outputs as the tile
-// kernel: it walks the keys page run by page run with the next run prefetched,
-// and every query head of a group reads each K/V row while it is in L1. On
-// AVX2 / AVX-512 with head size 64, 128 or 256 it is the intrinsics kernel of
-// decode_row.inc (rows read in place, fp16 / bf16 widened in registers);
-// otherwise the portable one (fp16 / bf16 runs decoded into the tiles).
+// The portable single-row kernel (rows == 1: a decode step), same outputs as
+// the tile kernel: it walks the keys page run by page run with the next run
+// prefetched, and every query head of a group reads each K/V row while it is
+// in L1 (fp16 / bf16 runs decoded into the tiles). Where select_pieces_item has
+// a kernel, the pieces plan runs every call and this one is not used.
 AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size);
 
-// The intrinsics decode kernel for several query rows of one sequence that
-// start attending at the same key (no sliding window cuts them apart): each
-// K/V vector is read once for every row, as the tile kernel does, without its
-// staging copy. nullptr where there is no intrinsics kernel (the portable
-// decode kernel takes one row).
-AttentionItemFn select_rows_item(mlx::core::Dtype kv_dtype, int head_size);
+// The pieces kernel (decode_row.inc): any number of query rows of one
+// sequence, one state per piece of keys (see AttentionItem), each row's
+// arithmetic independent of the item that holds it: what makes attention
+// batch-invariant (paged_pieces_cpu.h). nullptr where there is no intrinsics
+// kernel for this ISA and head size.
+AttentionItemFn select_pieces_item(mlx::core::Dtype kv_dtype, int head_size);
 
 } // namespace vllm_metal::cpu

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu/attention/attention_item.h"
 #include "cpu/runtime/tile_math.h"
 
 namespace vllm_metal::cpu {
@@ -36,6 +37,16 @@ void store_span(void* dst, mlx::core::Dtype dtype, int64_t offset, const float* 
 
 float exp2_diff(float x, float y) {
   return x == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp2(x - y);
+}
+
+__attribute__((noinline)) void fold_state(float& m, float& l, float* acc, float m2, float l2, const float* acc2,
+                                          int d) {
+  const float m_all = std::max(m, m2);
+  const float w1 = exp2_diff(m, m_all);
+  const float w2 = exp2_diff(m2, m_all);
+  l = l * w1 + l2 * w2;
+  for (int j = 0; j < d; ++j) acc[j] = acc[j] * w1 + acc2[j] * w2;
+  m = m_all;
 }
 
 void write_output(const PagedAttentionArgs& p, int token, int head, float m, float l, const float* acc) {

@@ -12,6 +12,7 @@
 #include "cpu/attention/attention_item.h"
 #include "cpu/attention/attention_output.h"
 #include "cpu/attention/gqa_decode_cpu.h"
+#include "cpu/attention/paged_pieces_cpu.h"
 #include "cpu/runtime/scratch.h"
 #include "cpu/runtime/thread_pool.h"
 #include "cpu/runtime/tile_math.h"
@@ -29,11 +30,6 @@ using mlx::core::Dtype;
 int rows_per_item(int num_heads) {
   return std::clamp(128 / num_heads, 1, 32);
 }
-
-// Query rows of an item up to which the decode kernel takes them (reading each
-// K/V vector in place once for all rows) rather than the tile kernel (which
-// stages K/V tiles in fp32 and pays off when many rows reuse them).
-constexpr int kDecodeKernelMaxRows = 16;
 
 struct WorkItem {
   int seq;
@@ -66,8 +62,7 @@ class Planner {
         rows_(rows_per_item(p.num_heads)),
         tile_(attention_tile_keys(p.num_kv_heads, p.head_size)),
         kernel_(select_attention_item(p.kv_dtype, p.head_size)),
-        decode_kernel_(select_decode_item(p.kv_dtype, p.head_size)),
-        rows_kernel_(select_rows_item(p.kv_dtype, p.head_size)) {}
+        decode_kernel_(select_decode_item(p.kv_dtype, p.head_size)) {}
 
   void run(ThreadPool& pool) {
     plan();
@@ -167,7 +162,7 @@ class Planner {
     a.row_hi = row_hi;
     a.softcap = p_.softcap;
     a.tile = tile_;
-    kernel_for(a)(a);
+    (rows == 1 ? decode_kernel_ : kernel_)(a);
 
     if (w.partial >= 0) {
       float* dst = partials_.data() + static_cast<size_t>(w.partial) * slot_floats();
@@ -180,15 +175,6 @@ class Planner {
       write_output(p_, first_token + i / p_.num_heads, i % p_.num_heads, a.m[i], a.l[i],
                    a.acc + static_cast<int64_t>(i) * d);
     }
-  }
-
-  AttentionItemFn kernel_for(const AttentionItem& a) const {
-    if (a.rows == 1) return decode_kernel_;
-    if (rows_kernel_ == nullptr || a.rows > kDecodeKernelMaxRows) return kernel_;
-    for (int r = 1; r < a.rows; ++r) {
-      if (a.row_lo[r] != a.row_lo[0]) return kernel_; // a sliding window's rows
-    }
-    return rows_kernel_;
   }
 
   // Combine the split-KV softmax states of one item group and write it out.
@@ -223,7 +209,6 @@ class Planner {
   const int tile_;
   const AttentionItemFn kernel_;
   const AttentionItemFn decode_kernel_;
-  const AttentionItemFn rows_kernel_;
   std::vector<WorkItem> items_;
   std::vector<MergeGroup> groups_;
   int num_partials_ = 0;
@@ -310,6 +295,9 @@ dispatch::PagedDispatch plan_paged_attention_cpu(const PagedAttentionArgs& args)
 void run_paged_attention_cpu(const PagedAttentionArgs& args, const dispatch::PagedDispatch& d) {
   if (args.total_q == 0) return;
   ThreadPool& pool = ThreadPool::instance();
+  // The route only decides how the keys are shared among the threads; the
+  // pieces kernel's arithmetic is the same whichever it is.
+  if (run_paged_pieces(args, d.route == dispatch::PagedRoute::Varlen ? 0 : d.partition_size, pool)) return;
   switch (d.route) {
     case dispatch::PagedRoute::GqaDecode:
       gqa_decode_cpu(args, d.partition_size, pool);
