@@ -1,11 +1,11 @@
-"""The single-row (decode) CPU kernel against the pure-MLX reference, one test per
-edge case: every ISA variant (x86 intrinsics for head sizes 64/128/256, the portable
+"""The CPU decode kernels against the pure-MLX reference, one test per edge case: every
+ISA variant (the x86 pieces kernel for head sizes 64/128/256, the portable single-row
 kernel otherwise), GQA groups that fill, split and overflow its register blocks, page
 runs that start and end mid-page, pieces merged across threads, and the options.
 
-Decode rows reach this kernel through the GqaDecode route (pieces of a sequence's
-keys) and through Varlen / SplitKv items of one row; caches from make_batch are
-NaN-poisoned wherever a correct kernel must not read.
+Decode rows reach these kernels through every route (GqaDecode cuts a sequence's keys
+among threads); caches from make_batch are NaN-poisoned wherever a correct kernel must
+not read.
 """
 
 from __future__ import annotations
