@@ -4,7 +4,6 @@
 #include <cmath>
 #include <limits>
 
-#include "cpu/attention/attention_item.h"
 #include "cpu/runtime/tile_math.h"
 
 namespace vllm_metal::cpu {
@@ -33,6 +32,29 @@ void store_span(void* dst, mlx::core::Dtype dtype, int64_t offset, const float* 
     default:
       encode_span<F32>(src, static_cast<float*>(dst) + offset, n, mul);
   }
+}
+
+AttentionItem sequence_item(const PagedAttentionArgs& p, int seq, int first_token, int rows, float* q,
+                            const int32_t* row_lo, const int32_t* row_hi) {
+  const int64_t qd = static_cast<int64_t>(rows) * p.num_heads * p.head_size;
+  const float q_scale = p.softcap > 0.0f ? p.scale : p.scale * kLog2e;
+  load_span(p.query, p.query_dtype, static_cast<int64_t>(first_token) * p.num_heads * p.head_size, q, qd,
+            q_scale);
+  AttentionItem a;
+  a.key_cache = p.key_cache;
+  a.value_cache = p.value_cache;
+  a.block_table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  a.num_blocks = p.num_blocks;
+  a.block_size = p.block_size;
+  a.num_kv_heads = p.num_kv_heads;
+  a.head_size = p.head_size;
+  a.q = q;
+  a.rows = rows;
+  a.group = p.num_heads / p.num_kv_heads;
+  a.row_lo = row_lo;
+  a.row_hi = row_hi;
+  a.softcap = p.softcap;
+  return a;
 }
 
 float exp2_diff(float x, float y) {

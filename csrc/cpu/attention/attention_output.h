@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cpu/attention/attention_item.h"
 #include "cpu/attention/paged_attention_cpu.h"
 #include "mlx/dtype.h"
 
@@ -16,6 +17,13 @@ void load_span(const void* src, mlx::core::Dtype dtype, int64_t offset, float* d
 
 // dst[offset : offset + n] = src[0:n] * mul, rounded to dtype.
 void store_span(void* dst, mlx::core::Dtype dtype, int64_t offset, const float* src, int64_t n, float mul);
+
+// The fields of a work item that come from the call: sequence `seq`'s block
+// table and the cache, its query rows [first_token, first_token + rows) loaded
+// into q (fp32, scaled for the log2-domain softmax) and their key bounds. The
+// caller sets the state (m, l, acc) and scratch pointers.
+AttentionItem sequence_item(const PagedAttentionArgs& p, int seq, int first_token, int rows, float* q,
+                            const int32_t* row_lo, const int32_t* row_hi);
 
 // 2^(x - y) for y >= x, where x may be -inf.
 float exp2_diff(float x, float y);

@@ -38,7 +38,6 @@ void gqa_decode_cpu(const PagedAttentionArgs& p, int partition_size, ThreadPool&
   const int h = p.num_heads;
   const int tile = attention_tile_keys(p.num_kv_heads, d);
   const AttentionItemFn kernel = select_decode_item(p.kv_dtype, d);
-  const float q_scale = p.softcap > 0.0f ? p.scale : p.scale * kLog2e;
 
   std::vector<Piece> items;
   std::vector<SeqPieces> seqs(p.num_seqs);
@@ -79,30 +78,16 @@ void gqa_decode_cpu(const PagedAttentionArgs& p, int partition_size, ThreadPool&
     const size_t qd = static_cast<size_t>(h) * d;
     const size_t td = static_cast<size_t>(tile) * p.num_kv_heads * d;
     scratch.resize(2 * qd + 2 * static_cast<size_t>(h) + 2 * td + tile + kLanes);
-    AttentionItem a;
     float* q = scratch.data();
+    const int32_t row_lo = w.key_begin;
+    const int32_t row_hi = std::max(w.key_begin, w.key_end);
+    AttentionItem a = sequence_item(p, w.seq, w.seq, 1, q, &row_lo, &row_hi);
     a.acc = q + qd;
     a.m = a.acc + qd;
     a.l = a.m + h;
     a.k_tile = a.l + h;
     a.v_tile = a.k_tile + td;
     a.scores = a.v_tile + td;
-    const int32_t row_lo = w.key_begin;
-    const int32_t row_hi = std::max(w.key_begin, w.key_end);
-    load_span(p.query, p.query_dtype, int64_t(w.seq) * qd, q, int64_t(qd), q_scale);
-    a.key_cache = p.key_cache;
-    a.value_cache = p.value_cache;
-    a.block_table = p.block_tables + int64_t(w.seq) * p.max_blocks_per_seq;
-    a.num_blocks = p.num_blocks;
-    a.block_size = p.block_size;
-    a.num_kv_heads = p.num_kv_heads;
-    a.head_size = d;
-    a.q = q;
-    a.rows = 1;
-    a.group = h / p.num_kv_heads; // the group's heads share each K/V row
-    a.row_lo = &row_lo;
-    a.row_hi = &row_hi;
-    a.softcap = p.softcap;
     a.tile = tile;
     kernel(a);
     const SeqPieces& sp = seqs[w.seq];

@@ -125,17 +125,9 @@ class Planner {
     scratch.f.resize(2 * qd + 2 * static_cast<size_t>(nq) + 2 * td + tile_ + kLanes);
     scratch.i.resize(2 * static_cast<size_t>(rows));
 
-    AttentionItem a;
     float* q = scratch.f.data();
-    a.acc = q + qd;
-    a.m = a.acc + qd;
-    a.l = a.m + nq;
-    a.k_tile = a.l + nq;
-    a.v_tile = a.k_tile + td;
-    a.scores = a.v_tile + td;
     int32_t* row_lo = scratch.i.data();
     int32_t* row_hi = row_lo + rows;
-
     const int first_token = p_.cu_seqlens_q[w.seq] + w.row_begin;
     const int pos0 = first_position(w.seq) + w.row_begin;
     for (int r = 0; r < rows; ++r) {
@@ -144,23 +136,13 @@ class Planner {
       row_hi[r] = std::min(pos + 1, w.key_end);
     }
     // The query rows of this item are contiguous: [rows, num_heads, d].
-    const float q_scale = p_.softcap > 0.0f ? p_.scale : p_.scale * kLog2e;
-    load_span(p_.query, p_.query_dtype, static_cast<int64_t>(first_token) * p_.num_heads * d,
-              q, static_cast<int64_t>(qd), q_scale);
-
-    a.key_cache = p_.key_cache;
-    a.value_cache = p_.value_cache;
-    a.block_table = p_.block_tables + static_cast<int64_t>(w.seq) * p_.max_blocks_per_seq;
-    a.num_blocks = p_.num_blocks;
-    a.block_size = p_.block_size;
-    a.num_kv_heads = p_.num_kv_heads;
-    a.head_size = d;
-    a.q = q;
-    a.rows = rows;
-    a.group = p_.num_heads / p_.num_kv_heads;
-    a.row_lo = row_lo;
-    a.row_hi = row_hi;
-    a.softcap = p_.softcap;
+    AttentionItem a = sequence_item(p_, w.seq, first_token, rows, q, row_lo, row_hi);
+    a.acc = q + qd;
+    a.m = a.acc + qd;
+    a.l = a.m + nq;
+    a.k_tile = a.l + nq;
+    a.v_tile = a.k_tile + td;
+    a.scores = a.v_tile + td;
     a.tile = tile_;
     (rows == 1 ? decode_kernel_ : kernel_)(a);
 

@@ -140,7 +140,6 @@ class PiecePlan {
     bounds.resize(2 * static_cast<size_t>(rows));
     float* q = scratch.data();
 
-    AttentionItem a;
     const int first_token = p_.cu_seqlens_q[c.seq] + c.row_begin;
     const int pos0 = first_position(c.seq) + c.row_begin;
     int32_t* row_lo = bounds.data();
@@ -149,22 +148,7 @@ class PiecePlan {
       row_lo[r] = window_start(pos0 + r);
       row_hi[r] = pos0 + r + 1;
     }
-    const float q_scale = p_.softcap > 0.0f ? p_.scale : p_.scale * kLog2e;
-    load_span(p_.query, p_.query_dtype, static_cast<int64_t>(first_token) * heads_ * d_, q,
-              static_cast<int64_t>(qd), q_scale);
-    a.key_cache = p_.key_cache;
-    a.value_cache = p_.value_cache;
-    a.block_table = p_.block_tables + static_cast<int64_t>(c.seq) * p_.max_blocks_per_seq;
-    a.num_blocks = p_.num_blocks;
-    a.block_size = p_.block_size;
-    a.num_kv_heads = p_.num_kv_heads;
-    a.head_size = d_;
-    a.q = q;
-    a.rows = rows;
-    a.group = heads_ / p_.num_kv_heads;
-    a.row_lo = row_lo;
-    a.row_hi = row_hi;
-    a.softcap = p_.softcap;
+    AttentionItem a = sequence_item(p_, c.seq, first_token, rows, q, row_lo, row_hi);
     a.key_lo = it.key_lo;
     a.key_hi = it.key_hi;
     a.piece = kPieceKeys;
