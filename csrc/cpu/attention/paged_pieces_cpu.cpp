@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <cstdlib>
 #include <limits>
 #include <vector>
 
