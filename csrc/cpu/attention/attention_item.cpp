@@ -314,13 +314,13 @@ VLLM_METAL_TARGET_AVX512 __attribute__((flatten)) void decode_avx512(const Atten
 #endif
 
 template <typename KV, int D>
-AttentionItemFn for_isa(Isa isa, bool decode, bool rows = false) {
+AttentionItemFn for_isa(Isa isa, bool decode, bool pieces) {
 #if VLLM_METAL_X86_DISPATCH
   if constexpr (D != 0) {
-    if (rows && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
-    if (rows && isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
+    if (pieces && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
+    if (pieces && isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
   }
-  if (rows) return nullptr;
+  if (pieces) return nullptr; // the pieces kernel is intrinsics only
   if (isa == Isa::Avx512) return decode ? &decode_avx512<KV, D> : &item_avx512<KV, D>;
   if (isa == Isa::Avx2) return decode ? &decode_avx2<KV, D> : &item_avx2<KV, D>;
 #endif
@@ -328,28 +328,28 @@ AttentionItemFn for_isa(Isa isa, bool decode, bool rows = false) {
 }
 
 template <typename KV>
-AttentionItemFn for_head_size(Isa isa, int head_size, bool decode, bool rows) {
+AttentionItemFn for_head_size(Isa isa, int head_size, bool decode, bool pieces) {
   switch (head_size) {
     case 64:
-      return for_isa<KV, 64>(isa, decode, rows);
+      return for_isa<KV, 64>(isa, decode, pieces);
     case 128:
-      return for_isa<KV, 128>(isa, decode, rows);
+      return for_isa<KV, 128>(isa, decode, pieces);
     case 256:
-      return for_isa<KV, 256>(isa, decode, rows);
+      return for_isa<KV, 256>(isa, decode, pieces);
     default:
-      return for_isa<KV, 0>(isa, decode, rows);
+      return for_isa<KV, 0>(isa, decode, pieces);
   }
 }
 
-AttentionItemFn select(mlx::core::Dtype kv_dtype, int head_size, bool decode, bool rows = false) {
+AttentionItemFn select(mlx::core::Dtype kv_dtype, int head_size, bool decode, bool pieces) {
   const Isa isa = active_isa();
   switch (kv_dtype) {
     case mlx::core::float32:
-      return for_head_size<F32>(isa, head_size, decode, rows);
+      return for_head_size<F32>(isa, head_size, decode, pieces);
     case mlx::core::float16:
-      return for_head_size<F16>(isa, head_size, decode, rows);
+      return for_head_size<F16>(isa, head_size, decode, pieces);
     case mlx::core::bfloat16:
-      return for_head_size<BF16>(isa, head_size, decode, rows);
+      return for_head_size<BF16>(isa, head_size, decode, pieces);
     default:
       throw std::invalid_argument(
           "paged_attention: cache dtype must be float16, bfloat16 or float32");
@@ -370,11 +370,11 @@ int attention_tile_keys(int num_kv_heads, int head_size) {
 }
 
 AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, int head_size) {
-  return select(kv_dtype, head_size, false);
+  return select(kv_dtype, head_size, false, false);
 }
 
 AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size) {
-  return select(kv_dtype, head_size, true);
+  return select(kv_dtype, head_size, true, false);
 }
 
 AttentionItemFn select_pieces_item(mlx::core::Dtype kv_dtype, int head_size) {
