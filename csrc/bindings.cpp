@@ -100,6 +100,7 @@ Returns [total_q, num_heads, head_size] in query's dtype.)");
       "zero_point"_a = 0.0f,
       "argmax_columns"_a = 0,
       "argmax_allowed"_a = nb::none(),
+      "tiled"_a = false,
       "stream"_a = nb::none(),
       R"(x [..., K] @ W.T for an MLX affine-quantized W: w uint32 [N, K * bits / 32],
 scales/biases [N, K / group_size] (W = scale * q + bias); bias optional [N].
@@ -112,7 +113,8 @@ biases=None (only with int8_activations): symmetric weights whose biases are
 argmax_columns products (first NaN, else first maximum, as mx.argmax).
 argmax_allowed (with argmax_columns): uint32 [..., >= ceil(argmax_columns / 32)],
 a grammar bitmask (bit c % 32 of word c / 32 admits column c); the columns it
-does not admit count as -inf.)");
+does not admit count as -inf. tiled (with int8_activations): w, scales and
+biases are in the int8 kernels' tile order (vllm_metal.ops.linear.tile_quantized).)");
 
   m.def(
       "dense_matmul",
@@ -243,10 +245,12 @@ place; slots, cu_seqlens and has_state as gdn_short_conv.)");
       "bits"_a = 0,
       "group_size"_a = 0,
       nb::kw_only(),
+      "tiled"_a = false,
       "stream"_a = nb::none(),
       R"(Rows ids [...] of a dense table [V, D] (-> [..., D], table dtype) or of a
 quantized one (uint32 [V, D * bits / 32] with scales/biases [V, D / group_size]
--> [..., D] in scales' dtype). Ids outside [0, V) raise at evaluation.)");
+-> [..., D] in scales' dtype). Ids outside [0, V) raise at evaluation. tiled: a
+quantized table in the int8 kernels' tile order (ops.linear.tile_quantized).)");
 
   m.def(
       "sample_tokens",

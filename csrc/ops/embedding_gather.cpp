@@ -35,6 +35,7 @@ mx::array embedding_gather(
     const std::optional<mx::array>& biases,
     int bits,
     int group_size,
+    bool tiled,
     mx::StreamOrDevice s) {
   if (!mx::issubdtype(ids.dtype(), mx::integer)) fail("ids must be an integer array");
   if (table.ndim() != 2) fail("table must be 2-D [V, D] (or [V, D * bits / 32] quantized)");
@@ -64,6 +65,7 @@ mx::array embedding_gather(
     out_type = scales->dtype();
   } else {
     if (!is_linear_float(table.dtype())) fail("a dense table must be float");
+    if (tiled) fail("tiled applies to a quantized table only");
     bits = 0;
     group_size = 0;
   }
@@ -71,7 +73,7 @@ mx::array embedding_gather(
   return mx::array(
       gathered_shape(ids, d),
       out_type,
-      std::make_shared<EmbeddingGather>(stream, bits, group_size),
+      std::make_shared<EmbeddingGather>(stream, bits, group_size, tiled),
       std::move(inputs));
 }
 
@@ -79,9 +81,10 @@ void EmbeddingGather::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   const int bits = bits_, group_size = group_size_;
+  const bool tiled = tiled_;
   const cpu::Elem out_type = elem_of(outputs[0].dtype());
   dispatch_on_rows(stream(), inputs, outputs[0],
-                   [bits, group_size, out_type](const std::vector<RowContiguous>& in, void* dst) {
+                   [bits, group_size, tiled, out_type](const std::vector<RowContiguous>& in, void* dst) {
     const int32_t* ids = in[0].view.data<int32_t>();
     const int64_t t = in[0].view.size();
     const auto& table = in[1].view;
@@ -95,13 +98,14 @@ void EmbeddingGather::eval_cpu(
     cpu::QuantMatrix w{table.data<uint32_t>(), scales.data<void>(), in[3].view.data<void>(),
                        elem_of(scales.dtype()), bits, group_size, table.shape(0),
                        row_width(table, bits)};
+    w.tiled = tiled;
     cpu::embedding_gather_quant_cpu(w, ids, t, dst, out_type);
   });
 }
 
 bool EmbeddingGather::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const EmbeddingGather&>(other);
-  return bits_ == o.bits_ && group_size_ == o.group_size_;
+  return bits_ == o.bits_ && group_size_ == o.group_size_ && tiled_ == o.tiled_;
 }
 
 std::vector<mx::Shape> EmbeddingGather::output_shapes(const std::vector<mx::array>& inputs) {

@@ -19,7 +19,9 @@ namespace vllm_metal {
  *   returns  [..., D]: in table's dtype (dense) or scales' dtype (quantized,
  *            only the gathered rows are dequantized)
  *
- * An id outside [0, V) raises when the result is evaluated.
+ * An id outside [0, V) raises when the result is evaluated. tiled (quantized
+ * only): table, scales and biases in the int8 kernels' tile order
+ * (quantized_matmul.h), as a tied head's weights are then stored.
  */
 mlx::core::array embedding_gather(
     const mlx::core::array& ids,
@@ -28,12 +30,16 @@ mlx::core::array embedding_gather(
     const std::optional<mlx::core::array>& biases = std::nullopt,
     int bits = 0,
     int group_size = 0,
+    bool tiled = false,
     mlx::core::StreamOrDevice s = {});
 
 class EmbeddingGather : public CpuOnlyPrimitive {
  public:
-  EmbeddingGather(mlx::core::Stream stream, int bits, int group_size)
-      : CpuOnlyPrimitive(stream, "use the table's own indexing (run this op on the CPU stream: stream=mx.cpu)"), bits_(bits), group_size_(group_size) {}
+  EmbeddingGather(mlx::core::Stream stream, int bits, int group_size, bool tiled)
+      : CpuOnlyPrimitive(stream, "use the table's own indexing (run this op on the CPU stream: stream=mx.cpu)"),
+        bits_(bits),
+        group_size_(group_size),
+        tiled_(tiled) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -49,6 +55,7 @@ class EmbeddingGather : public CpuOnlyPrimitive {
  private:
   int bits_; // 0 = dense table
   int group_size_;
+  bool tiled_;
 };
 
 } // namespace vllm_metal

@@ -40,6 +40,7 @@ mx::array quantized_matmul(
     float zero_point,
     int argmax_columns,
     const std::optional<mx::array>& argmax_allowed,
+    bool tiled,
     mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128) {
@@ -54,6 +55,9 @@ mx::array quantized_matmul(
   if (!biases && !int8_activations) {
     fail("biases=None (symmetric weights, bias = -zero_point * scale) needs "
          "int8_activations=True");
+  }
+  if (tiled && !int8_activations) {
+    fail("tiled=True (weights in the int8 kernels' tile order) needs int8_activations=True");
   }
   if (!std::isfinite(zero_point)) fail("zero_point must be finite");
   if (biases && zero_point != 0.0f) {
@@ -99,7 +103,7 @@ mx::array quantized_matmul(
   }
   auto primitive = std::make_shared<QuantizedMatmul>(
       stream, bits, group_size, bias.has_value(), int8_activations, biases.has_value(),
-      zero_point, argmax_columns, argmax_allowed.has_value());
+      zero_point, argmax_columns, argmax_allowed.has_value(), tiled);
   if (argmax_columns > 0) {
     return mx::array(rows_shape(x), mx::int32, std::move(primitive), std::move(inputs));
   }
@@ -116,15 +120,17 @@ void QuantizedMatmul::eval_cpu(
   const float zero_point = zero_point_;
   const int argmax_columns = argmax_columns_;
   const int allowed = has_allowed_ ? static_cast<int>(inputs.size()) - 1 : -1;
+  const bool tiled = tiled_;
   const mx::Dtype out_type = argmax_columns > 0 ? mx::float32 : outputs[0].dtype();
   dispatch_on_rows(stream(), inputs, outputs[0],
                    [bias, bits, group_size, int8, has_biases, zero_point, out_type,
-                    argmax_columns, allowed](const std::vector<RowContiguous>& in, void* dst) {
+                    argmax_columns, allowed, tiled](const std::vector<RowContiguous>& in, void* dst) {
     const auto& scales = in[2].view;
     cpu::QuantMatrix w{in[1].view.data<uint32_t>(), scales.data<void>(),
                        has_biases ? in[3].view.data<void>() : nullptr,
                        elem_of(scales.dtype()), bits, group_size, in[1].view.shape(0),
                        in[0].view.shape(-1), zero_point};
+    w.tiled = tiled;
     if (argmax_columns == 0) {
       cpu::LinearIO io = linear_io(in, bias, dst, out_type);
       io.int8_activations = int8;
@@ -148,7 +154,7 @@ bool QuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   return bits_ == o.bits_ && group_size_ == o.group_size_ && has_bias_ == o.has_bias_ &&
       int8_activations_ == o.int8_activations_ && has_biases_ == o.has_biases_ &&
       zero_point_ == o.zero_point_ && argmax_columns_ == o.argmax_columns_ &&
-      has_allowed_ == o.has_allowed_;
+      has_allowed_ == o.has_allowed_ && tiled_ == o.tiled_;
 }
 
 std::vector<mx::Shape> QuantizedMatmul::output_shapes(const std::vector<mx::array>& inputs) {

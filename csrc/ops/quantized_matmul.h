@@ -33,6 +33,11 @@ namespace vllm_metal {
  * argmax_allowed (with argmax_columns only): uint32 [..., W], W >= ceil(columns /
  * 32), x's leading shape: a grammar's bitmask; the columns whose bit is clear
  * count as -inf (constrained greedy decoding, still without a logits node).
+ *
+ * tiled (with int8_activations only): w, scales and biases hold their
+ * elements in the int8 GEMM's tile order (cpu::QuantMatrix, linear_cpu.h;
+ * vllm_metal.ops.linear.tile_quantized), shapes unchanged. The products are
+ * the same bits as from MLX's layout; read in place, a few rows go faster.
  */
 mlx::core::array quantized_matmul(
     const mlx::core::array& x,
@@ -46,6 +51,7 @@ mlx::core::array quantized_matmul(
     float zero_point = 0.0f,
     int argmax_columns = 0,
     const std::optional<mlx::core::array>& argmax_allowed = std::nullopt,
+    bool tiled = false,
     mlx::core::StreamOrDevice s = {});
 
 class QuantizedMatmul : public CpuOnlyPrimitive {
@@ -55,7 +61,7 @@ class QuantizedMatmul : public CpuOnlyPrimitive {
   // has_allowed: of the columns the last input admits.
   QuantizedMatmul(mlx::core::Stream stream, int bits, int group_size, bool has_bias,
                   bool int8_activations, bool has_biases, float zero_point, int argmax_columns,
-                  bool has_allowed)
+                  bool has_allowed, bool tiled)
       : CpuOnlyPrimitive(stream, "use mx.quantized_matmul (run this op on the CPU stream: stream=mx.cpu)"),
         bits_(bits),
         group_size_(group_size),
@@ -64,7 +70,8 @@ class QuantizedMatmul : public CpuOnlyPrimitive {
         has_biases_(has_biases),
         zero_point_(zero_point),
         argmax_columns_(argmax_columns),
-        has_allowed_(has_allowed) {}
+        has_allowed_(has_allowed),
+        tiled_(tiled) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -86,6 +93,7 @@ class QuantizedMatmul : public CpuOnlyPrimitive {
   float zero_point_;
   int argmax_columns_;
   bool has_allowed_;
+  bool tiled_;
 };
 
 } // namespace vllm_metal

@@ -74,6 +74,7 @@ cpu::StackLinear linear_of(const std::vector<mx::array>& arrays, const LinearInd
     l.quant = cpu::QuantMatrix{w.data<uint32_t>(), s.data<void>(), arrays[x.biases].data<void>(),
                                elem_of(s.dtype()), x.bits, x.group_size, w.shape(0),
                                linear_in(w, x.bits)};
+    l.quant.tiled = l.int8_activations;
   } else {
     l.dense = cpu::DenseMatrix{w.data<void>(), elem_of(w.dtype()), w.shape(0), w.shape(1)};
   }

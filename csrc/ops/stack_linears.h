@@ -31,6 +31,9 @@ int64_t linear_in(const mlx::core::array& w, int bits);
 void check_linear(const std::vector<mlx::core::array>& arrays, const LinearIndex& x, int64_t n,
                   int64_t k, const std::string& where);
 
+// With int8 activations a quantized linear's arrays are in the int8 kernels'
+// tile order (cpu::QuantMatrix::tiled), as vllm_metal.cpu.fast_linears stores
+// them in that mode.
 cpu::StackLinear linear_of(const std::vector<mlx::core::array>& arrays, const LinearIndex& x,
                            bool int8_activations);
 

@@ -89,18 +89,21 @@ class CpuBackend(Backend):
     def prepare_backbone(self, model: nn.Module, adapter: ModelAdapter,
                          dims: ModelDims) -> CpuBackbone:
         from vllm_metal.cpu.decoder_stack import plan_decoder_stack
-        from vllm_metal.cpu.fast_linears import count_fast_modules
+        from vllm_metal.cpu.fast_linears import count_fast_modules, tile_int8_weights
 
         # Again (it is idempotent): the adapter's wrappers made modules of their own
         # (LatentAttention's per-head projections).
         self.prepare_weights(model)
-        if envs.VLLM_METAL_CPU_HUGE_PAGES:
-            _weights_on_huge_pages(model)
         fast = count_fast_modules(model)
         int8 = envs.VLLM_METAL_CPU_INT8_ACTIVATIONS
         stack = None
         if fast and envs.VLLM_METAL_CPU_DECODER_STACK:
+            # Probes in MLX's layout, then tiles the layers it runs (int8).
             stack = plan_decoder_stack(adapter, int8_activations=int8)
+        if int8:
+            tile_int8_weights(model)  # the rest: the head, and every layer without a stack
+        if envs.VLLM_METAL_CPU_HUGE_PAGES:
+            _weights_on_huge_pages(model)  # the arrays that stay
         summary = (f"{fast} linear/embedding/expert layers on the fast CPU path"
                    f"{', decoder stack as one CPU node' if stack else ''}"
                    f"{', int8 activations' if int8 and fast else ''}")

@@ -20,18 +20,19 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.cpu.fast_experts import FAST_EXPERT_CLASSES
-from vllm_metal.cpu.fast_linears import FastLinear, FastQuantizedLinear
+from vllm_metal.cpu.fast_linears import FastLinear, FastQuantizedLinear, tile_int8_weights
 from vllm_metal.cpu.stack_lora import Site, StackLoRA
 from vllm_metal.lora.layer import LoRALinear
 from vllm_metal.models.adapter import ModelAdapter
 from vllm_metal.native import get_ops
+from vllm_metal.ops.linear import tile_quantized, untile_quantized
 
 logger = logging.getLogger("vllm_metal")
 
@@ -177,6 +178,8 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
             continue
         if error <= _PROBE_RTOL:
             if int8_activations:
+                # In place, so the stack and the module path share one copy.
+                tile_int8_weights(adapter.backbone)
                 plan = _build(adapter, norms, names, final, embed_scale, True, routing)
             return plan
         tried.append(f"{layout}: off by {error:.2g}")
@@ -230,7 +233,8 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
         else:
             mlp_linears = [*_projections(mlp, ("gate_proj", "up_proj"), "", (), where),
                            _Rows.of(_attr(mlp, "down_proj", where), where)]
-        linears = [*attn, _Rows.of(_attr(inner, "o_proj", where), where), *mlp_linears]
+        linears = [lin.laid_out(int8_activations) for lin in
+                   (*attn, _Rows.of(_attr(inner, "o_proj", where), where), *mlp_linears)]
         for projection, lin in enumerate(linears):
             ints += lin.spec()
             if lin.lora is not None:
@@ -336,6 +340,7 @@ class _Rows:
     bias: mx.array | None
     lora: LoRALinear | None = None
     lora_col0: int = 0
+    tiled: bool = False  # quantized arrays in tile_quantized's order
 
     @classmethod
     def of(cls, lin: nn.Module, where: str) -> _Rows:
@@ -344,7 +349,8 @@ class _Rows:
             lin = lora.base
         bias = lin["bias"] if "bias" in lin else None
         if type(lin) is FastQuantizedLinear:
-            return cls(lin.bits, lin.group_size, lin.weight, lin.scales, lin.biases, bias, lora)
+            return cls(lin.bits, lin.group_size, lin.weight, lin.scales, lin.biases, bias, lora,
+                       tiled=lin.tiled)
         if type(lin) is FastLinear:
             return cls(0, 0, lin.weight, None, None, bias, lora)
         raise Unsupported(f"{where} has a {type(lin).__name__} the CPU kernels do not cover")
@@ -354,9 +360,20 @@ class _Rows:
         return int(self.weight.shape[0])
 
     def slice(self, start: int, stop: int) -> _Rows:
+        whole = self.laid_out(False)  # tiles need not start at the cut
         cut = lambda a: None if a is None else a[start:stop]  # noqa: E731
-        return _Rows(self.bits, self.group_size, cut(self.weight), cut(self.scales),
-                     cut(self.biases), cut(self.bias), self.lora, self.lora_col0 + start)
+        rows = _Rows(self.bits, self.group_size, cut(whole.weight), cut(whole.scales),
+                     cut(whole.biases), cut(self.bias), self.lora, self.lora_col0 + start)
+        return rows.laid_out(self.tiled)
+
+    def laid_out(self, tiled: bool) -> _Rows:
+        """These rows with quantized arrays in tile order (``tiled``) or MLX's: the
+        stack reads a quantized linear tiled exactly when it runs int8 activations."""
+        if not self.bits or self.tiled == tiled:
+            return self
+        change = tile_quantized if tiled else untile_quantized
+        weight, scales, biases = change(self.weight, self.scales, self.biases)
+        return replace(self, weight=weight, scales=scales, biases=biases, tiled=tiled)
 
     def spec(self) -> list[int]:
         return [self.bits, self.group_size, int(self.bias is not None)]
@@ -434,7 +451,7 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
                   if isinstance(getattr(owner, n, None), int)), None)
     if router is None or top_k is None:
         raise Unsupported(f"{where}: {type(block).__name__} has no router or top-k the stack reads")
-    router_rows = _router_rows(router, where)
+    router_rows = _router_rows(router, where).laid_out(int8_activations)
     arrays = list(router_rows.arrays)
     specs = []
     for name in ("gate_proj", "up_proj", "down_proj"):
@@ -446,12 +463,12 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
     shared_specs = [0, 0, 0] * 3
     gate_spec = [0, 0, 0]
     if shared is not None:
-        shared_rows = [_Rows.of(_attr(shared, n, where), where)
+        shared_rows = [_Rows.of(_attr(shared, n, where), where).laid_out(int8_activations)
                        for n in ("gate_proj", "up_proj", "down_proj")]
         shared_specs = [v for r in shared_rows for v in r.spec()]
         arrays += [a for r in shared_rows for a in r.arrays]
     if shared_gate is not None:
-        gate_rows = _Rows.of(shared_gate, where)
+        gate_rows = _Rows.of(shared_gate, where).laid_out(int8_activations)
         gate_spec = gate_rows.spec()
         arrays += gate_rows.arrays
     scoring, normalize = routing

@@ -18,7 +18,7 @@ from vllm_metal.cpu.fast_experts import FAST_EXPERT_CLASSES, fast_expert_class
 from vllm_metal.cpu.fast_heads import FAST_HEAD_CLASSES, fast_head_class
 from vllm_metal.native import get_ops
 from vllm_metal.ops.linear import (BITS, GROUP_SIZES, dense_matmul, embedding_gather,
-                                   quantized_matmul)
+                                   quantized_matmul, tile_quantized, untile_quantized)
 
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)
 
@@ -39,6 +39,7 @@ class FastQuantizedLinear(nn.QuantizedLinear):
 
     int8_activations: bool = False  # see use_fast_cpu_linears
     zero_point: int | None = None   # see _find_zero_point
+    tiled: bool = False             # see tile_int8_weights
 
     def __call__(self, x: mx.array) -> mx.array:
         return _quantized_product(self, x, self.get("bias"))
@@ -69,10 +70,12 @@ class FastQuantizedEmbedding(nn.QuantizedEmbedding):
     activation_dtype: mx.Dtype | None = None  # see use_fast_cpu_linears
     int8_activations: bool = False
     zero_point: int | None = None
+    tiled: bool = False
 
     def __call__(self, ids: mx.array) -> mx.array:
         rows = embedding_gather(ids, self["weight"], self["scales"], self["biases"],
-                                bits=self.bits, group_size=self.group_size, validate=False)
+                                bits=self.bits, group_size=self.group_size, tiled=self.tiled,
+                                validate=False)
         return _as_activation(self, rows)
 
     def as_linear(self, x: mx.array) -> mx.array:
@@ -109,12 +112,44 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
         if isinstance(module, (FastEmbedding, FastQuantizedEmbedding)):
             module.activation_dtype = activation_dtype
         if isinstance(module, (FastQuantizedLinear, FastQuantizedEmbedding)):
+            if module.tiled and not int8_activations:
+                _set_untiled(module)
             module.int8_activations = int8_activations
             module.zero_point = None
             if int8_activations:
                 _narrow_scales(module)
                 _find_zero_point(module)
     return switched
+
+
+def tile_int8_weights(model: nn.Module) -> int:
+    """Store the weights of ``model``'s int8-activation quantized layers in the int8
+    kernels' tile order (ops.linear.tile_quantized), in place; returns how many.
+
+    With them one kernel serves a row of x alone or among others (decode is as fast
+    as the one-row kernel this replaces and a few rows faster), so a request's
+    tokens do not depend on its batch. Call it once every module that copies
+    weights out of these layers has done so (LatentAttention cuts its projections
+    from kv_b_proj's rows in MLX's layout): afterwards only the layers' own calls,
+    the decoder stack and ops that take ``tiled`` read them. Idempotent."""
+    tiled = 0
+    for _, module in model.named_modules():
+        if (isinstance(module, (FastQuantizedLinear, FastQuantizedEmbedding))
+                and module.int8_activations and not module.tiled):
+            names = [n for n in ("weight", "scales", "biases") if n in module]
+            for name, array in zip(names, tile_quantized(*(module[n] for n in names))):
+                module[name] = array
+            mx.eval([module[n] for n in names])  # the MLX-layout copies go now
+            module.tiled = True
+            tiled += 1
+    return tiled
+
+
+def _set_untiled(module: nn.Module) -> None:
+    names = [n for n in ("weight", "scales", "biases") if n in module]
+    for name, array in zip(names, untile_quantized(*(module[n] for n in names))):
+        module[name] = array
+    module.tiled = False
 
 
 def count_fast_modules(model: nn.Module) -> int:
@@ -159,7 +194,7 @@ def _quantized_product(module: nn.Module, x: mx.array, bias: mx.array | None = N
                             int8_activations=module.int8_activations,
                             zero_point=module.zero_point or 0,
                             argmax_columns=argmax_columns, argmax_allowed=allowed,
-                            validate=False)
+                            tiled=module.tiled, validate=False)
 
 
 def _as_activation(module: nn.Module, rows: mx.array) -> mx.array:

@@ -22,19 +22,22 @@ import mlx.core as mx
 
 from vllm_metal.native import get_ops
 
-__all__ = ["dense_matmul", "embedding_gather", "quantized_matmul"]
+__all__ = ["dense_matmul", "embedding_gather", "quantized_matmul", "tile_quantized",
+           "untile_quantized"]
 
 _FLOAT_DTYPES = (mx.float32, mx.bfloat16, mx.float16)
 _ID_DTYPES = (mx.int32, mx.int64, mx.uint32, mx.int16, mx.uint16, mx.int8, mx.uint8)
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
+# Rows per tile of the int8 kernels' weight order (tile_quantized).
+TILE_ROWS = 16
 
 
 def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, *,
                      bits: int, group_size: int, bias: mx.array | None = None,
                      int8_activations: bool = False, zero_point: float = 0.0,
                      argmax_columns: int = 0, argmax_allowed: mx.array | None = None,
-                     validate: bool = True) -> mx.array:
+                     tiled: bool = False, validate: bool = True) -> mx.array:
     """``x @ W.T`` for an MLX affine-quantized ``W`` (``mx.quantize`` layout).
 
     x:      [..., K] float32/bfloat16/float16
@@ -56,9 +59,13 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     argmax_allowed (with argmax_columns): uint32 [..., >= ceil(argmax_columns / 32)]
     over x's leading shape, a grammar's bitmask (bit c % 32 of word c / 32 admits
     column c); the columns it does not admit count as -inf.
+    tiled (only with int8_activations): w, scales and biases come from
+    ``tile_quantized``; the result is the same, bit for bit, and a few rows of x
+    (decode) run faster than from MLX's layout.
     validate=False skips the Python checks (see the module docstring).
     """
     if validate:
+        _check_tiled(tiled, int8_activations)
         bits, group_size = _check_quantized_matmul(x, w, scales, biases, bits, group_size, bias,
                                                    int8_activations, zero_point, argmax_columns)
         zero_point, argmax_columns = float(zero_point), int(argmax_columns)
@@ -69,7 +76,51 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
     return get_ops().quantized_matmul(x, w, scales, biases, bits, group_size, bias,
                                       int8_activations=int8_activations, zero_point=zero_point,
                                       argmax_columns=argmax_columns,
-                                      argmax_allowed=argmax_allowed, stream=_CPU)
+                                      argmax_allowed=argmax_allowed, tiled=tiled, stream=_CPU)
+
+
+def tile_quantized(*arrays: mx.array | None) -> tuple[mx.array | None, ...]:
+    """Each [N, P] array of a quantized matrix (codes, scales, biases; None passes
+    through) in the int8 kernels' tile order, same shape: rows are taken TILE_ROWS at a
+    time and each tile's [rows, P] block is stored transposed, [P, rows] (the last
+    tile may have fewer rows). One output column's codes then sit in one lane of
+    every vector the kernel loads, and the kernel that serves one row of x is the
+    one that serves many (csrc/cpu/linear/linear_q8.h). Rows cut at multiples of
+    TILE_ROWS stay valid tiles. Returns lazy arrays."""
+    return tuple(None if a is None else _tile(a) for a in arrays)
+
+
+def untile_quantized(*arrays: mx.array | None) -> tuple[mx.array | None, ...]:
+    """The inverse of ``tile_quantized``."""
+    return tuple(None if a is None else _untile(a) for a in arrays)
+
+
+def _tile(a: mx.array) -> mx.array:
+    n, p = a.shape
+    full = n // TILE_ROWS * TILE_ROWS
+    parts = [a[:full].reshape(-1, TILE_ROWS, p).swapaxes(1, 2).reshape(-1)] if full else []
+    if full < n:
+        parts.append(a[full:].T.reshape(-1))
+    return mx.concatenate(parts).reshape(n, p) if len(parts) > 1 else parts[0].reshape(n, p)
+
+
+def _untile(a: mx.array) -> mx.array:
+    n, p = a.shape
+    full = n // TILE_ROWS * TILE_ROWS
+    flat = a.reshape(-1)
+    parts = [flat[:full * p].reshape(-1, p, TILE_ROWS).swapaxes(1, 2).reshape(full, p)] \
+        if full else []
+    if full < n:
+        parts.append(flat[full * p:].reshape(p, n - full).T)
+    return mx.concatenate(parts) if len(parts) > 1 else mx.contiguous(parts[0])
+
+
+def _check_tiled(tiled: object, int8_activations: object) -> None:
+    if not isinstance(tiled, bool):
+        raise TypeError(f"tiled must be a bool, got {tiled!r}")
+    if tiled and int8_activations is not True:
+        raise ValueError("tiled=True (weights in tile_quantized's order) needs "
+                         "int8_activations=True; untile_quantized gives MLX's layout back")
 
 
 def _check_quantized_matmul(x, w, scales, biases, bits, group_size, bias, int8_activations,
@@ -157,7 +208,8 @@ def dense_matmul(x: mx.array, w: mx.array, bias: mx.array | None = None, *,
 
 def embedding_gather(ids: mx.array, table: mx.array, scales: mx.array | None = None,
                      biases: mx.array | None = None, *, bits: int | None = None,
-                     group_size: int | None = None, validate: bool = True) -> mx.array:
+                     group_size: int | None = None, tiled: bool = False,
+                     validate: bool = True) -> mx.array:
     """Rows ``ids`` of an embedding table.
 
     ids:    integer [...]
@@ -165,13 +217,18 @@ def embedding_gather(ids: mx.array, table: mx.array, scales: mx.array | None = N
             scales/biases [V, D / group_size] (then bits and group_size are required)
     Returns [..., D] in the table's dtype (dense) or the scales' dtype (quantized:
     only the gathered rows are dequantized). An id outside [0, V) raises at evaluation.
+    tiled: a quantized table (and its scales and biases) from ``tile_quantized``.
     validate=False skips the Python checks (see the module docstring).
     """
     if validate:
         bits, group_size = _check_embedding_gather(ids, table, scales, biases, bits, group_size)
+        if not isinstance(tiled, bool) or (tiled and scales is None):
+            raise ValueError(f"tiled must be a bool and applies to a quantized table only, "
+                             f"got {tiled!r}")
     if scales is None:
         return get_ops().embedding_gather(ids, table, stream=_CPU)
-    return get_ops().embedding_gather(ids, table, scales, biases, bits, group_size, stream=_CPU)
+    return get_ops().embedding_gather(ids, table, scales, biases, bits, group_size, tiled=tiled,
+                                      stream=_CPU)
 
 
 def _check_embedding_gather(ids, table, scales, biases, bits, group_size) -> tuple[int, int]:

@@ -52,14 +52,14 @@ void dequant_row(const QuantMatrix& q, int64_t r, float* dst) {
   const uint32_t mask = (1u << q.bits) - 1u;
   const int64_t words = q.k / per_word;
   const int64_t groups = q.k / q.group_size;
-  const uint32_t* w = q.w + r * words;
   for (int64_t g = 0; g < groups; ++g) {
-    const float s = scale_at<S>(q.scales, r * groups + g);
-    const float b = scale_at<S>(q.biases, r * groups + g);
+    const int64_t sg = quant_offset(q.tiled, q.n, groups, r, g);
+    const float s = scale_at<S>(q.scales, sg);
+    const float b = scale_at<S>(q.biases, sg);
     const int64_t w0 = g * q.group_size / per_word;
     const int64_t w1 = w0 + q.group_size / per_word;
     for (int64_t j = w0; j < w1; ++j) {
-      const uint32_t word = w[j];
+      const uint32_t word = q.w[quant_offset(q.tiled, q.n, words, r, j)];
       for (int e = 0; e < per_word; ++e) {
         dst[j * per_word + e] = s * static_cast<float>((word >> (e * q.bits)) & mask) + b;
       }

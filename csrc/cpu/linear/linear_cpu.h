@@ -23,6 +23,13 @@ enum class Elem : uint8_t { F32 = 0, BF16 = 1, F16 = 2 };
 // leave biases null: each bias is then -zero_point * scale, formed from the
 // scale already in hand, so a pass over W reads no biases. Only the int8
 // kernels (linear_q8.h) take a null biases.
+//
+// Tiled (tiled true; int8 kernels and the embedding gather only): w, scales
+// and biases hold the same elements in the int8 GEMM's order (linear_q8.h),
+// rows taken 16 at a time: the rows [16t, 16t + h) (h = min(16, n - 16t)) of
+// an [n, per_row] array are stored from element 16t * per_row on, as
+// [per_row, h]. A tile's elements fill the range its rows held, so rows cut
+// at multiples of 16 stay valid; tiled_offset gives an element's place.
 struct QuantMatrix {
   const uint32_t* w;      // [n, k * bits / 32]
   const void* scales;     // [n, k / group_size]
@@ -34,7 +41,20 @@ struct QuantMatrix {
   int64_t k;
   float zero_point = 0.0f;  // read only when biases is null
   bool mxfp4 = false;       // see above: scale_type is then ignored (E8M0)
+  bool tiled = false;       // see above
 };
+
+// Rows per tile of a tiled QuantMatrix.
+constexpr int kQuantTileRows = 16;
+
+// Element (r, j) of an [n, per_row] array of a QuantMatrix (w: per_row words,
+// scales and biases: per_row groups), in its storage order.
+inline int64_t quant_offset(bool tiled, int64_t n, int64_t per_row, int64_t r, int64_t j) {
+  if (!tiled) return r * per_row + j;
+  const int64_t r0 = r / kQuantTileRows * kQuantTileRows;
+  const int64_t h = n - r0 < kQuantTileRows ? n - r0 : kQuantTileRows;
+  return r0 * per_row + j * h + (r - r0);
+}
 
 // Dense matrix [n, k], row-contiguous.
 struct DenseMatrix {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu/runtime/isa.h"
@@ -15,11 +16,6 @@ using namespace driver;
 
 namespace {
 
-// Rows of x up to which each weight row is read straight from W's own layout
-// (GEMV, all rows in one pass); above it W is repacked per tile of 16 rows
-// and reused by every row. Measured on Zen 4: the GEMM is ahead from 5 rows
-// (8 rows of SmolLM2's shapes: 1.3-2x), they tie at 4.
-constexpr int64_t kQ8GemvMaxRows = 4;
 // Rows of x quantized per pool item.
 constexpr int64_t kQuantizeRows = 16;
 
@@ -100,21 +96,58 @@ float output_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i, int64_t n
   return y;
 }
 
-void gemv_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int mr, int64_t n0,
-                  int64_t n1, float* y, int64_t ldy) {
+// Outputs [c0, c1) of every row of a, from rows c0 .. of w in MLX's layout.
+void outputs_generic(const QuantMatrix& w, const Q8Acts& a, int64_t c0, int64_t c1, float* y,
+                     int64_t ldy) {
   for_types(w.scale_type, [&](auto type) {
-    for (int i = 0; i < mr; ++i)
-      for (int64_t n = n0; n < n1; ++n)
-        y[i * ldy + (n - n0)] = output_generic<decltype(type)>(w, a, i0 + i, n);
+    for (int64_t i = 0; i < a.m; ++i)
+      for (int64_t n = c0; n < c1; ++n)
+        y[i * ldy + (n - c0)] = output_generic<decltype(type)>(w, a, i, n);
   });
 }
 
-void gemm_generic(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y,
-                  int64_t ldy, void*) {
-  gemv_generic(w, a, 0, static_cast<int>(a.m), n0, n1, y, ldy);
+// Rows [r0, r0 + h) of a tiled w (one tile) copied into MLX's layout in scratch.
+QuantMatrix untile(const QuantMatrix& w, int64_t r0, int64_t h, void* scratch) {
+  const int64_t words = w.k * w.bits / 32, groups = w.k / w.group_size;
+  const size_t elem = w.scale_type == Elem::F32 ? 4 : 2;
+  auto* codes = static_cast<uint32_t*>(scratch);
+  auto* scales = reinterpret_cast<char*>(codes + words * kQ8TileCols);
+  char* biases = w.biases ? scales + groups * kQ8TileCols * elem : nullptr;
+  for (int64_t r = 0; r < h; ++r) {
+    for (int64_t j = 0; j < words; ++j) {
+      codes[r * words + j] = w.w[quant_offset(true, w.n, words, r0 + r, j)];
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t at = quant_offset(true, w.n, groups, r0 + r, g);
+      std::memcpy(scales + (r * groups + g) * elem, static_cast<const char*>(w.scales) + at * elem,
+                  elem);
+      if (biases) {
+        std::memcpy(biases + (r * groups + g) * elem,
+                    static_cast<const char*>(w.biases) + at * elem, elem);
+      }
+    }
+  }
+  QuantMatrix rows = w;
+  rows.w = codes;
+  rows.scales = scales;
+  rows.biases = biases;
+  rows.n = h;
+  rows.tiled = false;
+  return rows;
 }
 
-const Q8Kernels kGeneric = {quantize_row_generic, gemv_generic, gemm_generic};
+// The portable kernel computes each output alone (output_generic), so it is
+// batch-invariant as it stands; a tiled w is read one tile at a time.
+void gemm_generic(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y,
+                  int64_t ldy, void* scratch) {
+  if (!w.tiled) return outputs_generic(w, a, n0, n1, y, ldy);
+  for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
+    const QuantMatrix rows = untile(w, t0, std::min<int64_t>(kQ8TileCols, w.n - t0), scratch);
+    outputs_generic(rows, a, 0, std::min<int64_t>(kQ8TileCols, n1 - t0), y + (t0 - n0), ldy);
+  }
+}
+
+const Q8Kernels kGeneric = {quantize_row_generic, gemm_generic};
 
 // --- drivers -------------------------------------------------------------
 
@@ -122,14 +155,10 @@ const Q8Kernels kGeneric = {quantize_row_generic, gemv_generic, gemm_generic};
 void q8_columns(const Q8Kernels& kern, const QuantMatrix& w, const LinearIO& io,
                 const Q8Acts& a, int64_t c0, int64_t c1) {
   ColumnBlock b = column_block(io, w.n, c0, c1);
-  if (a.m > kQ8GemvMaxRows) {
-    thread_local std::vector<uint8_t> scratch;
-    const auto bytes = static_cast<size_t>(q8_tile_scratch(w));
-    if (scratch.size() < bytes) scratch.resize(bytes);
-    kern.gemm(w, a, c0, c1, b.y, b.ldy, scratch.data());
-  } else {
-    kern.gemv(w, a, 0, static_cast<int>(a.m), c0, c1, b.y, b.ldy);
-  }
+  thread_local std::vector<uint8_t> scratch;
+  const auto bytes = static_cast<size_t>(q8_tile_scratch(w));
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  kern.gemm(w, a, c0, c1, b.y, b.ldy, scratch.data());
   finish(io, w.n, b, c0, c1);
 }
 
@@ -196,11 +225,9 @@ void quantized_matmul_q8_cpu(const QuantMatrix& w, const LinearIO& io) {
   const Q8Kernels& kern = q8_kernels();
   const Q8Acts a = quantize_acts(io, k, w.bits, w.group_size);
   const int64_t weight_bytes = n * k * w.bits / 8;
-  const bool gemm = m > kQ8GemvMaxRows;
-  const bool parallel = weight_bytes * (gemm ? m : 1) >= kSerialBytes;
-  // Whole GEMM tiles per item (the kernels repack W by 16 rows).
-  const int64_t align = gemm ? kQ8TileCols : 8;
-  for_columns(n, item_columns(n, align, parallel), parallel, [&](int64_t c0, int64_t c1) {
+  const bool parallel = weight_bytes * m >= kSerialBytes;
+  // Whole tiles per item.
+  for_columns(n, item_columns(n, kQ8TileCols, parallel), parallel, [&](int64_t c0, int64_t c1) {
     q8_columns(kern, w, io, a, c0, c1);
   });
 }
@@ -213,8 +240,7 @@ void quantized_matmuls_q8_cpu(const QuantMatrix* ws, const LinearIO* ios, int co
   // x is quantized once for every matrix.
   const Q8Kernels& kern = q8_kernels();
   const Q8Acts a = quantize_acts(ios[0], ws[0].k, ws[0].bits, ws[0].group_size);
-  const int64_t align = a.m > kQ8GemvMaxRows ? kQ8TileCols : 8;
-  for_matrix_columns(ws, count, align, [&](int i, int64_t c0, int64_t c1) {
+  for_matrix_columns(ws, count, kQ8TileCols, [&](int i, int64_t c0, int64_t c1) {
     q8_columns(kern, ws[i], ios[i], a, c0, c1);
   });
 }

@@ -52,22 +52,33 @@ inline int64_t q8_position(int64_t c, int bits) {
 
 Q8Acts quantize_acts(const LinearIO& io, int64_t k, int bits, int group_size);
 
+// One kernel shape for every number of rows: each output is computed by the
+// same operations in the same order whether its row of x comes alone or with
+// others, so a request's tokens do not depend on the batch it shares a step
+// with. The AVX-512 kernel's order (per output, blocks left to right; the
+// portable kernel has its own, also fixed per output):
+//
+//   acc = 0
+//   for each group g: for each block b of g:
+//       acc = fma(float(dot_b), scale[n, g] * d[m, b], acc)   (dot_b exact, int32)
+//     acc = fma(bias[n, g], xsum[m, g], acc)
+//
+// W is read by tiles of kQ8TileCols rows (QuantMatrix's tiled order): a tiled
+// W in place; W in MLX's layout is repacked into that order tile by tile, and
+// gives the same bits, slower for a few rows.
 struct Q8Kernels {
   // Quantize one fp32 row x [k] into q [kp] (positions q8_position), d
   // and xsum of that row; the padding is written as zeros.
   void (*quantize_row)(const float* x, int64_t k, int64_t kp, int bits, int group_size,
                        int8_t* q, float* d, float* xsum);
-  // y[i * ldy + c - n0] for rows i0 .. i0 + mr - 1 (mr <= 4) of a, c in [n0, n1).
-  void (*gemv)(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int mr, int64_t n0,
-               int64_t n1, float* y, int64_t ldy);
-  // y[i * ldy + c - n0] for every row of a, c in [n0, n1); scratch holds
-  // q8_tile_scratch(w) bytes.
+  // y[i * ldy + c - n0] for every row of a, c in [n0, n1) (n0 a multiple of
+  // kQ8TileCols); scratch holds q8_tile_scratch(w) bytes.
   void (*gemm)(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y,
                int64_t ldy, void* scratch);
 };
 
 // Output columns per GEMM tile (one 512-bit vector of int32 lanes).
-constexpr int kQ8TileCols = 16;
+constexpr int kQ8TileCols = kQuantTileRows;
 // Bytes of one repacked GEMM tile: its codes word-interleaved, scales and biases as fp32.
 int64_t q8_tile_scratch(const QuantMatrix& w);
 

@@ -116,125 +116,6 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int bits, int group_siz
   }
 }
 
-// --- GEMV: W read in its own layout, 64 bytes per step ---------------------
-//
-// Per 64-byte load of one row of W: the nibble split, one or two vpdpbusd,
-// one conversion, one permute and one FMA. The group scale and the
-// activation step meet once per window of 16 blocks (512 columns at 4 bits),
-// as sd[b] = scale[group(b)] * d[b]; each load's lanes then pick their block's
-// factor with a permute. The bias share (sum_g bias[g] * xsum[g]) goes into the
-// same accumulator, a window at a time, so a row ends in one reduction.
-// Measured single-threaded, this keeps a core ahead of its share of DRAM;
-// the previous form (scales loaded, converted and multiplied per load, the
-// bias in a second pass) held a core to 11-14 GB/s.
-
-constexpr int kWindowBlocks = 16;
-
-// Rows [n, n + NR) of W against rows [i0, i0 + MR) of a.
-template <int MR, int NR, int BITS, typename S>
-VLLM_METAL_INLINE void gemv_tile(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int64_t n,
-                                 float* y, int64_t ldy) {
-  using ST = typename S::storage;
-  constexpr int64_t chunk = BITS == 4 ? kChunk4 : kChunk8;
-  constexpr int64_t chunk_blocks = chunk / kQ8Block;                // 4 or 2
-  constexpr int64_t window_chunks = kWindowBlocks / chunk_blocks;   // 4 or 8
-  const int64_t k = w.k, groups = k / w.group_size;
-  const int64_t row_bytes = k * BITS / 8;
-  const int64_t chunks = a.kp / chunk;
-  const int64_t blocks = a.kp / kQ8Block;
-  // Blocks per group is 1, 2 or 4 (group sizes 32, 64, 128).
-  const int gshift = __builtin_ctzll(static_cast<unsigned long long>(w.group_size / kQ8Block));
-  const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-  // Lane l of a load (4 code bytes) lies in the load's block l / 4 at 4 bits, l / 8 at 8.
-  const __m512i lane_block = _mm512_srli_epi32(iota, BITS == 4 ? 2 : 3);
-  const __m512i block_group = _mm512_srli_epi32(iota, gshift);
-  const __m512i nib = _mm512_set1_epi8(0x0F);
-  const uint8_t* wrow[NR];
-  const ST* srow[NR];
-  const ST* brow[NR];
-  for (int j = 0; j < NR; ++j) {
-    wrow[j] = reinterpret_cast<const uint8_t*>(w.w) + (n + j) * row_bytes;
-    srow[j] = static_cast<const ST*>(w.scales) + (n + j) * groups;
-    brow[j] = w.biases ? static_cast<const ST*>(w.biases) + (n + j) * groups : nullptr;
-  }
-  const __m512 neg_zero_point = _mm512_set1_ps(-w.zero_point);
-  __m512 acc[MR][NR], sd[MR][NR];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
-  __m512i pick = lane_block;
-  for (int64_t c = 0; c < chunks; ++c) {
-    if (c % window_chunks == 0) {
-      const int64_t b0 = c * chunk_blocks, g0 = b0 >> gshift;
-      const int64_t gcount = std::min<int64_t>(kWindowBlocks >> gshift, groups - g0);
-      const __mmask16 gm = mask16(gcount);
-      for (int j = 0; j < NR; ++j) {
-        prefetch_l2(srow[j] + g0, kPrefetchScales);
-        const __m512 sg = load_scales<S>(srow[j] + g0, gcount);
-        const __m512 sv = _mm512_permutexvar_ps(block_group, sg);
-        __m512 bv;
-        if (brow[j]) {
-          prefetch_l2(brow[j] + g0, kPrefetchScales);
-          bv = load_scales<S>(brow[j] + g0, gcount);
-        } else {
-          bv = _mm512_mul_ps(sg, neg_zero_point);
-        }
-        for (int i = 0; i < MR; ++i) {
-          const __m512 dv = _mm512_maskz_loadu_ps(mask16(blocks - b0),
-                                                  a.d.get() + (i0 + i) * blocks + b0);
-          const __m512 xs = _mm512_maskz_loadu_ps(gm, a.xsum.get() + (i0 + i) * groups + g0);
-          sd[i][j] = _mm512_mul_ps(sv, dv);
-          acc[i][j] = _mm512_fmadd_ps(bv, xs, acc[i][j]);
-        }
-      }
-      pick = lane_block;
-    }
-    const __mmask64 wm = mask64(row_bytes - c * 64);
-    for (int j = 0; j < NR; ++j) {
-      prefetch_l2(wrow[j] + c * 64, kPrefetchCodes);
-      const __m512i wv = _mm512_maskz_loadu_epi8(wm, wrow[j] + c * 64);
-      __m512i lo = wv, hi = wv;
-      if constexpr (BITS == 4) {
-        lo = _mm512_and_si512(wv, nib);
-        hi = high_nibbles(wv);
-      }
-      for (int i = 0; i < MR; ++i) {
-        const int8_t* qi = a.q.get() + (i0 + i) * a.kp + c * chunk;
-        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(qi));
-        if constexpr (BITS == 4) dot = _mm512_dpbusd_epi32(dot, hi, _mm512_loadu_si512(qi + 64));
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
-                                    _mm512_permutexvar_ps(pick, sd[i][j]), acc[i][j]);
-      }
-    }
-    pick = _mm512_add_epi32(pick, _mm512_set1_epi32(static_cast<int>(chunk_blocks)));
-  }
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < NR; ++j) y[i * ldy + j] = _mm512_reduce_add_ps(acc[i][j]);
-}
-
-template <int MR, int BITS, typename S>
-void gemv_rows(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int64_t n0, int64_t n1,
-               float* y, int64_t ldy) {
-  constexpr int kRows = MR == 1 ? 4 : 2;
-  int64_t n = n0;
-  for (; n + kRows <= n1; n += kRows) gemv_tile<MR, kRows, BITS, S>(w, a, i0, n, y + (n - n0), ldy);
-  for (; n < n1; ++n) gemv_tile<MR, 1, BITS, S>(w, a, i0, n, y + (n - n0), ldy);
-}
-
-template <int BITS, typename S>
-void gemv_bits(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int mr, int64_t n0, int64_t n1,
-               float* y, int64_t ldy) {
-  switch (mr) {
-    case 1:
-      return gemv_rows<1, BITS, S>(w, a, i0, n0, n1, y, ldy);
-    case 2:
-      return gemv_rows<2, BITS, S>(w, a, i0, n0, n1, y, ldy);
-    case 3:
-      return gemv_rows<3, BITS, S>(w, a, i0, n0, n1, y, ldy);
-    default:
-      return gemv_rows<4, BITS, S>(w, a, i0, n0, n1, y, ldy);
-  }
-}
-
 template <typename F>
 void with_types(const QuantMatrix& w, F&& f) {
   auto bits = [&](auto s) {
@@ -255,41 +136,16 @@ void with_types(const QuantMatrix& w, F&& f) {
   }
 }
 
-// A work item's first kPrefetchCodes bytes of codes (and its first scales and
-// biases) asked for at once: the in-loop prefetches run that far ahead, so
-// without this the item's start waits on one demand miss after another.
-template <typename S>
-VLLM_METAL_INLINE void prime_rows(const QuantMatrix& w, int64_t n0, int64_t n1) {
-  using ST = typename S::storage;
-  const int64_t row_bytes = w.k * w.bits / 8, groups = w.k / w.group_size;
-  const auto* codes = static_cast<const char*>(static_cast<const void*>(w.w)) + n0 * row_bytes;
-  const int64_t code_bytes = std::min<int64_t>((n1 - n0) * row_bytes, kPrefetchCodes);
-  for (int64_t off = 0; off < code_bytes; off += 64) _mm_prefetch(codes + off, _MM_HINT_T1);
-  const int64_t scale_bytes =
-      std::min<int64_t>((n1 - n0) * groups * static_cast<int64_t>(sizeof(ST)), kPrefetchScales);
-  for (const void* base : {w.scales, w.biases}) {
-    if (base == nullptr) continue;
-    const auto* p = reinterpret_cast<const char*>(static_cast<const ST*>(base) + n0 * groups);
-    for (int64_t off = 0; off < scale_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T1);
-  }
-}
+// --- GEMM: W by tiles of 16 rows -----------------------------------------
 
-void gemv(const QuantMatrix& w, const Q8Acts& a, int64_t i0, int mr, int64_t n0, int64_t n1,
-          float* y, int64_t ldy) {
-  with_types(w, [&](auto bits, auto s) {
-    prime_rows<decltype(s)>(w, n0, n1);
-    gemv_bits<decltype(bits)::value, decltype(s)>(w, a, i0, mr, n0, n1, y, ldy);
-  });
-}
-
-// --- GEMM: W repacked per 16-row tile, one activation dword broadcast ------
-
-// A tile of 16 rows of W: words[wi * 16 + r] = word wi of row r; scales and
-// biases [groups, 16] as fp32. Rows past the matrix are zero.
+// A tile of 16 rows of W in the tiled order (linear_cpu.h): words[wi * 16 + r]
+// = word wi of row r; scales and biases [groups, 16] of storage type ST,
+// biases null for symmetric weights. Rows past the matrix are zero.
+template <typename ST>
 struct Tile {
-  uint32_t* words;
-  float* scales;
-  float* biases;
+  const uint32_t* words;
+  const ST* scales;
+  const ST* biases;
 };
 
 // dst[c * 16 + r] = src[r][c] for a 16 x 16 block of 32-bit values.
@@ -319,9 +175,9 @@ VLLM_METAL_INLINE void transpose16(__m512i (&v)[16]) {
   for (int i = 0; i < 16; ++i) v[i] = t[i];
 }
 
-// Rows t0 .. t0 + cols - 1 of W (the rest of the tile zero), transposed by
-// 16 x 16 blocks into dst[c * 16 + r]. WHAT 0: code words; 1: scales; 2:
-// biases (as fp32 bits).
+// Rows t0 .. t0 + cols - 1 of W in MLX's layout (the rest of the tile zero),
+// transposed by 16 x 16 blocks into dst[c * 16 + r]. WHAT 0: code words; 1:
+// scales; 2: biases (as fp32 bits).
 template <typename S, int WHAT>
 void repack_part(const QuantMatrix& w, int64_t t0, int cols, uint32_t* dst) {
   using ST = typename S::storage;
@@ -345,6 +201,26 @@ void repack_part(const QuantMatrix& w, int64_t t0, int cols, uint32_t* dst) {
   }
 }
 
+// The last, partial tile of a tiled W ([per_row, h] blocks) widened to 16
+// rows: WHAT as repack_part.
+template <typename S, int WHAT>
+void widen_part(const QuantMatrix& w, int64_t t0, int h, uint32_t* dst) {
+  using ST = typename S::storage;
+  const int64_t groups = w.k / w.group_size;
+  const int64_t total = WHAT == 0 ? w.k * w.bits / 32 : groups;
+  const __mmask16 m = mask16(h);
+  for (int64_t c = 0; c < total; ++c) {
+    __m512i v;
+    if constexpr (WHAT == 0) {
+      v = _mm512_maskz_loadu_epi32(m, w.w + t0 * total + c * h);
+    } else {
+      const ST* base = static_cast<const ST*>(WHAT == 1 ? w.scales : w.biases);
+      v = _mm512_castps_si512(load_scales<S>(base + t0 * groups + c * h, h));
+    }
+    _mm512_storeu_si512(dst + c * kQ8TileCols, v);
+  }
+}
+
 // The next tile's rows (contiguous in W, scales and biases) into L2 while
 // this one computes: the repack's row loads are where W comes from memory.
 template <typename S>
@@ -365,37 +241,43 @@ VLLM_METAL_INLINE void prefetch_tile(const QuantMatrix& w, int64_t t0) {
   }
 }
 
+// Rows [t0, t0 + cols) of W as a tile with fp32 scales in scratch: repacked
+// from MLX's layout, or widened from a tiled W's partial last tile.
 template <typename S>
-Tile repack(const QuantMatrix& w, int64_t t0, int cols, void* scratch) {
+Tile<float> repack(const QuantMatrix& w, int64_t t0, int cols, void* scratch) {
   const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
-  Tile t;
-  t.words = static_cast<uint32_t*>(scratch);
-  t.scales = reinterpret_cast<float*>(t.words + wpr * kQ8TileCols);
-  t.biases = t.scales + groups * kQ8TileCols;
-  repack_part<S, 0>(w, t0, cols, t.words);
-  repack_part<S, 1>(w, t0, cols, reinterpret_cast<uint32_t*>(t.scales));
-  if (w.biases) {
-    repack_part<S, 2>(w, t0, cols, reinterpret_cast<uint32_t*>(t.biases));
+  auto* words = static_cast<uint32_t*>(scratch);
+  auto* scales = reinterpret_cast<float*>(words + wpr * kQ8TileCols);
+  float* biases = w.biases ? scales + groups * kQ8TileCols : nullptr;
+  auto* s32 = reinterpret_cast<uint32_t*>(scales);
+  auto* b32 = reinterpret_cast<uint32_t*>(biases);
+  if (w.tiled) {
+    widen_part<S, 0>(w, t0, cols, words);
+    widen_part<S, 1>(w, t0, cols, s32);
+    if (biases) widen_part<S, 2>(w, t0, cols, b32);
   } else {
-    const __m512 neg_zero_point = _mm512_set1_ps(-w.zero_point);
-    for (int64_t i = 0; i < groups * kQ8TileCols; i += 16) {
-      _mm512_storeu_ps(t.biases + i, _mm512_mul_ps(_mm512_loadu_ps(t.scales + i), neg_zero_point));
-    }
+    repack_part<S, 0>(w, t0, cols, words);
+    repack_part<S, 1>(w, t0, cols, s32);
+    if (biases) repack_part<S, 2>(w, t0, cols, b32);
   }
-  return t;
+  return {words, scales, biases};
 }
 
-// Rows [i0, i0 + MR) of a against one tile: y[i * ldy + j] for j < cols.
-// The group's scale is applied per block (scale * d_b), so one accumulator
-// per row serves every group size.
-template <int MR, int BITS>
-VLLM_METAL_INLINE void gemm_tile(const Tile& t, const Q8Acts& a, int64_t i0, int cols, float* y,
-                                 int64_t ldy) {
+// Rows [i0, i0 + MR) of a against one tile: y[i * ldy + j] for j < cols, in
+// the order linear_q8.h gives. A block's integer dot is summed in two chains
+// for few rows (one vpdpbusd chain of 8 would wait on its own latency); the
+// sum is exact either way.
+template <int MR, int BITS, typename S>
+VLLM_METAL_INLINE void gemm_tile(const Tile<typename S::storage>& t, const Q8Acts& a,
+                                 int64_t i0, int cols, float* y, int64_t ldy,
+                                 float zero_point, bool stream) {
   constexpr int words_per_block = kQ8Block * BITS / 32;
+  constexpr int chains = MR <= 4 ? 2 : 1;
   const int64_t gs = a.group_size, groups = a.k / gs;
   const int64_t blocks_per_group = gs / kQ8Block;
   const int64_t dstride = a.kp / kQ8Block;
   const __m512i nib = _mm512_set1_epi8(0x0F);
+  const __m512 neg_zero_point = _mm512_set1_ps(-zero_point);
   const int8_t* q[MR];
   const float* d[MR];
   const float* xs[MR];
@@ -407,12 +289,16 @@ VLLM_METAL_INLINE void gemm_tile(const Tile& t, const Q8Acts& a, int64_t i0, int
   __m512 acc[MR];
   for (int i = 0; i < MR; ++i) acc[i] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const __m512 sv = _mm512_loadu_ps(t.scales + g * kQ8TileCols);
+    if (stream) prefetch_l2(t.scales + g * kQ8TileCols, kPrefetchScales);
+    const __m512 sv = load_scales<S>(t.scales + g * kQ8TileCols, kQ8TileCols);
     for (int64_t b = g * blocks_per_group; b < (g + 1) * blocks_per_group; ++b) {
-      __m512i dot[MR];
-      for (int i = 0; i < MR; ++i) dot[i] = _mm512_setzero_si512();
+      __m512i dot[chains][MR];
+      for (int c = 0; c < chains; ++c)
+        for (int i = 0; i < MR; ++i) dot[c][i] = _mm512_setzero_si512();
       for (int wb = 0; wb < words_per_block; ++wb) {
         const int64_t wi = b * words_per_block + wb;
+        const int c = wb % chains;
+        if (stream) prefetch_l2(t.words + wi * kQ8TileCols, kPrefetchCodes);
         const __m512i wv = _mm512_loadu_si512(t.words + wi * kQ8TileCols);
         if constexpr (BITS == 4) {
           const __m512i lo = _mm512_and_si512(wv, nib);
@@ -420,21 +306,26 @@ VLLM_METAL_INLINE void gemm_tile(const Tile& t, const Q8Acts& a, int64_t i0, int
           // Word wi holds columns 8 wi .. 8 wi + 7: evens at pos, odds at pos + 64.
           const int64_t pos = wi / 16 * kChunk4 + (wi % 16) * 4;
           for (int i = 0; i < MR; ++i) {
-            dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(load_i32(q[i] + pos)));
-            dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(load_i32(q[i] + pos + 64)));
+            dot[c][i] = _mm512_dpbusd_epi32(dot[c][i], lo, _mm512_set1_epi32(load_i32(q[i] + pos)));
+            dot[c][i] =
+                _mm512_dpbusd_epi32(dot[c][i], hi, _mm512_set1_epi32(load_i32(q[i] + pos + 64)));
           }
         } else {
           for (int i = 0; i < MR; ++i) {
-            dot[i] = _mm512_dpbusd_epi32(dot[i], wv, _mm512_set1_epi32(load_i32(q[i] + wi * 4)));
+            dot[c][i] =
+                _mm512_dpbusd_epi32(dot[c][i], wv, _mm512_set1_epi32(load_i32(q[i] + wi * 4)));
           }
         }
       }
       for (int i = 0; i < MR; ++i) {
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]),
+        __m512i sum = dot[0][i];
+        if constexpr (chains == 2) sum = _mm512_add_epi32(sum, dot[1][i]);
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum),
                                  _mm512_mul_ps(sv, _mm512_set1_ps(d[i][b])), acc[i]);
       }
     }
-    const __m512 bv = _mm512_loadu_ps(t.biases + g * kQ8TileCols);
+    const __m512 bv = t.biases ? load_scales<S>(t.biases + g * kQ8TileCols, kQ8TileCols)
+                               : _mm512_mul_ps(sv, neg_zero_point);
     for (int i = 0; i < MR; ++i) acc[i] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xs[i][g]), acc[i]);
   }
   for (int i = 0; i < MR; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask16(cols), acc[i]);
@@ -442,28 +333,50 @@ VLLM_METAL_INLINE void gemm_tile(const Tile& t, const Q8Acts& a, int64_t i0, int
 
 constexpr int kGemmRows = 8;
 
-template <int BITS, int MR = kGemmRows>
-VLLM_METAL_INLINE void gemm_rest(const Tile& t, const Q8Acts& a, int64_t i, int rows, int cols,
-                                 float* y, int64_t ldy) {
+template <int BITS, typename S, int MR = kGemmRows>
+VLLM_METAL_INLINE void gemm_rest(const Tile<typename S::storage>& t, const Q8Acts& a, int64_t i,
+                                 int rows, int cols, float* y, int64_t ldy, float zero_point,
+                                 bool stream) {
   if constexpr (MR > 0) {
-    if (rows == MR) return gemm_tile<MR, BITS>(t, a, i, cols, y, ldy);
-    return gemm_rest<BITS, MR - 1>(t, a, i, rows, cols, y, ldy);
+    if (rows == MR) return gemm_tile<MR, BITS, S>(t, a, i, cols, y, ldy, zero_point, stream);
+    return gemm_rest<BITS, S, MR - 1>(t, a, i, rows, cols, y, ldy, zero_point, stream);
+  }
+}
+
+// Every row of a against one tile.
+template <int BITS, typename S>
+void gemm_rows(const Tile<typename S::storage>& t, const Q8Acts& a, int cols, float* y,
+               int64_t ldy, float zero_point, bool stream) {
+  int64_t i = 0;
+  for (; i + kGemmRows <= a.m; i += kGemmRows) {
+    gemm_tile<kGemmRows, BITS, S>(t, a, i, cols, y + i * ldy, ldy, zero_point, stream);
+  }
+  if (i < a.m) {
+    gemm_rest<BITS, S>(t, a, i, static_cast<int>(a.m - i), cols, y + i * ldy, ldy, zero_point,
+                       stream);
   }
 }
 
 template <int BITS, typename S>
 void gemm_bits(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y,
                int64_t ldy, void* scratch) {
+  using ST = typename S::storage;
+  const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
   for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
     const int cols = static_cast<int>(std::min<int64_t>(kQ8TileCols, n1 - t0));
-    const Tile t = repack<S>(w, t0, cols, scratch);
-    if (t0 + kQ8TileCols < n1) prefetch_tile<S>(w, t0 + kQ8TileCols);
     float* yt = y + (t0 - n0);
-    int64_t i = 0;
-    for (; i + kGemmRows <= a.m; i += kGemmRows) {
-      gemm_tile<kGemmRows, BITS>(t, a, i, cols, yt + i * ldy, ldy);
+    if (w.tiled && t0 + kQ8TileCols <= w.n) {
+      // In place; the tiles follow each other in memory, so the kernel's
+      // prefetches run ahead into the next one.
+      const Tile<ST> t{w.w + t0 * wpr, static_cast<const ST*>(w.scales) + t0 * groups,
+                       w.biases ? static_cast<const ST*>(w.biases) + t0 * groups : nullptr};
+      gemm_rows<BITS, S>(t, a, cols, yt, ldy, w.zero_point, true);
+    } else {
+      const Tile<float> t =
+          repack<S>(w, t0, static_cast<int>(std::min<int64_t>(kQ8TileCols, w.n - t0)), scratch);
+      if (!w.tiled && t0 + kQ8TileCols < n1) prefetch_tile<S>(w, t0 + kQ8TileCols);
+      gemm_rows<BITS, F32>(t, a, cols, yt, ldy, w.zero_point, false);
     }
-    if (i < a.m) gemm_rest<BITS>(t, a, i, static_cast<int>(a.m - i), cols, yt + i * ldy, ldy);
   }
 }
 
@@ -474,7 +387,7 @@ void gemm(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* 
   });
 }
 
-const Q8Kernels kTable = {quantize_row, gemv, gemm};
+const Q8Kernels kTable = {quantize_row, gemm};
 
 } // namespace
 } // namespace vllm_metal::cpu::vnni
