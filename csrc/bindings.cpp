@@ -141,6 +141,8 @@ dtypes.)");
       "bias"_a = nb::none(),
       nb::kw_only(),
       "mode"_a = "affine",
+      "int8_activations"_a = false,
+      "tiled"_a = false,
       "stream"_a = nb::none(),
       R"(Mixture-of-experts products: out[p] = x[p / (P / R)] @ W[idx[p]].T (+ bias[idx[p]]).
 x [R, K] float (R divides P); idx int32/uint32 [P] in [0, E); w float [E, N, K]
@@ -150,7 +152,8 @@ uint8 E8M0 scales [E, N, K / 32] and biases None; bias optional [E, N]. Returns
 [P, N] (fp32 accumulation)
 in MLX's promotion of the x, weight (scales) and bias dtypes. Pairs are grouped by
 expert: each touched expert is read once. An idx outside [0, E) raises at
-evaluation.)");
+evaluation. int8_activations (affine, CPU): x rounded to int8 per 32 columns, as
+quantized_matmul; tiled: each expert's arrays in the int8 kernels' tile order.)");
 
   m.def(
       "latent_cache_write",

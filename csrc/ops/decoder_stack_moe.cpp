@@ -64,8 +64,10 @@ void check_experts(const std::vector<mx::array>& arrays, const ExpertIndex& x, i
   }
 }
 
+// With int8 activations affine experts take them too, their arrays tiled
+// (stack_linears.h).
 cpu::StackExperts experts_of(const std::vector<mx::array>& arrays, const ExpertIndex& x, int bits,
-                             int gs, bool mxfp4) {
+                             int gs, bool mxfp4, bool int8_activations) {
   cpu::StackExperts e;
   const mx::array& w = arrays[x.w];
   e.w.experts = w.shape(0);
@@ -79,6 +81,7 @@ cpu::StackExperts experts_of(const std::vector<mx::array>& arrays, const ExpertI
              mxfp4 ? cpu::Elem::F32 : elem_of(s.dtype()), bits, gs, n,
              static_cast<int64_t>(w.shape(2)) * 32 / bits};
     e.w.q.mxfp4 = mxfp4;
+    e.int8_activations = e.w.q.tiled = int8_activations && !mxfp4;
   }
   if (x.bias >= 0) {
     e.bias = arrays[x.bias].data<void>();
@@ -173,7 +176,8 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
   view_.router = stack_spec::linear_of(arrays_, router, int8_activations);
   cpu::StackExperts* views[3] = {&view_.gate, &view_.up, &view_.down};
   for (int j = 0; j < 3; ++j) {
-    *views[j] = experts_of(arrays_, ex[j], spec[j].bits, spec[j].gs, spec[j].mxfp4);
+    *views[j] = experts_of(arrays_, ex[j], spec[j].bits, spec[j].gs, spec[j].mxfp4,
+                           int8_activations);
   }
   view_.top_k = top_k;
   view_.scoring = static_cast<cpu::MoeScoring>(f[kScoring]);

@@ -32,6 +32,8 @@ mx::array expert_matmul(
     int group_size,
     const std::optional<mx::array>& bias,
     const std::string& mode,
+    bool int8_activations,
+    bool tiled,
     mx::StreamOrDevice s) {
   if (x.ndim() != 2 || !is_linear_float(x.dtype())) fail("x must be float [R, K]");
   if (idx.ndim() != 1 || (idx.dtype() != mx::int32 && idx.dtype() != mx::uint32)) {
@@ -48,6 +50,12 @@ mx::array expert_matmul(
   mx::Dtype weight_type = w.dtype();
   if (mode != "affine" && mode != "mxfp4") fail("mode must be \"affine\" or \"mxfp4\"");
   const bool mxfp4 = mode == "mxfp4";
+  if (int8_activations && (bits == 0 || mxfp4)) {
+    fail("int8_activations applies to affine-quantized experts (bits 4 or 8)");
+  }
+  if (tiled && !int8_activations) {
+    fail("tiled=True (weights in the int8 kernels' tile order) needs int8_activations=True");
+  }
   if (bits == 0) {
     if (mxfp4) fail("mode \"mxfp4\" needs bits 4");
     if (!is_linear_float(w.dtype()) || w.shape(2) != k) fail("float w must be [E, N, K]");
@@ -106,7 +114,7 @@ mx::array expert_matmul(
   return mx::array(
       {pairs, n}, out_type,
       std::make_shared<ExpertMatmul>(stream, bits, bits == 0 ? 0 : group_size, mxfp4,
-                                     bias.has_value()),
+                                     bias.has_value(), int8_activations, tiled),
       std::move(inputs));
 }
 
@@ -114,12 +122,12 @@ void ExpertMatmul::eval_cpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
   const int bits = bits_, group_size = group_size_;
-  const bool mxfp4 = mxfp4_;
+  const bool mxfp4 = mxfp4_, int8 = int8_activations_, tiled = tiled_;
   const int bias = has_bias_ ? static_cast<int>(inputs.size()) - 1 : -1;
   const cpu::Elem out_type = elem_of(outputs[0].dtype());
   dispatch_on_rows(stream(), inputs, outputs[0],
-                   [bits, group_size, mxfp4, bias, out_type](const std::vector<RowContiguous>& in,
-                                                             void* dst) {
+                   [bits, group_size, mxfp4, int8, tiled, bias,
+                    out_type](const std::vector<RowContiguous>& in, void* dst) {
     const auto& x = in[0].view;
     const auto& w = in[2].view;
     cpu::ExpertStack stack{};
@@ -132,6 +140,7 @@ void ExpertMatmul::eval_cpu(
                  mxfp4 ? nullptr : in[4].view.data<void>(),
                  mxfp4 ? cpu::Elem::F32 : elem_of(scales.dtype()), bits, group_size, n, k};
       stack.q.mxfp4 = mxfp4;
+      stack.q.tiled = tiled;
     } else {
       stack.d = {w.data<void>(), elem_of(w.dtype()), n, k};
     }
@@ -144,6 +153,7 @@ void ExpertMatmul::eval_cpu(
                      bias >= 0 ? in[bias].view.data<void>() : nullptr,
                      bias >= 0 ? elem_of(in[bias].view.dtype()) : cpu::Elem::F32,
                      dst, out_type};
+    io.int8_activations = int8;
     cpu::expert_matmul_cpu(stack, io);
   });
 }
@@ -152,6 +162,10 @@ void ExpertMatmul::eval_gpu(
     const std::vector<mx::array>& inputs,
     std::vector<mx::array>& outputs) {
 #if VLLM_METAL_APPLE()
+  if (int8_activations_ || tiled_) {
+    throw std::invalid_argument(
+        "expert_matmul: int8_activations and tiled are CPU kernels; use the CPU stream");
+  }
   std::vector<std::string> names = {"x", "idx", "w"};
   if (bits_ != 0) names.push_back("scales");
   if (bits_ != 0 && !mxfp4_) names.push_back("biases");
@@ -170,7 +184,7 @@ void ExpertMatmul::eval_gpu(
 bool ExpertMatmul::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const ExpertMatmul&>(other);
   return bits_ == o.bits_ && group_size_ == o.group_size_ && mxfp4_ == o.mxfp4_ &&
-      has_bias_ == o.has_bias_;
+      has_bias_ == o.has_bias_ && int8_activations_ == o.int8_activations_ && tiled_ == o.tiled_;
 }
 
 std::vector<mx::Shape> ExpertMatmul::output_shapes(const std::vector<mx::array>& inputs) {

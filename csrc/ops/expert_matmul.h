@@ -31,6 +31,12 @@ namespace vllm_metal {
  * raises at evaluation on the CPU, before anything is written; on the GPU
  * (kernels_v2/experts.metal: x, weights (scales) and bias of one dtype) such
  * a pair's row is NaN.
+ *
+ * int8_activations (affine weights, CPU only): x rounded to int8 per 32
+ * columns (quantized_matmul.h); a pair's row is then the same bits whatever
+ * else the call holds. tiled (with int8_activations): each expert's w, scales
+ * and biases in the int8 kernels' tile order (quantized_matmul.h), tiled on
+ * their own.
  */
 mlx::core::array expert_matmul(
     const mlx::core::array& x,
@@ -42,18 +48,23 @@ mlx::core::array expert_matmul(
     int group_size,
     const std::optional<mlx::core::array>& bias = std::nullopt,
     const std::string& mode = "affine",
+    bool int8_activations = false,
+    bool tiled = false,
     mlx::core::StreamOrDevice s = {});
 
 // inputs: x, idx, w[, scales[, biases]][, bias] (no biases for MXFP4); on the
 // GPU also idx's argsort (the pairs grouped by expert), last.
 class ExpertMatmul : public mlx::core::Primitive {
  public:
-  ExpertMatmul(mlx::core::Stream stream, int bits, int group_size, bool mxfp4, bool has_bias)
+  ExpertMatmul(mlx::core::Stream stream, int bits, int group_size, bool mxfp4, bool has_bias,
+               bool int8_activations, bool tiled)
       : mlx::core::Primitive(stream),
         bits_(bits),
         group_size_(group_size),
         mxfp4_(mxfp4),
-        has_bias_(has_bias) {}
+        has_bias_(has_bias),
+        int8_activations_(int8_activations),
+        tiled_(tiled) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -74,6 +85,8 @@ class ExpertMatmul : public mlx::core::Primitive {
   int group_size_;
   bool mxfp4_;
   bool has_bias_;
+  bool int8_activations_;
+  bool tiled_;
 };
 
 } // namespace vllm_metal

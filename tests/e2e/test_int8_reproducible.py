@@ -25,20 +25,34 @@ def q4_dir():
     return cached_tiny_model("llama", quantize_bits=4, group_size=32)
 
 
+def _model(kind: str):
+    if kind == "llama":
+        from tests.tiny_models import cached_tiny_model
+
+        return cached_tiny_model("llama", quantize_bits=4, group_size=32)
+    from tests.family_models import cached_family_model
+
+    return cached_family_model(kind, quantize_bits=4, group_size=32)
+
+
 def _tiled_layers(llm) -> int:
+    from vllm_metal.cpu.fast_experts import FastQuantizedSwitchLinear
     from vllm_metal.cpu.fast_linears import FastQuantizedEmbedding, FastQuantizedLinear
 
+    kinds = (FastQuantizedLinear, FastQuantizedEmbedding, FastQuantizedSwitchLinear)
     model = llm.llm_engine.model_executor.driver_worker.worker.model_runner.loaded.model
-    return sum(isinstance(m, (FastQuantizedLinear, FastQuantizedEmbedding)) and m.tiled
-               for _, m in model.named_modules())
+    return sum(isinstance(m, kinds) and m.tiled for _, m in model.named_modules())
 
 
-def test_greedy_tokens_do_not_depend_on_the_batch(q4_dir, monkeypatch):
+# The dense model through the decoder stack; a mixture of experts (a shared expert
+# beside four routed ones) through the stack and through the modules.
+@pytest.mark.parametrize("kind,stack", [("llama", "1"), ("qwen2_moe", "1"), ("qwen2_moe", "0")])
+def test_greedy_tokens_do_not_depend_on_the_batch(kind, stack, monkeypatch):
     from vllm import SamplingParams
 
-    for name, value in INT8.items():
+    for name, value in {**INT8, "VLLM_METAL_CPU_DECODER_STACK": stack}.items():
         monkeypatch.setenv(name, value)
-    llm = make_llm(q4_dir, enable_prefix_caching=False)
+    llm = make_llm(_model(kind), enable_prefix_caching=False)
     assert _tiled_layers(llm) > 0  # the int8 path is what runs
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
 

@@ -431,12 +431,17 @@ def _expert_activation(switch: nn.Module, where: str) -> int:
     raise Unsupported(f"{where}: experts with an activation other than SwiGLU or gpt-oss's")
 
 
-def _expert_arrays(layer: nn.Module) -> tuple[list[mx.array], tuple[int, int, int, int]]:
-    """(arrays, (bits, group_size, mxfp4, has_bias)) of one expert projection."""
+def _expert_arrays(layer: nn.Module, int8_activations: bool
+                   ) -> tuple[list[mx.array], tuple[int, int, int, int]]:
+    """(arrays, (bits, group_size, mxfp4, has_bias)) of one expert projection; affine
+    arrays tiled exactly when the stack runs int8 activations."""
     bias = layer["bias"] if "bias" in layer else None
     if hasattr(layer, "scales"):
         mxfp4 = layer.mode == "mxfp4"
         arrays = [layer.weight, layer.scales] + ([] if mxfp4 else [layer.biases])
+        tiled = getattr(layer, "tiled", False)
+        if not mxfp4 and tiled != int8_activations:
+            arrays = list((tile_quantized if int8_activations else untile_quantized)(*arrays))
         spec = (layer.bits, layer.group_size, int(mxfp4))
     else:
         arrays, spec = [layer.weight], (0, 0, 0)
@@ -455,7 +460,7 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
     arrays = list(router_rows.arrays)
     specs = []
     for name in ("gate_proj", "up_proj", "down_proj"):
-        got, spec = _expert_arrays(getattr(switch, name))
+        got, spec = _expert_arrays(getattr(switch, name), int8_activations)
         arrays += got
         specs.append(spec)
     shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)

@@ -15,7 +15,7 @@ import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
 from vllm_metal.ops.experts import expert_matmul
-from vllm_metal.ops.linear import BITS, GROUP_SIZES
+from vllm_metal.ops.linear import BITS, GROUP_SIZES, untile_quantized
 
 _FLOATS = (mx.float32, mx.bfloat16, mx.float16)
 
@@ -34,14 +34,33 @@ class FastSwitchLinear(SwitchLinear):
 class FastQuantizedSwitchLinear(QuantizedSwitchLinear):
     """QuantizedSwitchLinear (affine or MXFP4): shapes as FastSwitchLinear."""
 
+    int8_activations: bool = False  # affine only; see fast_linears.use_fast_cpu_linears
+    tiled: bool = False             # see fast_linears.tile_int8_weights
+
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
         rows = _pair_rows(x, indices)
         if rows is None:
-            return super().__call__(x, indices, sorted_indices)
+            return self._mlx(x, indices, sorted_indices)
         out = expert_matmul(rows, indices.reshape(-1), self["weight"], self["scales"],
                             self.get("biases"), bits=self.bits, group_size=self.group_size,
-                            bias=self.get("bias"), mode=self.mode)
+                            bias=self.get("bias"), mode=self.mode,
+                            int8_activations=self.int8_activations, tiled=self.tiled)
         return out.reshape(*indices.shape, 1, out.shape[-1])
+
+    def _mlx(self, x: mx.array, indices: mx.array, sorted_indices: bool) -> mx.array:
+        """MLX's own op, for shapes the expert matmul does not take (on MLX's layout: a
+        tiled stack is untiled for the call)."""
+        if not self.tiled:
+            return super().__call__(x, indices, sorted_indices)
+        names = [n for n in ("weight", "scales", "biases") if n in self]
+        tiled = {n: self[n] for n in names}
+        try:
+            for n, a in zip(names, untile_quantized(*tiled.values())):
+                self[n] = a
+            return super().__call__(x, indices, sorted_indices)
+        finally:
+            for n, a in tiled.items():
+                self[n] = a
 
 
 FAST_EXPERT_CLASSES = (FastSwitchLinear, FastQuantizedSwitchLinear)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from vllm_metal.cpu.fast_experts import FAST_EXPERT_CLASSES, fast_expert_class
+from vllm_metal.cpu.fast_experts import (FAST_EXPERT_CLASSES, FastQuantizedSwitchLinear,
+                                         fast_expert_class)
 from vllm_metal.cpu.fast_heads import FAST_HEAD_CLASSES, fast_head_class
 from vllm_metal.native import get_ops
 from vllm_metal.ops.linear import (BITS, GROUP_SIZES, dense_matmul, embedding_gather,
@@ -99,8 +100,9 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
     dtype, so bf16/fp16 weights compute on fp32 activations: the ops follow MLX's
     type promotion, so the activations then stay fp32 through the network.
 
-    ``int8_activations`` makes the quantized layers (and a quantized tied head)
-    round their input to int8 per 32 columns (csrc/cpu/linear/linear_q8.h).
+    ``int8_activations`` makes the quantized layers (and a quantized tied head, and
+    affine-quantized experts) round their input to int8 per 32 columns
+    (csrc/cpu/linear/linear_q8.h).
     """
     get_ops()  # fail here, not in the first forward, if the extension is missing
     switched = 0
@@ -119,6 +121,10 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
             if int8_activations:
                 _narrow_scales(module)
                 _find_zero_point(module)
+        if isinstance(module, FastQuantizedSwitchLinear):
+            if module.tiled and not int8_activations:
+                _set_untiled(module)
+            module.int8_activations = int8_activations and module.mode == "affine"
     return switched
 
 
@@ -134,8 +140,8 @@ def tile_int8_weights(model: nn.Module) -> int:
     the decoder stack and ops that take ``tiled`` read them. Idempotent."""
     tiled = 0
     for _, module in model.named_modules():
-        if (isinstance(module, (FastQuantizedLinear, FastQuantizedEmbedding))
-                and module.int8_activations and not module.tiled):
+        if (isinstance(module, _TILED_CLASSES) and module.int8_activations
+                and not module.tiled):
             names = [n for n in ("weight", "scales", "biases") if n in module]
             for name, array in zip(names, tile_quantized(*(module[n] for n in names))):
                 module[name] = array
@@ -143,6 +149,9 @@ def tile_int8_weights(model: nn.Module) -> int:
             module.tiled = True
             tiled += 1
     return tiled
+
+
+_TILED_CLASSES = (FastQuantizedLinear, FastQuantizedEmbedding, FastQuantizedSwitchLinear)
 
 
 def _set_untiled(module: nn.Module) -> None:

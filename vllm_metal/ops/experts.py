@@ -19,7 +19,8 @@ _CPU = mx.cpu
 
 def expert_matmul(x: mx.array, idx: mx.array, w: mx.array, scales: mx.array | None = None,
                   biases: mx.array | None = None, *, bits: int = 0, group_size: int = 0,
-                  bias: mx.array | None = None, mode: str = "affine") -> mx.array:
+                  bias: mx.array | None = None, mode: str = "affine",
+                  int8_activations: bool = False, tiled: bool = False) -> mx.array:
     """Each (token, expert) pair's row times its expert's matrix.
 
     x:      [R, K] float32/bfloat16/float16; R divides P, each row feeding P / R
@@ -32,6 +33,10 @@ def expert_matmul(x: mx.array, idx: mx.array, w: mx.array, scales: mx.array | No
     bias:   optional float [E, N], each expert's bias
     Returns [P, N]: x[p // (P // R)] @ w[idx[p]].T (+ bias[idx[p]]), accumulated in
     float32, in MLX's promotion of the x, weight (scales) and bias dtypes.
+    int8_activations (affine weights): x rounded to int8 per 32 columns, as
+    ops.linear.quantized_matmul; a pair's row is the same bits whatever else the call
+    holds. tiled (with int8_activations): w, scales and biases from
+    ops.linear.tile_quantized (each expert tiled on its own).
     """
     if not isinstance(idx, mx.array):
         raise TypeError(f"idx must be an mx.array, got {type(idx).__name__}")
@@ -40,4 +45,5 @@ def expert_matmul(x: mx.array, idx: mx.array, w: mx.array, scales: mx.array | No
             raise TypeError(f"idx must be an integer array, got {idx.dtype}")
         idx = idx.astype(mx.int32)
     return get_ops().expert_matmul(x, idx, w, scales, biases, bits, group_size, bias,
-                                   mode=mode, stream=_CPU)
+                                   mode=mode, int8_activations=int8_activations, tiled=tiled,
+                                   stream=_CPU)

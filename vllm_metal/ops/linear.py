@@ -80,8 +80,8 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
 
 
 def tile_quantized(*arrays: mx.array | None) -> tuple[mx.array | None, ...]:
-    """Each [N, P] array of a quantized matrix (codes, scales, biases; None passes
-    through) in the int8 kernels' tile order, same shape: rows are taken TILE_ROWS at a
+    """Each [..., N, P] array of a quantized matrix, or of a stack of them (codes,
+    scales, biases; None passes through) in the int8 kernels' tile order, same shape: rows are taken TILE_ROWS at a
     time and each tile's [rows, P] block is stored transposed, [P, rows] (the last
     tile may have fewer rows). One output column's codes then sit in one lane of
     every vector the kernel loads, and the kernel that serves one row of x is the
@@ -96,23 +96,32 @@ def untile_quantized(*arrays: mx.array | None) -> tuple[mx.array | None, ...]:
 
 
 def _tile(a: mx.array) -> mx.array:
-    n, p = a.shape
+    """[..., N, P]: each trailing [N, P] matrix tiled on its own."""
+    *lead, n, p = a.shape
+    a = a.reshape(-1, n, p)
     full = n // TILE_ROWS * TILE_ROWS
-    parts = [a[:full].reshape(-1, TILE_ROWS, p).swapaxes(1, 2).reshape(-1)] if full else []
+    parts = []
+    if full:
+        parts.append(a[:, :full].reshape(-1, full // TILE_ROWS, TILE_ROWS, p)
+                     .swapaxes(2, 3).reshape(a.shape[0], -1))
     if full < n:
-        parts.append(a[full:].T.reshape(-1))
-    return mx.concatenate(parts).reshape(n, p) if len(parts) > 1 else parts[0].reshape(n, p)
+        parts.append(a[:, full:].swapaxes(1, 2).reshape(a.shape[0], -1))
+    out = mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+    return out.reshape(*lead, n, p)
 
 
 def _untile(a: mx.array) -> mx.array:
-    n, p = a.shape
+    *lead, n, p = a.shape
+    flat = a.reshape(-1, n * p)
     full = n // TILE_ROWS * TILE_ROWS
-    flat = a.reshape(-1)
-    parts = [flat[:full * p].reshape(-1, p, TILE_ROWS).swapaxes(1, 2).reshape(full, p)] \
-        if full else []
+    parts = []
+    if full:
+        parts.append(flat[:, :full * p].reshape(-1, full // TILE_ROWS, p, TILE_ROWS)
+                     .swapaxes(2, 3).reshape(flat.shape[0], full, p))
     if full < n:
-        parts.append(flat[full * p:].reshape(p, n - full).T)
-    return mx.concatenate(parts) if len(parts) > 1 else mx.contiguous(parts[0])
+        parts.append(flat[:, full * p:].reshape(-1, p, n - full).swapaxes(1, 2))
+    out = mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+    return mx.contiguous(out.reshape(*lead, n, p))
 
 
 def _check_tiled(tiled: object, int8_activations: object) -> None:

@@ -86,8 +86,9 @@ void route_row(const StackMoe& m, const float* logits, int64_t experts, int32_t*
 
 void experts(const StackExperts& e, const float* x, int64_t pairs_per_row, const int32_t* idx,
              int64_t pairs, float* out) {
-  expert_matmul_cpu(e.w, ExpertIO{x, Elem::F32, pairs_per_row, idx, pairs, e.bias, e.bias_type,
-                                  out, Elem::F32});
+  ExpertIO io{x, Elem::F32, pairs_per_row, idx, pairs, e.bias, e.bias_type, out, Elem::F32};
+  io.int8_activations = e.int8_activations;
+  expert_matmul_cpu(e.w, io);
 }
 
 int64_t rows_of(const ExpertStack& s) {

@@ -26,6 +26,7 @@ struct StackExperts {
   ExpertStack w{};
   const void* bias = nullptr;
   Elem bias_type = Elem::F32;
+  bool int8_activations = false;  // affine experts only (ExpertIO::int8_activations)
 };
 
 struct StackMoe {

@@ -7,6 +7,7 @@
 
 #include "cpu/linear/linear_driver.h"
 #include "cpu/linear/linear_kernels.h"
+#include "cpu/linear/linear_q8.h"
 #include "cpu/runtime/scratch.h"
 #include "cpu/runtime/thread_pool.h"
 
@@ -94,11 +95,20 @@ void expert_matmul_cpu(const ExpertStack& w, const ExpertIO& io) {
     throw std::invalid_argument("expert_matmul: pairs must be a multiple of pairs_per_row");
   }
   const Sorted s = sort_pairs(io, w.experts);
-  const bool nibble = w.quantized && w.q.bits == 4;
-  // Group sums of x serve the affine biases; MXFP4 has none.
-  const int gs = w.quantized && !w.q.mxfp4 ? w.q.group_size : 0;
+  const bool int8 = io.int8_activations && w.quantized && !w.q.mxfp4 && k > 0;
+  if (w.quantized && w.q.tiled && !int8) {
+    throw std::invalid_argument("expert_matmul: tiled experts need int8 activations");
+  }
+  const bool nibble = w.quantized && w.q.bits == 4 && !int8;
+  // Group sums of x serve the affine biases; MXFP4 has none (int8 forms its own).
+  const int gs = w.quantized && !w.q.mxfp4 && !int8 ? w.q.group_size : 0;
   LinearIO gathered{io.x, io.x_type, io.pairs, nullptr, Elem::F32, nullptr, Elem::F32};
   const PreparedX px = k > 0 ? prepare_x(gathered, k, nibble, gs, s.rows.data()) : PreparedX{};
+  // The sorted pairs' rows, each rounded once.
+  const Q8Acts acts = int8 ? quantize_acts({px.x, Elem::F32, io.pairs, nullptr, Elem::F32,
+                                            nullptr, Elem::F32},
+                                           k, w.q.bits, w.q.group_size)
+                           : Q8Acts{};
   const LinearKernels& kern = linear_kernels();
   const int64_t gemv_max = w.quantized ? kQuantGemvMaxRows : kDenseGemvMaxRows;
   const int64_t expert_bytes = w.quantized ? n * k * w.q.bits / 8 : n * k * elem_bytes(w.d.type);
@@ -111,9 +121,12 @@ void expert_matmul_cpu(const ExpertStack& w, const ExpertIO& io) {
   const bool parallel = traffic >= kSerialBytes;
   const int64_t gemv_cols = item_columns(std::max<int64_t>(gemv_columns, 1), 8, parallel);
   const int64_t gemm_cols = tile_rows(n, k, parallel, kern.panel_rows);
+  const int64_t int8_cols = item_columns(n, kQ8TileCols, parallel);
   std::vector<Item> items;
   for (int gi = 0; gi < static_cast<int>(s.groups.size()); ++gi) {
-    const int64_t cols = s.groups[gi].count <= gemv_max ? std::min(gemv_cols, n) : gemm_cols;
+    const int64_t cols = int8                              ? int8_cols
+                         : s.groups[gi].count <= gemv_max ? std::min(gemv_cols, n)
+                                                           : gemm_cols;
     for (int64_t c0 = 0; c0 < n; c0 += cols) items.push_back({gi, c0, std::min(n, c0 + cols)});
   }
 
@@ -125,6 +138,9 @@ void expert_matmul_cpu(const ExpertStack& w, const ExpertIO& io) {
     ScratchArray<float> y = scratch_array<float>(g.count * ldy);
     if (k == 0) {
       std::fill(y.get(), y.get() + g.count * ldy, 0.0f);
+    } else if (int8) {
+      q8_products(expert_quant(w.q, g.expert), acts, g.begin, g.begin + g.count, c0, c1, y.get(),
+                  ldy);
     } else if (g.count <= gemv_max) {
       const QuantMatrix q = w.quantized ? expert_quant(w.q, g.expert) : QuantMatrix{};
       const DenseMatrix d = w.quantized ? DenseMatrix{} : expert_dense(w.d, g.expert);

@@ -31,12 +31,18 @@ struct ExpertIO {
   Elem bias_type;
   void* out;                // [pairs, n]
   Elem out_type;
+  // Affine-quantized experts only (MXFP4 ignores it): x rounded to int8 per 32
+  // columns, as LinearIO::int8_activations; each pair's row is then computed
+  // alike whatever else the call holds (linear_q8.h).
+  bool int8_activations = false;
 };
 
 // out[p] = x[p / pairs_per_row] . W[idx[p]]^T (+ bias[idx[p]]), fp32
 // accumulation. Each expert's pairs go through the linear kernels as one
 // GEMV (a few rows: weights decoded in registers) or GEMM (decoded panels),
-// one pool job over every (expert, column block). Raises std::out_of_range,
+// or with int8 activations the int8 kernel, one pool job over every (expert,
+// column block). An affine stack may be tiled (QuantMatrix::tiled, each
+// expert's [n, ...] arrays tiled on their own): int8 activations only. Raises std::out_of_range,
 // before writing anything, for an idx outside [0, E).
 void expert_matmul_cpu(const ExpertStack& w, const ExpertIO& io);
 

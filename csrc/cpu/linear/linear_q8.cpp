@@ -96,13 +96,13 @@ float output_generic(const QuantMatrix& w, const Q8Acts& a, int64_t i, int64_t n
   return y;
 }
 
-// Outputs [c0, c1) of every row of a, from rows c0 .. of w in MLX's layout.
-void outputs_generic(const QuantMatrix& w, const Q8Acts& a, int64_t c0, int64_t c1, float* y,
-                     int64_t ldy) {
+// Outputs [c0, c1) of rows [r0, r1) of a, from rows c0 .. of w in MLX's layout.
+void outputs_generic(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t c0,
+                     int64_t c1, float* y, int64_t ldy) {
   for_types(w.scale_type, [&](auto type) {
-    for (int64_t i = 0; i < a.m; ++i)
+    for (int64_t i = r0; i < r1; ++i)
       for (int64_t n = c0; n < c1; ++n)
-        y[i * ldy + (n - c0)] = output_generic<decltype(type)>(w, a, i, n);
+        y[(i - r0) * ldy + (n - c0)] = output_generic<decltype(type)>(w, a, i, n);
   });
 }
 
@@ -138,12 +138,13 @@ QuantMatrix untile(const QuantMatrix& w, int64_t r0, int64_t h, void* scratch) {
 
 // The portable kernel computes each output alone (output_generic), so it is
 // batch-invariant as it stands; a tiled w is read one tile at a time.
-void gemm_generic(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y,
-                  int64_t ldy, void* scratch) {
-  if (!w.tiled) return outputs_generic(w, a, n0, n1, y, ldy);
+void gemm_generic(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
+                  int64_t n1, float* y, int64_t ldy, void* scratch) {
+  if (!w.tiled) return outputs_generic(w, a, r0, r1, n0, n1, y, ldy);
   for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
     const QuantMatrix rows = untile(w, t0, std::min<int64_t>(kQ8TileCols, w.n - t0), scratch);
-    outputs_generic(rows, a, 0, std::min<int64_t>(kQ8TileCols, n1 - t0), y + (t0 - n0), ldy);
+    outputs_generic(rows, a, r0, r1, 0, std::min<int64_t>(kQ8TileCols, n1 - t0), y + (t0 - n0),
+                    ldy);
   }
 }
 
@@ -152,17 +153,22 @@ const Q8Kernels kGeneric = {quantize_row_generic, gemm_generic};
 // --- drivers -------------------------------------------------------------
 
 // Output columns [c0, c1) for every row of x.
-void q8_columns(const Q8Kernels& kern, const QuantMatrix& w, const LinearIO& io,
-                const Q8Acts& a, int64_t c0, int64_t c1) {
+void q8_columns(const QuantMatrix& w, const LinearIO& io, const Q8Acts& a, int64_t c0,
+                int64_t c1) {
   ColumnBlock b = column_block(io, w.n, c0, c1);
-  thread_local std::vector<uint8_t> scratch;
-  const auto bytes = static_cast<size_t>(q8_tile_scratch(w));
-  if (scratch.size() < bytes) scratch.resize(bytes);
-  kern.gemm(w, a, c0, c1, b.y, b.ldy, scratch.data());
+  q8_products(w, a, 0, a.m, c0, c1, b.y, b.ldy);
   finish(io, w.n, b, c0, c1);
 }
 
 } // namespace
+
+void q8_products(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
+                 int64_t n1, float* y, int64_t ldy) {
+  thread_local std::vector<uint8_t> scratch;
+  const auto bytes = static_cast<size_t>(q8_tile_scratch(w));
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  q8_kernels().gemm(w, a, r0, r1, n0, n1, y, ldy, scratch.data());
+}
 
 int64_t q8_tile_scratch(const QuantMatrix& w) {
   const int64_t words = w.k * w.bits / 32;
@@ -222,13 +228,12 @@ void quantized_matmul_q8_cpu(const QuantMatrix& w, const LinearIO& io) {
   const int64_t n = w.n, k = w.k, m = io.m;
   if (m == 0 || n == 0) return;
   if (k == 0) return zero_k(io, n);
-  const Q8Kernels& kern = q8_kernels();
   const Q8Acts a = quantize_acts(io, k, w.bits, w.group_size);
   const int64_t weight_bytes = n * k * w.bits / 8;
   const bool parallel = weight_bytes * m >= kSerialBytes;
   // Whole tiles per item.
   for_columns(n, item_columns(n, kQ8TileCols, parallel), parallel, [&](int64_t c0, int64_t c1) {
-    q8_columns(kern, w, io, a, c0, c1);
+    q8_columns(w, io, a, c0, c1);
   });
 }
 
@@ -238,10 +243,9 @@ void quantized_matmuls_q8_cpu(const QuantMatrix* ws, const LinearIO* ios, int co
     return;
   }
   // x is quantized once for every matrix.
-  const Q8Kernels& kern = q8_kernels();
   const Q8Acts a = quantize_acts(ios[0], ws[0].k, ws[0].bits, ws[0].group_size);
   for_matrix_columns(ws, count, kQ8TileCols, [&](int i, int64_t c0, int64_t c1) {
-    q8_columns(kern, ws[i], ios[i], a, c0, c1);
+    q8_columns(ws[i], ios[i], a, c0, c1);
   });
 }
 

@@ -71,10 +71,10 @@ struct Q8Kernels {
   // and xsum of that row; the padding is written as zeros.
   void (*quantize_row)(const float* x, int64_t k, int64_t kp, int bits, int group_size,
                        int8_t* q, float* d, float* xsum);
-  // y[i * ldy + c - n0] for every row of a, c in [n0, n1) (n0 a multiple of
-  // kQ8TileCols); scratch holds q8_tile_scratch(w) bytes.
-  void (*gemm)(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y,
-               int64_t ldy, void* scratch);
+  // y[(i - r0) * ldy + c - n0] for rows i in [r0, r1) of a, c in [n0, n1)
+  // (n0 a multiple of kQ8TileCols); scratch holds q8_tile_scratch(w) bytes.
+  void (*gemm)(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
+               int64_t n1, float* y, int64_t ldy, void* scratch);
 };
 
 // Output columns per GEMM tile (one 512-bit vector of int32 lanes).
@@ -88,6 +88,12 @@ const Q8Kernels& q8_kernels_generic();
 const Q8Kernels* q8_kernels_vnni();
 #endif
 const Q8Kernels& q8_kernels();
+
+// y[(i - r0) * ldy + c - n0] = row i of a . row c of W, for i in [r0, r1) and
+// c in [n0, n1) (n0 a multiple of kQ8TileCols): the kernel with this thread's
+// scratch (the expert matmul's per-expert products).
+void q8_products(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
+                 int64_t n1, float* y, int64_t ldy);
 
 void quantized_matmul_q8_cpu(const QuantMatrix& w, const LinearIO& io);
 // As quantized_matmuls_cpu: the matrices share io.x, which is quantized once.

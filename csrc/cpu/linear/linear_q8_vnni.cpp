@@ -343,23 +343,23 @@ VLLM_METAL_INLINE void gemm_rest(const Tile<typename S::storage>& t, const Q8Act
   }
 }
 
-// Every row of a against one tile.
+// Rows [r0, r1) of a against one tile.
 template <int BITS, typename S>
-void gemm_rows(const Tile<typename S::storage>& t, const Q8Acts& a, int cols, float* y,
-               int64_t ldy, float zero_point, bool stream) {
-  int64_t i = 0;
-  for (; i + kGemmRows <= a.m; i += kGemmRows) {
-    gemm_tile<kGemmRows, BITS, S>(t, a, i, cols, y + i * ldy, ldy, zero_point, stream);
+void gemm_rows(const Tile<typename S::storage>& t, const Q8Acts& a, int64_t r0, int64_t r1,
+               int cols, float* y, int64_t ldy, float zero_point, bool stream) {
+  int64_t i = r0;
+  for (; i + kGemmRows <= r1; i += kGemmRows) {
+    gemm_tile<kGemmRows, BITS, S>(t, a, i, cols, y + (i - r0) * ldy, ldy, zero_point, stream);
   }
-  if (i < a.m) {
-    gemm_rest<BITS, S>(t, a, i, static_cast<int>(a.m - i), cols, y + i * ldy, ldy, zero_point,
-                       stream);
+  if (i < r1) {
+    gemm_rest<BITS, S>(t, a, i, static_cast<int>(r1 - i), cols, y + (i - r0) * ldy, ldy,
+                       zero_point, stream);
   }
 }
 
 template <int BITS, typename S>
-void gemm_bits(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y,
-               int64_t ldy, void* scratch) {
+void gemm_bits(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
+               int64_t n1, float* y, int64_t ldy, void* scratch) {
   using ST = typename S::storage;
   const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
   for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
@@ -370,20 +370,20 @@ void gemm_bits(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, fl
       // prefetches run ahead into the next one.
       const Tile<ST> t{w.w + t0 * wpr, static_cast<const ST*>(w.scales) + t0 * groups,
                        w.biases ? static_cast<const ST*>(w.biases) + t0 * groups : nullptr};
-      gemm_rows<BITS, S>(t, a, cols, yt, ldy, w.zero_point, true);
+      gemm_rows<BITS, S>(t, a, r0, r1, cols, yt, ldy, w.zero_point, true);
     } else {
       const Tile<float> t =
           repack<S>(w, t0, static_cast<int>(std::min<int64_t>(kQ8TileCols, w.n - t0)), scratch);
       if (!w.tiled && t0 + kQ8TileCols < n1) prefetch_tile<S>(w, t0 + kQ8TileCols);
-      gemm_rows<BITS, F32>(t, a, cols, yt, ldy, w.zero_point, false);
+      gemm_rows<BITS, F32>(t, a, r0, r1, cols, yt, ldy, w.zero_point, false);
     }
   }
 }
 
-void gemm(const QuantMatrix& w, const Q8Acts& a, int64_t n0, int64_t n1, float* y, int64_t ldy,
-          void* scratch) {
+void gemm(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0, int64_t n1,
+          float* y, int64_t ldy, void* scratch) {
   with_types(w, [&](auto bits, auto s) {
-    gemm_bits<decltype(bits)::value, decltype(s)>(w, a, n0, n1, y, ldy, scratch);
+    gemm_bits<decltype(bits)::value, decltype(s)>(w, a, r0, r1, n0, n1, y, ldy, scratch);
   });
 }
 
