@@ -80,13 +80,14 @@ def quantized_matmul(x: mx.array, w: mx.array, scales: mx.array, biases: mx.arra
 
 
 def tile_quantized(*arrays: mx.array | None) -> tuple[mx.array | None, ...]:
-    """Each [..., N, P] array of a quantized matrix, or of a stack of them (codes,
-    scales, biases; None passes through) in the int8 kernels' tile order, same shape: rows are taken TILE_ROWS at a
-    time and each tile's [rows, P] block is stored transposed, [P, rows] (the last
-    tile may have fewer rows). One output column's codes then sit in one lane of
-    every vector the kernel loads, and the kernel that serves one row of x is the
-    one that serves many (csrc/cpu/linear/linear_q8.h). Rows cut at multiples of
-    TILE_ROWS stay valid tiles. Returns lazy arrays."""
+    """Each [..., N, P] array of a quantized matrix or of a stack of them (codes,
+    scales, biases; None passes through) in the int8 kernels' tile order, same
+    shape: rows are taken TILE_ROWS at a time and each tile's [rows, P] block is
+    stored transposed, [P, rows] (the last tile may have fewer rows). One output
+    column's codes then sit in one lane of every vector the kernel loads, and the
+    kernel that serves one row of x is the one that serves many
+    (csrc/cpu/linear/linear_q8.h). Rows cut at multiples of TILE_ROWS stay valid
+    tiles. Returns lazy arrays."""
     return tuple(None if a is None else _tile(a) for a in arrays)
 
 
