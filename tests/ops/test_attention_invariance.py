@@ -56,7 +56,7 @@ def with_sinks(options, heads):
     return options
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 @pytest.mark.parametrize("options", OPTIONS, ids=["causal", "window", "softcap", "sinks"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}x{c[3]}x{c[4]}-bs{c[5]}")
 def test_a_row_is_the_same_in_any_call(force_route, isa, options, case):

@@ -106,7 +106,7 @@ def test_short_query_options(options):
     check(batch, **options)
 
 
-@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16], ids=str)
 def test_each_row_of_a_short_query_is_what_it_gets_alone(force_route, dtype, isa):
     # The rows of a verification query share each K/V vector but not their

@@ -294,6 +294,13 @@ namespace {
 #endif
 #endif
 
+namespace generic_attention {
+namespace {
+#include "cpu/attention/attention_generic.inc"
+#include "cpu/attention/decode_row.inc"
+} // namespace
+} // namespace generic_attention
+
 namespace {
 
 template <typename KV, int D>
@@ -320,10 +327,13 @@ AttentionItemFn for_isa(Isa isa, bool decode, bool pieces) {
     if (pieces && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
     if (pieces && isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
   }
-  if (pieces) return nullptr; // the pieces kernel is intrinsics only
-  if (isa == Isa::Avx512) return decode ? &decode_avx512<KV, D> : &item_avx512<KV, D>;
-  if (isa == Isa::Avx2) return decode ? &decode_avx2<KV, D> : &item_avx2<KV, D>;
+  if (isa == Isa::Avx512 && !pieces) return decode ? &decode_avx512<KV, D> : &item_avx512<KV, D>;
+  if (isa == Isa::Avx2 && !pieces) return decode ? &decode_avx2<KV, D> : &item_avx2<KV, D>;
 #endif
+  if constexpr (D != 0) {
+    if (pieces) return &generic_attention::DecodeRow<KV, D>::run;
+  }
+  if (pieces) return nullptr; // other head sizes: the older plan, not batch-invariant
   return decode ? &decode_generic<KV, D> : &item_generic<KV, D>;
 }
 

@@ -85,8 +85,8 @@ AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size);
 // The pieces kernel (decode_row.inc): any number of query rows of one
 // sequence, one state per piece of keys (see AttentionItem), each row's
 // arithmetic independent of the item that holds it: what makes attention
-// batch-invariant (paged_pieces_cpu.h). nullptr where there is no intrinsics
-// kernel for this ISA and head size.
+// batch-invariant (paged_pieces_cpu.h). nullptr for head sizes other than
+// 64, 128 and 256.
 AttentionItemFn select_pieces_item(mlx::core::Dtype kv_dtype, int head_size);
 
 } // namespace vllm_metal::cpu
