@@ -27,7 +27,8 @@ namespace {
 // The weights stream from memory once per token. The hardware prefetcher
 // alone kept one core near 20 GB/s; asking for the codes 6 KiB ahead into L2
 // (and the scales and biases, which move 8-16x slower, 1 KiB ahead) gave
-// 26-31 GB/s on a 32 MB matrix (Zen 4; 2-4 KiB or into L1 was slower).
+// 26-31 GB/s on a 32 MB matrix (Zen 4, measured with the per-row kernel this
+// tiled one replaced; 2-4 KiB or into L1 was slower). A tiled W is one stream.
 constexpr int kPrefetchCodes = 6144;
 constexpr int kPrefetchScales = 1024;
 
@@ -38,10 +39,6 @@ VLLM_METAL_INLINE void prefetch_l2(const void* p, int64_t ahead) {
 VLLM_METAL_INLINE __mmask16 mask16(int64_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF)
                  : static_cast<__mmask16>((1u << std::max<int64_t>(n, 0)) - 1u);
-}
-
-VLLM_METAL_INLINE __mmask64 mask64(int64_t n) {
-  return n >= 64 ? ~__mmask64{0} : ((__mmask64{1} << std::max<int64_t>(n, 0)) - 1);
 }
 
 // Up to 16 scales (or biases) of storage type S as fp32 lanes; the rest 0.
