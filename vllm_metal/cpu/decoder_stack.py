@@ -313,7 +313,7 @@ def _projections(module: nn.Module, names: tuple, fused: str, rows: tuple,
     if all(hasattr(module, n) for n in names):
         return [_Rows.of(getattr(module, n), where) for n in names]
     if fused and hasattr(module, fused):
-        whole = _Rows.of(getattr(module, fused), where)
+        whole = _Rows.of(getattr(module, fused), where).laid_out(False)  # once, for the cuts
         if sum(rows) != whole.n:
             raise Unsupported(f"{where}: {fused} has {whole.n} rows, expected {sum(rows)}")
         cuts, start = [], 0
@@ -360,11 +360,11 @@ class _Rows:
         return int(self.weight.shape[0])
 
     def slice(self, start: int, stop: int) -> _Rows:
-        whole = self.laid_out(False)  # tiles need not start at the cut
+        """Rows [start, stop), in MLX's layout (a tile need not start at the cut)."""
+        whole = self.laid_out(False)
         cut = lambda a: None if a is None else a[start:stop]  # noqa: E731
-        rows = _Rows(self.bits, self.group_size, cut(whole.weight), cut(whole.scales),
+        return _Rows(self.bits, self.group_size, cut(whole.weight), cut(whole.scales),
                      cut(whole.biases), cut(self.bias), self.lora, self.lora_col0 + start)
-        return rows.laid_out(self.tiled)
 
     def laid_out(self, tiled: bool) -> _Rows:
         """These rows with quantized arrays in tile order (``tiled``) or MLX's: the

@@ -113,17 +113,15 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
             switched += 1
         if isinstance(module, (FastEmbedding, FastQuantizedEmbedding)):
             module.activation_dtype = activation_dtype
+        if isinstance(module, _TILED_CLASSES) and module.tiled and not int8_activations:
+            _set_layout(module, tiled=False)
         if isinstance(module, (FastQuantizedLinear, FastQuantizedEmbedding)):
-            if module.tiled and not int8_activations:
-                _set_untiled(module)
             module.int8_activations = int8_activations
             module.zero_point = None
             if int8_activations:
                 _narrow_scales(module)
                 _find_zero_point(module)
         if isinstance(module, FastQuantizedSwitchLinear):
-            if module.tiled and not int8_activations:
-                _set_untiled(module)
             module.int8_activations = int8_activations and module.mode == "affine"
     return switched
 
@@ -142,11 +140,7 @@ def tile_int8_weights(model: nn.Module) -> int:
     for _, module in model.named_modules():
         if (isinstance(module, _TILED_CLASSES) and module.int8_activations
                 and not module.tiled):
-            names = [n for n in ("weight", "scales", "biases") if n in module]
-            for name, array in zip(names, tile_quantized(*(module[n] for n in names))):
-                module[name] = array
-            mx.eval([module[n] for n in names])  # the MLX-layout copies go now
-            module.tiled = True
+            _set_layout(module, tiled=True)
             tiled += 1
     return tiled
 
@@ -154,11 +148,15 @@ def tile_int8_weights(model: nn.Module) -> int:
 _TILED_CLASSES = (FastQuantizedLinear, FastQuantizedEmbedding, FastQuantizedSwitchLinear)
 
 
-def _set_untiled(module: nn.Module) -> None:
+def _set_layout(module: nn.Module, tiled: bool) -> None:
+    """The module's quantized arrays rewritten in tile order (tiled) or MLX's, and
+    evaluated, so the other layout's copies are freed now."""
     names = [n for n in ("weight", "scales", "biases") if n in module]
-    for name, array in zip(names, untile_quantized(*(module[n] for n in names))):
+    change = tile_quantized if tiled else untile_quantized
+    for name, array in zip(names, change(*(module[n] for n in names))):
         module[name] = array
-    module.tiled = False
+    mx.eval([module[n] for n in names])
+    module.tiled = tiled
 
 
 def count_fast_modules(model: nn.Module) -> int:
