@@ -86,8 +86,9 @@ class Backend(ABC):
     # -- the KV cache: the runner -------------------------------------------
 
     @abstractmethod
-    def kv_cache_dtype(self) -> mx.Dtype | None:
-        """The cache's dtype when vLLM's --kv-cache-dtype is auto (None: the model's)."""
+    def kv_cache_dtype(self, model: nn.Module) -> mx.Dtype | None:
+        """The cache's dtype when vLLM's --kv-cache-dtype is auto, for the prepared
+        ``model`` (None: the model's dtype)."""
 
     @abstractmethod
     def commit_kv_cache(self, cache: PagedKVCache) -> int:

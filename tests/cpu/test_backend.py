@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 import torch
 
@@ -16,11 +17,57 @@ from vllm_metal.cpu.fast_linears import FastQuantizedLinear
 from vllm_metal.v1.model_lifecycle import load_model
 
 
-@pytest.mark.parametrize("name,dtype", [("auto", None), ("float16", mx.float16),
-                                        ("bfloat16", mx.bfloat16)])
-def test_kv_cache_dtype_follows_the_variable(monkeypatch, name, dtype):
+def _loaded(bits: int | None) -> nn.Module:
+    path = cached_tiny_model("llama", **({"quantize_bits": bits, "group_size": 32} if bits else {}))
+    return load_model(str(path), mx.float32, CpuBackend()).model
+
+
+@pytest.mark.parametrize("name,dtype", [("float16", mx.float16), ("bfloat16", mx.bfloat16)])
+@pytest.mark.parametrize("bits", [None, 4])
+def test_kv_cache_dtype_follows_the_variable(monkeypatch, name, dtype, bits):
     monkeypatch.setenv("VLLM_METAL_CPU_KV_CACHE_DTYPE", name)
-    assert CpuBackend().kv_cache_dtype() == dtype
+    assert CpuBackend().kv_cache_dtype(_loaded(bits)) == dtype
+
+
+@pytest.mark.parametrize("setting", ["", "auto", "1", "0"])
+@pytest.mark.parametrize("bits", [None, 4, 8])
+def test_quantized_models_run_int8_with_a_half_cache_unless_switched_off(
+        monkeypatch, setting, bits):
+    # The default (auto): a quantized checkpoint takes the fast path, int8
+    # activations and an fp16 cache; a float one keeps fp32 activations and its
+    # dtype in the cache. 0 restores mlx-lm's arithmetic for both.
+    if setting:
+        monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", setting)
+    else:
+        monkeypatch.delenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", raising=False)
+    monkeypatch.delenv("VLLM_METAL_CPU_KV_CACHE_DTYPE", raising=False)
+    model = _loaded(bits)
+    fast = bits is not None and setting != "0"
+    layers = [m for _, m in model.named_modules() if hasattr(m, "int8_activations")]
+    assert layers if bits else not layers
+    assert all(m.int8_activations == fast for m in layers)
+    # Asked for (1) or chosen (auto), int8 computes on fp32 activations.
+    chosen = setting == "1" or fast
+    embed = model.model.embed_tokens
+    assert str(embed.activation_dtype) == str(mx.float32 if chosen else None)
+    assert CpuBackend().kv_cache_dtype(model) == (mx.float16 if fast else None)
+
+
+def test_the_layers_stay_exact_until_the_backbone_is_planned(monkeypatch):
+    # The adapter's checks compare its wrappers with the modules' own forward:
+    # prepare_weights leaves float32 arithmetic; prepare_backbone turns int8 on.
+    monkeypatch.delenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", raising=False)
+    model = nn.Sequential(nn.Embedding(64, 64), nn.Linear(64, 64))
+    nn.quantize(model, group_size=32, bits=4)
+    CpuBackend().prepare_weights(model)
+    assert not model.layers[1].int8_activations
+    assert str(model.layers[0].activation_dtype) == str(mx.float32)
+
+
+def test_an_unknown_int8_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "fast")
+    with pytest.raises(ValueError, match="VLLM_METAL_CPU_INT8_ACTIVATIONS.*auto, 1 or 0"):
+        _loaded(4)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux dtypes")

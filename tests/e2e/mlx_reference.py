@@ -42,10 +42,15 @@ def greedy_text(model_dir: Path, prompt_ids: list[int], max_tokens: int) -> str:
     return tokenizer.decode([t for t in ids if t not in eos])
 
 
-def full_logprobs(model_dir: Path, token_ids: list[int]) -> np.ndarray:
-    """log_softmax of the logits at every position of one dense forward: float64 [len, vocab]."""
+def full_logprobs(model_dir: Path, token_ids: list[int], cached: bool = False) -> np.ndarray:
+    """log_softmax of the logits at every position of one dense forward: float64 [len, vocab].
+    ``cached``: through mlx-lm's prompt cache, so keys and values pass its update
+    (where int8_reference rounds them)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
     model, _ = load(model_dir)
-    logits = model(mx.array(token_ids)[None])[0].astype(mx.float32)
+    cache = make_prompt_cache(model) if cached else None
+    logits = model(mx.array(token_ids)[None], cache=cache)[0].astype(mx.float32)
     x = np.array(logits, dtype=np.float64)
     x -= x.max(axis=-1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))

@@ -28,5 +28,5 @@ def test_mlx_keeps_every_layer():
 def test_kv_cache_is_the_budgets_in_the_models_dtype():
     backend = MetalBackend()
     assert backend.kv_cache_cap() is None
-    assert backend.kv_cache_dtype() is None
+    assert backend.kv_cache_dtype(nn.QuantizedLinear(64, 32, bits=4, group_size=32)) is None
     assert backend.device == mx.gpu and not backend.sampling_kernels

@@ -126,6 +126,23 @@ def use_fast_cpu_linears(model: nn.Module, activation_dtype: mx.Dtype | None = N
     return switched
 
 
+def int8_capable(model: nn.Module) -> bool:
+    """Whether ``model`` has layers int8 activations would take (quantized linears,
+    embeddings and affine experts the CPU ops run), switched or not yet."""
+    for _, module in model.named_modules():
+        kind = type(module) if isinstance(module, _FAST_CLASSES) else _fast_class(module)
+        if kind in (FastQuantizedLinear, FastQuantizedEmbedding):
+            return True
+        if kind is FastQuantizedSwitchLinear and module.mode == "affine":
+            return True
+    return False
+
+
+def runs_int8(model: nn.Module) -> bool:
+    """Whether some layer of ``model`` rounds its input to int8 (use_fast_cpu_linears)."""
+    return any(getattr(m, "int8_activations", False) for _, m in model.named_modules())
+
+
 def tile_int8_weights(model: nn.Module) -> int:
     """Store the weights of ``model``'s int8-activation quantized layers in the int8
     kernels' tile order (ops.linear.tile_quantized), in place; returns how many.

@@ -61,7 +61,7 @@ class MetalBackend(Backend):
         check_head_size(adapter.family, dims.head_dim)
         return MetalBackbone(adapter)
 
-    def kv_cache_dtype(self) -> mx.Dtype | None:
+    def kv_cache_dtype(self, model: nn.Module) -> mx.Dtype | None:
         return None
 
     def commit_kv_cache(self, cache: PagedKVCache) -> int:

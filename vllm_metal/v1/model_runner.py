@@ -137,12 +137,12 @@ class MetalModelRunner:
     @property
     def kv_dtype(self) -> mx.Dtype:
         """--kv-cache-dtype float16/bfloat16 (vLLM lets it only equal the model's
-        dtype); else the backend's choice (the CPU backend's
-        VLLM_METAL_CPU_KV_CACHE_DTYPE may halve an fp32 model's cache); else the
+        dtype); else the backend's choice (the CPU backend stores float16 beside
+        int8 activations, or what VLLM_METAL_CPU_KV_CACHE_DTYPE names); else the
         model's dtype."""
         chosen = _KV_CACHE_DTYPES.get(self.vllm_config.cache_config.cache_dtype)
         if chosen is None:
-            chosen = self.backend.kv_cache_dtype()
+            chosen = self.backend.kv_cache_dtype(self.loaded.model)
         return chosen if chosen is not None else self.loaded.dtype
 
     def _fit_states_in_blocks(self) -> None:
@@ -249,8 +249,9 @@ class MetalModelRunner:
             draft = self.drafter.initialize_cache(kv_cache_config.num_blocks, self.block_size,
                                                   self.kv_dtype, _full_group(kv_cache_config))
             huge += self.backend.commit_kv_cache(draft)
-        logger.info("KV cache: %d blocks of %d tokens, %.1f MiB, %d group(s), committed%s",
-                    kv_cache_config.num_blocks, self.block_size, self.kv_cache.nbytes / 2**20,
+        logger.info("KV cache: %d blocks of %d tokens, %s, %.1f MiB, %d group(s), committed%s",
+                    kv_cache_config.num_blocks, self.block_size,
+                    str(self.kv_dtype).removeprefix("mlx.core."), self.kv_cache.nbytes / 2**20,
                     len(kv_cache_config.kv_cache_groups),
                     f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")
 

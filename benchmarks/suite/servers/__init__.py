@@ -3,8 +3,8 @@
 from benchmarks.suite.servers.llama_cpp_python import LlamaCppPython
 from benchmarks.suite.servers.llama_server import LlamaServer
 from benchmarks.suite.servers.mlx_lm_server import MlxLmServer
-from benchmarks.suite.servers.ours import Ours, OursInt8, OursMpExecutor
+from benchmarks.suite.servers.ours import Ours, OursExact, OursMpExecutor
 from benchmarks.suite.servers.vllm_mlx import VllmMlx
 
-SERVERS = {cls.name: cls for cls in (Ours, OursInt8, OursMpExecutor, LlamaServer, LlamaCppPython,
+SERVERS = {cls.name: cls for cls in (Ours, OursExact, OursMpExecutor, LlamaServer, LlamaCppPython,
                                      MlxLmServer, VllmMlx)}

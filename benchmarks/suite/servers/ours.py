@@ -23,8 +23,9 @@ SERVED_NAME = "bench-model"
 
 class Ours(Server):
     name = "ours"
-    label = ("vllm-metal (`vllm-metal serve`, MLX CPU backend + our kernels, GGUF Q4_1; "
-             "API server + engine core: 2 processes)")
+    label = ("vllm-metal (`vllm-metal serve`, MLX CPU backend + our kernels, GGUF Q4_1 "
+             "with its defaults: int8 activations, fp16 KV cache; API server + engine "
+             "core: 2 processes)")
     startup_timeout = 1200.0   # minutes on a loaded 2-core machine: model load and warm-up
     layout_args: tuple[str, ...] = ()   # appended to the shared --ours-args
     env: dict[str, str] = {}            # added to the server's environment
@@ -47,9 +48,8 @@ class OursMpExecutor(Ours):
     layout_args = ("--distributed-executor-backend", "mp")
 
 
-class OursInt8(Ours):
-    name = "ours-int8"
-    label = ("vllm-metal, same server with int8 activations in the quantized matmuls "
-             "(as llama.cpp's Q8 activations) and an fp16 KV cache "
-             "(`VLLM_METAL_CPU_INT8_ACTIVATIONS=1 VLLM_METAL_CPU_KV_CACHE_DTYPE=float16`)")
-    env = {"VLLM_METAL_CPU_INT8_ACTIVATIONS": "1", "VLLM_METAL_CPU_KV_CACHE_DTYPE": "float16"}
+class OursExact(Ours):
+    name = "ours-exact"
+    label = ("vllm-metal, same server with the fast path switched off: fp32 activations "
+             "and an fp32 KV cache, mlx-lm's arithmetic (`VLLM_METAL_CPU_INT8_ACTIVATIONS=0`)")
+    env = {"VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"}

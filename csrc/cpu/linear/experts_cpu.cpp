@@ -110,7 +110,11 @@ void expert_matmul_cpu(const ExpertStack& w, const ExpertIO& io) {
                                            k, w.q.bits, w.q.group_size)
                            : Q8Acts{};
   const LinearKernels& kern = linear_kernels();
-  const int64_t gemv_max = w.quantized ? kQuantGemvMaxRows : kDenseGemvMaxRows;
+  // Small experts (MLA's per-head products) take the GEMM at every count
+  // (kInvariantMaxCols).
+  const int64_t gemv_max = n <= kInvariantMaxCols ? 0
+                           : w.quantized          ? kQuantGemvMaxRows
+                                                  : kDenseGemvMaxRows;
   const int64_t expert_bytes = w.quantized ? n * k * w.q.bits / 8 : n * k * elem_bytes(w.d.type);
 
   int64_t traffic = 0, gemv_columns = 0;

@@ -91,7 +91,7 @@ void dense_matmul_cpu(const DenseMatrix& w, const LinearIO& io) {
   if (m == 0 || n == 0) return;
   if (k == 0) return zero_k(io, n);
   const LinearKernels& kern = linear_kernels();
-  const bool gemv = m <= kDenseGemvMaxRows;
+  const bool gemv = m <= kDenseGemvMaxRows && n > kInvariantMaxCols;
   PreparedX px = prepare_x(io, k, false, 0);
   const int64_t weight_bytes = n * k * (w.type == Elem::F32 ? 4 : 2);
   const bool parallel = weight_bytes * (gemv ? 1 : m) >= kSerialBytes;

@@ -42,6 +42,13 @@ inline int64_t round_up(int64_t a, int64_t b) {
 // Crossovers measured on Zen 4 (AVX-512) at SmolLM2's shapes.
 constexpr int64_t kQuantGemvMaxRows = 12;
 constexpr int64_t kDenseGemvMaxRows = 12;
+// A float-path W (dense, or an expert's) with at most this many rows (outputs)
+// takes the GEMM for every row count: the GEMM's per-output sum (one FMA per
+// column, in column order) does not depend on how many rows x has, so a
+// router's choice or a latent head's product for a token does not depend on
+// its batch (the GEMV sums in another order). At these sizes packing W per
+// call costs microseconds.
+constexpr int64_t kInvariantMaxCols = 512;
 // Rows of x per GEMV call (one weight decode serves them all).
 constexpr int kGemvRows = 4;
 // Columns per GEMV sub-range when x has several chunks of rows: the
