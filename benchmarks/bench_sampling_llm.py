@@ -30,8 +30,6 @@ def main() -> None:
     parser.add_argument("--sampler", choices=("kernel", "mlx"), required=True)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_METAL_CPU_INT8_ACTIVATIONS", "1")
-    os.environ.setdefault("VLLM_METAL_CPU_KV_CACHE_DTYPE", "float16")
 
     from vllm import LLM, SamplingParams
 

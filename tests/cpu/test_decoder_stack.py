@@ -18,6 +18,8 @@ from vllm_metal.cpu.decoder_stack import (
 )
 from vllm_metal.v1.model_lifecycle import load_model
 
+pytestmark = pytest.mark.usefixtures("exact_arithmetic")
+
 BLOCK = 16
 
 

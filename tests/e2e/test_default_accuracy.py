@@ -108,6 +108,9 @@ def _engine_log_probs(reference, monkeypatch, int8_setting: str | None):
     try:
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
         setup = (runner.kv_dtype, runs_int8(runner.loaded.model))
+        answer = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                          SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)
+        setup = (*setup, answer[0].outputs[0].text)
         got = []
         for ids, _ in reference:
             rows.clear()
@@ -134,13 +137,16 @@ def _compare(reference, got) -> tuple[float, float]:
 def test_default_and_exact_modes_against_transformers_float32(reference, monkeypatch):
     import mlx.core as mx
 
-    default, setup = _engine_log_probs(reference, monkeypatch, None)
-    assert setup == (mx.float16, True)  # the default is the fast path
-    exact, setup = _engine_log_probs(reference, monkeypatch, "0")
-    assert setup == (mx.float32, False)
+    default, (kv, int8, answer) = _engine_log_probs(reference, monkeypatch, None)
+    assert (kv, int8) == (mx.float16, True)  # the default is the fast path
+    assert "Paris" in answer, answer
+    exact, (kv, int8, _) = _engine_log_probs(reference, monkeypatch, "0")
+    assert (kv, int8) == (mx.float32, False)
     kl_default, agree_default = _compare(reference, default)
     kl_exact, agree_exact = _compare(reference, exact)
-    print(f"default: KL {kl_default:.4f} nats, argmax agreement {agree_default:.3f}; "
+    positions = sum(len(ids) - 1 for ids, _ in reference)
+    print(f"{positions} positions; default: KL {kl_default:.4f} nats, "
+          f"argmax agreement {agree_default:.3f}; "
           f"switch off: KL {kl_exact:.2e}, agreement {agree_exact:.3f}")
     # The switch restores float32 arithmetic: only summation order differs.
     assert kl_exact < 1e-5 and agree_exact >= 0.99

@@ -22,15 +22,12 @@ from tests.e2e.conftest import PROMPTS, make_llm
 from tests.family_models import FAMILIES, HYBRIDS, REMOTE_CODE, cached_family_model
 from tests.gguf_models import FAMILY_ARCHS, MXFP4_EXPERTS, make_family_gguf, recipe_types
 
+pytestmark = pytest.mark.usefixtures("exact_arithmetic")
+
 MAX_TOKENS = 16
 TOP_LOGPROBS = 3
 # fp32 through different kernels and summation orders: logprobs agree to ~1e-4.
 LOGPROB_TOL = 2e-3
-
-
-@pytest.fixture(autouse=True)
-def _exact_arithmetic(monkeypatch):
-    monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "0")
 
 
 def _run(llm, ids, max_tokens=MAX_TOKENS):

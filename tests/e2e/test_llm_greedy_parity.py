@@ -86,6 +86,7 @@ def test_preemption_and_resumption_match(llama_dir):
     ("llama", {"quantize_bits": 4}),
     ("qwen3", {"quantize_bits": 8}),
 ])
+@pytest.mark.usefixtures("exact_arithmetic")  # quantized ones: mlx-lm's fp32 arithmetic
 def test_model_families_match(family, kwargs):
     model_dir = cached_tiny_model(family, **kwargs)
     llm = make_llm(model_dir)
@@ -123,7 +124,8 @@ def test_unsupported_kv_cache_dtype_is_refused(llama_dir):
 
 
 def test_int8_activations_reach_every_quantized_layer(monkeypatch):
-    # The served engine under both fast settings: the flags reach the loaded
+    # The served engine in its default mode for a quantized model (int8
+    # activations, fp16 KV cache): the settings reach the loaded
     # model (the stack, every quantized linear and the head), and the output
     # stays close to mlx-lm's. Random tiny models amplify the int8 rounding
     # from layer to layer (tests/cpu/test_decoder_stack.py), so the check
@@ -131,8 +133,8 @@ def test_int8_activations_reach_every_quantized_layer(monkeypatch):
     # tests/gguf/test_smollm2_int8.py.
     from vllm_metal.cpu.fast_linears import FastQuantizedLinear
 
-    monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "1")
-    monkeypatch.setenv("VLLM_METAL_CPU_KV_CACHE_DTYPE", "float16")
+    monkeypatch.delenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", raising=False)  # the default
+    monkeypatch.delenv("VLLM_METAL_CPU_KV_CACHE_DTYPE", raising=False)
     model_dir = cached_tiny_model("llama", quantize_bits=4)
     llm = make_llm(model_dir)
     try:

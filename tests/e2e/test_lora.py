@@ -137,6 +137,7 @@ def _mlx_lm_greedy_with_adapter(model_dir, adapter_dir, prompt_ids):
                                                   max_tokens=MAX_TOKENS)]
 
 
+@pytest.mark.usefixtures("exact_arithmetic")  # held to mlx-lm's fp32 arithmetic
 def test_adapter_on_a_4bit_base_matches_mlx_lms_lora_layers(llama_dir, tmp_path):
     from tests.tiny_models import cached_tiny_model
 

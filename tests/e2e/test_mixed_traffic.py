@@ -62,7 +62,7 @@ def regex_completion_streamed(server):
 def tool_call(server):
     resp = _openai(server).chat.completions.create(
         model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-        parallel_tool_calls=False, temperature=0, max_tokens=60)
+        parallel_tool_calls=False, temperature=0, max_tokens=100)
     return [(c.function.name, json.loads(c.function.arguments))
             for c in resp.choices[0].message.tool_calls]
 
@@ -86,7 +86,7 @@ def anthropic_tool(server):
     tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
               "input_schema": t["function"]["parameters"], "strict": True} for t in TOOLS]
     msg = _anthropic(server).messages.create(
-        model=MODEL, max_tokens=60, tools=tools, messages=ASK, extra_body={"temperature": 0},
+        model=MODEL, max_tokens=100, tools=tools, messages=ASK, extra_body={"temperature": 0},
         tool_choice={"type": "any", "disable_parallel_tool_use": True})
     return [(b.name, b.input) for b in msg.content if b.type == "tool_use"]
 

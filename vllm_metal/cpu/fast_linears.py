@@ -205,7 +205,9 @@ def _find_zero_point(module: nn.Module) -> None:
 
 
 def _biases(module: nn.Module) -> mx.array | None:
-    return None if module.zero_point is not None else module["biases"]
+    # With int8 off for a while (the decoder stack's fp32 probe), the biases serve.
+    symmetric = module.zero_point is not None and module.int8_activations
+    return None if symmetric else module["biases"]
 
 
 def _quantized_product(module: nn.Module, x: mx.array, bias: mx.array | None = None,
@@ -213,10 +215,11 @@ def _quantized_product(module: nn.Module, x: mx.array, bias: mx.array | None = N
     """x [..., K] @ W.T of a switched quantized module (+ bias) -> [..., N]; with
     argmax_columns > 0, each row's argmax over that many columns instead (int32 [...]),
     of those ALLOWED admits when given (ops.quantized_matmul's argmax_allowed)."""
-    return quantized_matmul(x, module["weight"], module["scales"], _biases(module),
+    biases = _biases(module)
+    return quantized_matmul(x, module["weight"], module["scales"], biases,
                             bits=module.bits, group_size=module.group_size, bias=bias,
                             int8_activations=module.int8_activations,
-                            zero_point=module.zero_point or 0,
+                            zero_point=module.zero_point if biases is None else 0,
                             argmax_columns=argmax_columns, argmax_allowed=allowed,
                             tiled=module.tiled, validate=False)
 

@@ -111,8 +111,10 @@ void expert_matmul_cpu(const ExpertStack& w, const ExpertIO& io) {
                            : Q8Acts{};
   const LinearKernels& kern = linear_kernels();
   // Small experts (MLA's per-head products) take the GEMM at every count
-  // (kInvariantMaxCols).
-  const int64_t gemv_max = n <= kInvariantMaxCols ? 0
+  // (kInvariantMaxCols); not MXFP4's, whose fp32 panels overflow where the
+  // GEMV's scale-after-sum does not.
+  const bool invariant = n <= kInvariantMaxCols && !(w.quantized && w.q.mxfp4);
+  const int64_t gemv_max = invariant ? 0
                            : w.quantized          ? kQuantGemvMaxRows
                                                   : kDenseGemvMaxRows;
   const int64_t expert_bytes = w.quantized ? n * k * w.q.bits / 8 : n * k * elem_bytes(w.d.type);
