@@ -15,6 +15,11 @@ HOW_TO_RUN = "## How to run"
 PYTHON = ".venv/bin/python"
 
 
+def model_text(workload: dict) -> str:
+    """The served file, as the record names it (older records: the bundled SmolLM2 Q4_1)."""
+    return f"model `{workload.get('model', 'SmolLM2-135M-Instruct.Q4_1.gguf')}`"
+
+
 def suite_command(record: dict) -> str:
     """The run's single command line, as typed from the repo root."""
     return f"{PYTHON} {record['command']}"
@@ -63,7 +68,7 @@ def serving_section(record: dict, img_rel: str) -> str:
         f"{h['loadavg_start'][0]:.2f} at the start and {h['loadavg_end'][0]:.2f} at the end; "
         f"environment: {environment_text(record)}.",
         "",
-        f"Workload: `vllm bench serve`, random dataset, {w['input_len']} input / "
+        f"Workload: {model_text(w)}; `vllm bench serve`, random dataset, {w['input_len']} input / "
         f"{w['output_len']} output tokens, `--ignore-eos`, temperature 0, request rate inf, "
         f"streaming `/v1/completions`, seed 1000+c, requests per level "
         f"{', '.join(f'c={c}: {n}' for c, n in zip(w['levels'], w['requests']))}. "
@@ -71,7 +76,7 @@ def serving_section(record: dict, img_rel: str) -> str:
         "table) and warmed up once with prompts that share nothing with the benchmark's (so "
         "no level starts from a warm prefix cache; the client's own warm-up is off); client "
         "and server share the cores. "
-        "Single runs: repeated runs differ by 4-15%.",
+        "Single runs: repeated runs differ by 4-20% (the VM shares its memory bandwidth).",
         "",
         summary_table(record), "",
         *notes(record), "",

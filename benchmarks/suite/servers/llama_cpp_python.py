@@ -15,7 +15,8 @@ LAUNCHER = Path(__file__).with_name("llama_cpp_python_launch.py")
 
 class LlamaCppPython(Server):
     name = "llama-cpp-python"
-    label = "llama.cpp via llama-cpp-python 0.3.36 (one model behind a lock: no batching, GGUF Q4_1)"
+    label = ("llama.cpp via llama-cpp-python 0.3.36 (one model behind a lock: no batching, "
+             "the same GGUF)")
 
     def install(self) -> None:
         env = {**os.environ, "CMAKE_ARGS": " ".join(ggml_cpu_options()),

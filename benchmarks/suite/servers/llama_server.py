@@ -20,13 +20,14 @@ def find_llama_cpp_source(tree: Path) -> Path:
         head = cmakelists.read_text(errors="replace")[:4000]
         if 'project("llama.cpp"' in head or "project(llama.cpp" in head:
             return cmakelists.parent
-    raise InstallError(f"no llama.cpp source tree (CMakeLists.txt with project llama.cpp) in {tree}")
+    raise InstallError("no llama.cpp source tree (CMakeLists.txt with project llama.cpp) "
+                       f"in {tree}")
 
 
 class LlamaServer(Server):
     name = "llama-server"
     label = (f"llama.cpp `llama-server` ({SDIST.split('==')[1]}, CMake build for this CPU, "
-             f"{PARALLEL_SLOTS} slots, continuous batching, GGUF Q4_1)")
+             f"{PARALLEL_SLOTS} slots, continuous batching, the same GGUF)")
 
     @property
     def binary(self) -> Path:

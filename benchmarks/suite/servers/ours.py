@@ -23,7 +23,7 @@ SERVED_NAME = "bench-model"
 
 class Ours(Server):
     name = "ours"
-    label = ("vllm-metal (`vllm-metal serve`, MLX CPU backend + our kernels, GGUF Q4_1 "
+    label = ("vllm-metal (`vllm-metal serve`, MLX CPU backend + our kernels, the GGUF "
              "with its defaults: int8 activations, fp16 KV cache; API server + engine "
              "core: 2 processes)")
     startup_timeout = 1200.0   # minutes on a loaded 2-core machine: model load and warm-up
