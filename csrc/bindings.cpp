@@ -58,11 +58,13 @@ NB_MODULE(_ext, m) {
       "value_cache"_a,
       "slot_mapping"_a,
       nb::kw_only(),
+      "kv_quant"_a = 0,
       "stream"_a = nb::none(),
       R"(Write K/V rows [num_tokens, num_kv_heads, head_size] into paged caches
 [num_blocks, block_size, num_kv_heads, head_size] at slot_mapping [num_tokens]
 (negative = skip). Returns (key_cache, value_cache); they share the input
-caches' buffers, so the write is in place.)");
+caches' buffers, so the write is in place. kv_quant 1/2/3 (int8, fp8 e4m3,
+fp8 e5m2): uint8 caches [..., head_size + 4], each row codes then fp32 scale.)");
 
   m.def(
       "paged_attention",
@@ -78,9 +80,11 @@ caches' buffers, so the write is in place.)");
       "softcap"_a = nb::none(),
       "sinks"_a = nb::none(),
       nb::kw_only(),
+      "kv_quant"_a = 0,
       "stream"_a = nb::none(),
       R"(Varlen causal attention through block tables. query [total_q, num_heads,
-head_size]; caches [num_blocks, block_size, num_kv_heads, head_size];
+head_size]; caches [num_blocks, block_size, num_kv_heads, head_size] (kv_quant
+1/2/3: uint8 [..., head_size + 4] as reshape_and_cache writes them);
 block_tables int32 [num_seqs, max_blocks]; seq_lens int32 [num_seqs];
 cu_seqlens_q int32 [num_seqs + 1]; sinks float [num_heads] or None.
 Returns [total_q, num_heads, head_size] in query's dtype.)");
@@ -365,6 +369,7 @@ module); filled (L ints per module, nonzero where the slot's adapter targets it)
       "lora"_a.none() = nb::none(),
       "lora_rows"_a = nb::none(),
       nb::kw_only(),
+      "kv_quant"_a = 0,
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
 [1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vllm_metal.attention.kv_quant import CACHE_DTYPES as QUANTIZED_CACHE_DTYPES
 from vllm_metal.envs import KV_CACHE_DTYPES
 from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
 
@@ -49,10 +50,11 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
     check_sampling_config(vllm_config)
 
     cache = vllm_config.cache_config
-    if cache.cache_dtype not in (None, *KV_CACHE_DTYPES):
+    if cache.cache_dtype not in (None, *KV_CACHE_DTYPES, *QUANTIZED_CACHE_DTYPES):
         raise UnsupportedConfigError(
             f"--kv-cache-dtype {cache.cache_dtype} is not supported; use one of "
-            f"{', '.join(KV_CACHE_DTYPES)} (auto: the model's dtype)")
+            f"{', '.join((*KV_CACHE_DTYPES, *QUANTIZED_CACHE_DTYPES))} (auto: the model's "
+            "dtype; fp8 is e4m3)")
     block_size = cache.block_size
     smallest = min(KERNEL_BLOCK_SIZES)
     if block_size is not None and (block_size <= 0 or block_size % smallest != 0):

@@ -245,8 +245,11 @@ mx::array decoder_stack(
     const std::vector<int>& layer_groups,
     std::shared_ptr<DecoderStackLora> lora,
     const std::optional<mx::array>& lora_rows,
+    int kv_quant,
     mx::StreamOrDevice s) {
   if (!weights) fail("weights must be given");
+  if (kv_quant < 0 || kv_quant > static_cast<int>(KvQuant::Fp8E5M2)) fail("kv_quant must be a KvQuant (0-3)");
+  const auto quant = static_cast<KvQuant>(kv_quant);
   if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1 ||
       x.shape(2) != weights->hidden()) {
     fail("x must be float32 [1, T, hidden = " + std::to_string(weights->hidden()) + "]");
@@ -260,11 +263,12 @@ mx::array decoder_stack(
   const mx::Dtype cache_type = key_caches[0].dtype();
   for (const auto* list : {&key_caches, &value_caches}) {
     for (const auto& c : *list) {
-      if (!is_linear_float(c.dtype()) || c.dtype() != cache_type || c.ndim() != 4 ||
+      const bool dtype_ok = quant == KvQuant::None ? is_linear_float(c.dtype()) : c.dtype() == mx::uint8;
+      if (!dtype_ok || c.dtype() != cache_type || c.ndim() != 4 ||
           c.shape() != cache_shape || c.shape(2) != weights->num_kv_heads() ||
-          c.shape(3) != weights->head_dim()) {
+          c.shape(3) != kv_row_width(weights->head_dim(), quant)) {
         fail("caches must be float32/float16/bfloat16 [num_blocks, block_size, num_kv_heads, "
-             "head_dim], all of one shape and dtype");
+             "head_dim] (with kv_quant: uint8 [..., head_dim + 4]), all of one shape and dtype");
       }
     }
   }
@@ -326,7 +330,7 @@ mx::array decoder_stack(
   if (lora) inputs.push_back(as_int32(*lora_rows, stream));
   return mx::array(x.shape(), mx::float32,
                    std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches),
-                                                  layer_groups, std::move(lora)),
+                                                  layer_groups, std::move(lora), quant),
                    std::move(inputs));
 }
 
@@ -354,7 +358,8 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   const mx::array& cache0 = caches[0];
   a.num_blocks = cache0.shape(0);
   a.block_size = cache0.shape(1);
-  a.kv_type = elem_of(cache0.dtype());
+  a.kv_quant = kv_quant_;
+  if (kv_quant_ == KvQuant::None) a.kv_type = elem_of(cache0.dtype());
   a.positions = in[1].view.data<int32_t>();
   a.seq_lens = in[2].view.data<int32_t>();
   a.cu_seqlens_q = in[3].view.data<int32_t>();
@@ -390,7 +395,7 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
   if (weights_ != o.weights_ || caches_->size() != o.caches_->size() ||
-      layer_groups_ != o.layer_groups_ || lora_ != o.lora_) {
+      layer_groups_ != o.layer_groups_ || lora_ != o.lora_ || kv_quant_ != o.kv_quant_) {
     return false;
   }
   for (size_t i = 0; i < caches_->size(); ++i) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu/decoder_stack/decoder_stack_cpu.h"
+#include "kv_quant.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 #include "ops/cpu_only_primitive.h"
@@ -99,6 +100,8 @@ class DecoderStackWeights {
  * lora           the resident adapters (DecoderStackLora, resolved for these
  *                weights), or null: no LoRA update this step
  * lora_rows      with lora: integer [T], each row's adapter slot (-1: none)
+ * kv_quant       a KvQuant: with one, the caches are uint8 [num_blocks,
+ *                block_size, num_kv_heads, head_dim + 4] (kv_quant.h)
  * returns        hidden_out [1, T, hidden] (after the final norm).
  *
  * The new keys and values are written into the caches' own buffers, which are
@@ -124,6 +127,7 @@ mlx::core::array decoder_stack(
     const std::vector<int>& layer_groups,
     std::shared_ptr<DecoderStackLora> lora = nullptr,
     const std::optional<mlx::core::array>& lora_rows = std::nullopt,
+    int kv_quant = 0,
     mlx::core::StreamOrDevice s = {});
 
 class DecoderStack : public CpuOnlyPrimitive {
@@ -132,12 +136,13 @@ class DecoderStack : public CpuOnlyPrimitive {
   // lora: as decoder_stack's; with it, lora_rows is the node's last input.
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
                std::vector<mlx::core::array> caches, std::vector<int> layer_groups,
-               std::shared_ptr<const DecoderStackLora> lora)
+               std::shared_ptr<const DecoderStackLora> lora, KvQuant kv_quant)
       : CpuOnlyPrimitive(stream, "the model runs module by module"),
         weights_(std::move(weights)),
         caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))),
         layer_groups_(std::move(layer_groups)),
-        lora_(std::move(lora)) {}
+        lora_(std::move(lora)),
+        kv_quant_(kv_quant) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -156,6 +161,7 @@ class DecoderStack : public CpuOnlyPrimitive {
   std::shared_ptr<const std::vector<mlx::core::array>> caches_;
   std::vector<int> layer_groups_;
   std::shared_ptr<const DecoderStackLora> lora_;
+  KvQuant kv_quant_;
 };
 
 } // namespace vllm_metal

@@ -124,7 +124,10 @@ mx::array paged_attention(
     std::optional<int> sliding_window,
     std::optional<float> softcap,
     const std::optional<mx::array>& sinks,
+    int kv_quant,
     mx::StreamOrDevice s) {
+  if (kv_quant < 0 || kv_quant > static_cast<int>(KvQuant::Fp8E5M2)) fail("kv_quant must be a KvQuant (0-3)");
+  const auto quant = static_cast<KvQuant>(kv_quant);
   if (query.ndim() != 3) fail("query must be [total_q, num_heads, head_size]");
   if (key_cache.ndim() != 4) {
     fail("key_cache must be [num_blocks, block_size, num_kv_heads, head_size]");
@@ -132,12 +135,16 @@ mx::array paged_attention(
   if (value_cache.shape() != key_cache.shape() || value_cache.dtype() != key_cache.dtype()) {
     fail("value_cache must match key_cache in shape and dtype");
   }
-  if (!is_float(query.dtype()) || !is_float(key_cache.dtype())) {
-    fail("query and caches must be float16, bfloat16 or float32");
+  if (!is_float(query.dtype())) fail("query must be float16, bfloat16 or float32");
+  if (quant == KvQuant::None ? !is_float(key_cache.dtype()) : key_cache.dtype() != mx::uint8) {
+    fail("caches must be float16, bfloat16 or float32 (uint8 with kv_quant)");
   }
   const int num_heads = query.shape(1);
   const int num_kv_heads = key_cache.shape(2);
-  if (query.shape(2) != key_cache.shape(3)) fail("query and cache head sizes differ");
+  if (kv_row_width(query.shape(2), quant) != key_cache.shape(3)) {
+    fail(quant == KvQuant::None ? "query and cache head sizes differ"
+                                : "a quantized cache is [..., head_size + 4] for the query's head_size");
+  }
   if (num_kv_heads == 0 || num_heads % num_kv_heads != 0) {
     fail("num_heads must be a multiple of num_kv_heads");
   }
@@ -155,7 +162,7 @@ mx::array paged_attention(
   auto stream = mx::to_stream(s);
   std::optional<HostLengths> lengths;
   if (stream.device == mx::Device::gpu) {
-    if (runs_on_gpu(stream, query, key_cache, value_cache)) {
+    if (quant == KvQuant::None && runs_on_gpu(stream, query, key_cache, value_cache)) {
       lengths = host_lengths(seq_lens, cu_seqlens_q, query.shape(0),
                              static_cast<int64_t>(block_tables.shape(1)) * key_cache.shape(1));
     } else {
@@ -181,7 +188,7 @@ mx::array paged_attention(
       query.dtype(),
       std::make_shared<PagedAttention>(
           stream, scale, sliding_window.value_or(0), softcap.value_or(0.0f), sinks.has_value(),
-          std::move(lengths)),
+          quant, std::move(lengths)),
       std::move(inputs));
 }
 
@@ -209,6 +216,7 @@ void PagedAttention::eval_cpu(
   args.key_cache = kc.data<void>();
   args.value_cache = vc.data<void>();
   args.kv_dtype = kc.dtype();
+  args.kv_quant = kv_quant_;
   args.block_tables = inputs[3].data<int32_t>();
   args.seq_lens = inputs[4].data<int32_t>();
   args.cu_seqlens_q = inputs[5].data<int32_t>();
@@ -285,7 +293,7 @@ void PagedAttention::eval_gpu(
 
 bool PagedAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const PagedAttention&>(other);
-  return scale_ == o.scale_ && sliding_window_ == o.sliding_window_ &&
+  return kv_quant_ == o.kv_quant_ && scale_ == o.scale_ && sliding_window_ == o.sliding_window_ &&
       softcap_ == o.softcap_ && has_sinks_ == o.has_sinks_;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "dispatch/paged_dispatch.h"
+#include "kv_quant.h"
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -22,6 +23,9 @@ namespace vllm_metal {
  *   cu_seqlens_q  int32 [num_seqs + 1], query row offsets of each sequence
  *   sinks         optional float32 [num_heads], one extra logit per head in the
  *                 softmax denominator
+ *   kv_quant      a KvQuant: with one, the caches are uint8 [num_blocks,
+ *                 block_size, num_kv_heads, head_size + 4] of codes and scales
+ *                 (kv_quant.h), read on the CPU
  *   returns       [total_q, num_heads, head_size] in query's dtype
  *
  * Query row j of sequence i sits at position seq_lens[i] - q_len_i + j and
@@ -39,6 +43,7 @@ mlx::core::array paged_attention(
     std::optional<int> sliding_window = std::nullopt,
     std::optional<float> softcap = std::nullopt,
     const std::optional<mlx::core::array>& sinks = std::nullopt,
+    int kv_quant = 0,
     mlx::core::StreamOrDevice s = {});
 
 // Sequence and query lengths read on the host when the op is built (GPU
@@ -57,8 +62,10 @@ class PagedAttention : public mlx::core::Primitive {
       int sliding_window,
       float softcap,
       bool has_sinks,
+      KvQuant kv_quant,
       std::optional<HostLengths> host_lengths = std::nullopt)
       : mlx::core::Primitive(stream),
+        kv_quant_(kv_quant),
         scale_(scale),
         sliding_window_(sliding_window),
         softcap_(softcap),
@@ -80,6 +87,7 @@ class PagedAttention : public mlx::core::Primitive {
       const std::vector<mlx::core::array>& inputs) override;
 
  private:
+  KvQuant kv_quant_;
   float scale_;
   int sliding_window_; // 0 = off
   float softcap_; // 0 = off

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu/attention/kv_quant_cpu.h"
 #include "cpu/runtime/strided_copy.h"
 #include "ops/cpu_inputs.h"
 #include "ops/eval_layout.h"
@@ -34,7 +35,25 @@ struct CopyArgs {
   int64_t num_tokens;
   int64_t num_slots; // num_blocks * block_size
   size_t row_bytes; // num_kv_heads * head_size * itemsize
+  // Quantized caches: key/value are float32 rows of num_kv_heads * head_size,
+  // each head row written as codes and scale (kv_quant.h).
+  KvQuant quant;
+  int num_kv_heads;
+  int head_size;
 };
+
+void quantize_slot(const CopyArgs& a, int64_t token, int64_t slot) {
+  const int d = a.head_size;
+  const int64_t width = kv_row_width(d, a.quant);
+  const auto* key = reinterpret_cast<const float*>(a.key);
+  const auto* value = reinterpret_cast<const float*>(a.value);
+  for (int h = 0; h < a.num_kv_heads; ++h) {
+    const int64_t src = (token * a.num_kv_heads + h) * d;
+    const int64_t dst = (slot * a.num_kv_heads + h) * width;
+    cpu::quantize_head_row(key + src, d, a.quant, reinterpret_cast<uint8_t*>(a.key_cache) + dst);
+    cpu::quantize_head_row(value + src, d, a.quant, reinterpret_cast<uint8_t*>(a.value_cache) + dst);
+  }
+}
 
 void copy_rows(const CopyArgs& a) {
   // Check every slot before writing any, so a bad call leaves the cache intact.
@@ -50,6 +69,10 @@ void copy_rows(const CopyArgs& a) {
     const int64_t slot = a.slots[i];
     if (slot < 0) continue; // padding token
     // [num_blocks, block_size, ...] is row-contiguous, so a slot is a row index.
+    if (a.quant != KvQuant::None) {
+      quantize_slot(a, i, slot);
+      continue;
+    }
     std::memcpy(a.key_cache + slot * a.row_bytes, a.key + i * a.row_bytes, a.row_bytes);
     std::memcpy(a.value_cache + slot * a.row_bytes, a.value + i * a.row_bytes, a.row_bytes);
   }
@@ -63,7 +86,10 @@ std::pair<mx::array, mx::array> reshape_and_cache(
     const mx::array& key_cache,
     const mx::array& value_cache,
     const mx::array& slot_mapping,
+    int kv_quant,
     mx::StreamOrDevice s) {
+  if (kv_quant < 0 || kv_quant > static_cast<int>(KvQuant::Fp8E5M2)) fail("kv_quant must be a KvQuant (0-3)");
+  const auto quant = static_cast<KvQuant>(kv_quant);
   if (key.ndim() != 3 || value.shape() != key.shape()) {
     fail("key and value must both be [num_tokens, num_kv_heads, head_size]");
   }
@@ -71,8 +97,14 @@ std::pair<mx::array, mx::array> reshape_and_cache(
       value_cache.dtype() != key_cache.dtype()) {
     fail("caches must be [num_blocks, block_size, num_kv_heads, head_size], same dtype");
   }
-  if (key.shape(1) != key_cache.shape(2) || key.shape(2) != key_cache.shape(3)) {
-    fail("key/value heads and head size must match the cache");
+  if (key.shape(1) != key_cache.shape(2) || kv_row_width(key.shape(2), quant) != key_cache.shape(3)) {
+    fail(quant == KvQuant::None ? "key/value heads and head size must match the cache"
+                                : "a quantized cache is [..., num_kv_heads, head_size + 4] for key/value's heads");
+  }
+  if (quant != KvQuant::None && key_cache.dtype() != mx::uint8) fail("a quantized cache must be uint8");
+  if (quant == KvQuant::None && !(key_cache.dtype() == mx::float16 || key_cache.dtype() == mx::bfloat16 ||
+                                  key_cache.dtype() == mx::float32)) {
+    fail("a cache must be float16, bfloat16 or float32 (or uint8 with kv_quant)");
   }
   if (slot_mapping.ndim() != 1 || slot_mapping.shape(0) != key.shape(0)) {
     fail("slot_mapping must be [num_tokens]");
@@ -84,26 +116,27 @@ std::pair<mx::array, mx::array> reshape_and_cache(
   // The Metal kernel writes row-contiguous caches of a kernel dtype in place;
   // anything else (or no loaded kernels) runs on the CPU. A cache not yet
   // evaluated passes the layout test here; eval_gpu tests it again.
-  const bool gpu_ok = metal::kernels_configured() && key_cache.flags().row_contiguous &&
+  const bool gpu_ok = quant == KvQuant::None && metal::kernels_configured() && key_cache.flags().row_contiguous &&
       value_cache.flags().row_contiguous &&
       (key_cache.dtype() == mx::float16 || key_cache.dtype() == mx::bfloat16 || key_cache.dtype() == mx::float32);
   if (stream.device == mx::Device::gpu && !gpu_ok) stream = mx::default_stream(mx::Device::cpu);
   const auto dtype = key_cache.dtype();
+  const auto row_dtype = quant == KvQuant::None ? dtype : mx::float32; // quantized on write
   auto prep = [&](const mx::array& a, mx::Dtype t) {
     return mx::contiguous(a.dtype() == t ? a : mx::astype(a, t, stream), false, stream);
   };
   // The caches go in as they are: eval_cpu writes into their buffers (not
   // contiguous(), which copies views of larger buffers).
   std::vector<mx::array> inputs = {
-      prep(key, dtype),
-      prep(value, dtype),
+      prep(key, row_dtype),
+      prep(value, row_dtype),
       key_cache,
       value_cache,
       prep(slot_mapping, mx::int32)};
   auto outs = mx::array::make_arrays(
       {key_cache.shape(), value_cache.shape()},
       {dtype, dtype},
-      std::make_shared<ReshapeAndCache>(stream),
+      std::make_shared<ReshapeAndCache>(stream, quant),
       inputs);
   return {outs[0], outs[1]};
 }
@@ -125,6 +158,9 @@ void ReshapeAndCache::eval_cpu(
   args.num_tokens = key.shape(0);
   args.num_slots = static_cast<int64_t>(inputs[2].shape(0)) * inputs[2].shape(1);
   args.row_bytes = static_cast<size_t>(key.shape(1)) * key.shape(2) * key.itemsize();
+  args.quant = quant_;
+  args.num_kv_heads = key.shape(1);
+  args.head_size = key.shape(2);
 
   const char* key_src = inputs[2].data<char>();
   const char* value_src = inputs[3].data<char>();

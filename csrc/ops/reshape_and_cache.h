@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "kv_quant.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -17,6 +18,9 @@ namespace vllm_metal {
  *   value_cache     same shape and dtype as key_cache
  *   slot_mapping    integer [num_tokens]; slot = block_id * block_size + offset;
  *                   negative slots (padding) are skipped
+ *   kv_quant        a KvQuant: with one, the caches are uint8 [num_blocks,
+ *                   block_size, num_kv_heads, head_size + 4] and each row is
+ *                   written as codes and its scale (kv_quant.h), on the CPU
  *   returns         (key_cache, value_cache) after the write
  *
  * The returned arrays share the input caches' buffers (no copy: caches are
@@ -31,11 +35,12 @@ std::pair<mlx::core::array, mlx::core::array> reshape_and_cache(
     const mlx::core::array& key_cache,
     const mlx::core::array& value_cache,
     const mlx::core::array& slot_mapping,
+    int kv_quant = 0,
     mlx::core::StreamOrDevice s = {});
 
 class ReshapeAndCache : public mlx::core::Primitive {
  public:
-  explicit ReshapeAndCache(mlx::core::Stream stream) : mlx::core::Primitive(stream) {}
+  ReshapeAndCache(mlx::core::Stream stream, KvQuant quant) : mlx::core::Primitive(stream), quant_(quant) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -47,11 +52,14 @@ class ReshapeAndCache : public mlx::core::Primitive {
   const char* name() const override {
     return "ReshapeAndCache";
   }
-  bool is_equivalent(const mlx::core::Primitive& /* other */) const override {
-    return true;
+  bool is_equivalent(const mlx::core::Primitive& other) const override {
+    return quant_ == static_cast<const ReshapeAndCache&>(other).quant_;
   }
   std::vector<mlx::core::Shape> output_shapes(
       const std::vector<mlx::core::array>& inputs) override;
+
+ private:
+  KvQuant quant_;
 };
 
 } // namespace vllm_metal

@@ -14,6 +14,7 @@ import mlx.core as mx
 
 from vllm_metal import envs, ops
 from vllm_metal.attention.caches.state_pages import GdnStateShape
+from vllm_metal.attention.kv_quant import KvQuant
 from vllm_metal.ops import gdn
 from vllm_metal.ops.mla import latent_cache_write, mla_attention
 
@@ -62,6 +63,8 @@ class ForwardContext:
     groups: list[int] | None = None
     # State (Gated DeltaNet) entries: where their state sits in their K/V pages.
     states: dict[int, GdnStateShape] = field(default_factory=dict)
+    # The caches' quantized format (attention.kv_quant), or None: float caches.
+    kv_quant: KvQuant | None = None
     # id(keys handed back by write) -> (entry, keys): layers that reuse another
     # layer's K/V (Gemma 4's shared-KV layers) attend with no cache of their own.
     _written: dict[int, tuple[int, mx.array]] = field(default_factory=dict)
@@ -71,7 +74,7 @@ class ForwardContext:
         k, v = _rows(keys, "keys", entry), _rows(values, "values", entry)
         self.key_caches[entry], self.value_caches[entry] = ops.reshape_and_cache(
             k, v, self.key_caches[entry], self.value_caches[entry],
-            self.metadata.slot_mapping[self.group_of(entry)])
+            self.metadata.slot_mapping[self.group_of(entry)], kv_quant=self.kv_quant)
         self._written[id(keys)] = (entry, keys)
 
     def write_latent(self, entry: int, latent: mx.array, k_pe: mx.array) -> None:
@@ -137,7 +140,7 @@ class ForwardContext:
         out = ops.paged_attention(
             q, self.key_caches[entry], self.value_caches[entry],
             meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale,
-            sliding_window=window, softcap=softcap, sinks=sinks)
+            sliding_window=window, softcap=softcap, sinks=sinks, kv_quant=self.kv_quant)
         return out[:, :, None, :]
 
 

@@ -19,6 +19,8 @@ from numbers import Integral, Real
 import mlx.core as mx
 
 from vllm_metal import envs
+from vllm_metal.attention import kv_quant as kv_quant_formats
+from vllm_metal.attention.kv_quant import KvQuant
 from vllm_metal.native import get_ops
 
 __all__ = ["paged_attention", "reshape_and_cache"]
@@ -33,13 +35,18 @@ def reshape_and_cache(
     key_cache: mx.array,
     value_cache: mx.array,
     slot_mapping: mx.array,
+    kv_quant: KvQuant | str | None = None,
 ) -> tuple[mx.array, mx.array]:
     """Write this step's K/V rows into the paged caches, in place.
 
     key, value:   [num_tokens, num_kv_heads, head_size], cast to the cache dtype
     key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
+                  (with kv_quant: uint8 [..., head_size + 4], each row its codes
+                  and float32 scale, attention.kv_quant)
     slot_mapping: int32/int64 [num_tokens]; slot = block_id * block_size + offset,
                   negative = padding, skipped
+    kv_quant:     a quantized format (attention.kv_quant: "int8", "fp8_e4m3",
+                  "fp8_e5m2") or None for a float cache
     Returns (key_cache, value_cache) after the write.
 
     The caches are not copied: the returned arrays share the input caches'
@@ -51,20 +58,24 @@ def reshape_and_cache(
     """
     _check_float("key", key, 3, "[num_tokens, num_kv_heads, head_size]")
     _check_float("value", value, 3, "[num_tokens, num_kv_heads, head_size]")
-    _check_cache_pair(key_cache, value_cache)
+    quant = kv_quant_formats.resolve(kv_quant)
+    _check_cache_pair(key_cache, value_cache, quant)
     if value.shape != key.shape:
         raise ValueError(f"value shape {value.shape} must equal key shape {key.shape}")
-    if key.shape[1:] != key_cache.shape[2:]:
+    width = key.shape[2] if quant is None else quant.row_width(key.shape[2])
+    if (key.shape[1], width) != tuple(key_cache.shape[2:]):
         raise ValueError(
             f"key [num_tokens, num_kv_heads, head_size] = {key.shape} does not match "
-            f"key_cache [..., num_kv_heads, head_size] = {key_cache.shape}")
+            f"key_cache [..., num_kv_heads, {'head_size' if quant is None else 'head_size + 4'}]"
+            f" = {key_cache.shape}")
     slot_mapping = _index("slot_mapping", slot_mapping, 1)
     if slot_mapping.shape[0] != key.shape[0]:
         raise ValueError(
             f"slot_mapping has {slot_mapping.shape[0]} entries but key has "
             f"{key.shape[0]} tokens")
     return get_ops().reshape_and_cache(
-        key, value, key_cache, value_cache, slot_mapping, stream=_stream())
+        key, value, key_cache, value_cache, slot_mapping, kv_quant=_code(quant),
+        stream=_stream())
 
 
 def paged_attention(
@@ -78,11 +89,14 @@ def paged_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: mx.array | None = None,
+    kv_quant: KvQuant | str | None = None,
 ) -> mx.array:
     """Causal attention of a packed varlen batch through block tables.
 
     query:        [total_q, num_heads, head_size]
     key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
+                  (with kv_quant: uint8 [..., head_size + 4], as reshape_and_cache
+                  writes them)
     block_tables: int32 [num_seqs, max_blocks]
     seq_lens:     int32 [num_seqs], context length including this step's tokens
     cu_seqlens_q: int32 [num_seqs + 1], query row offsets of each sequence
@@ -96,12 +110,15 @@ def paged_attention(
     attends to positions <= it. num_heads must be a multiple of num_kv_heads.
     """
     _check_float("query", query, 3, "[total_q, num_heads, head_size]")
-    _check_cache_pair(key_cache, value_cache)
+    quant = kv_quant_formats.resolve(kv_quant)
+    _check_cache_pair(key_cache, value_cache, quant)
     num_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[2]
-    if head_size != key_cache.shape[3]:
+    width = head_size if quant is None else quant.row_width(head_size)
+    if width != key_cache.shape[3]:
         raise ValueError(
-            f"query head_size {head_size} != key_cache head_size {key_cache.shape[3]}")
+            f"query head_size {head_size} needs key_cache rows of {width}, got "
+            f"{key_cache.shape[3]}")
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(
             f"query num_heads ({num_heads}) must be a multiple of key_cache "
@@ -137,7 +154,7 @@ def paged_attention(
         sinks = sinks.astype(mx.float32)
     return get_ops().paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-        sliding_window, softcap, sinks, stream=_stream())
+        sliding_window, softcap, sinks, kv_quant=_code(quant), stream=_stream())
 
 
 def _stream() -> mx.DeviceType | None:
@@ -156,10 +173,24 @@ def _check_float(name: str, x: object, ndim: int, layout: str) -> None:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
 
 
-def _check_cache_pair(key_cache: object, value_cache: object) -> None:
+def _code(quant: KvQuant | None) -> int:
+    return 0 if quant is None else quant.code
+
+
+def _check_cache_pair(key_cache: object, value_cache: object,
+                      quant: KvQuant | None = None) -> None:
     layout = "[num_blocks, block_size, num_kv_heads, head_size]"
-    _check_float("key_cache", key_cache, 4, layout)
-    _check_float("value_cache", value_cache, 4, layout)
+    if quant is None:
+        _check_float("key_cache", key_cache, 4, layout)
+        _check_float("value_cache", value_cache, 4, layout)
+    else:
+        for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+            if not isinstance(cache, mx.array):
+                raise TypeError(f"{name} must be an mx.array, got {type(cache).__name__}")
+            if cache.ndim != 4 or cache.dtype != kv_quant_formats.STORAGE_DTYPE:
+                raise TypeError(
+                    f"{name} of a {quant.name} cache must be uint8 [num_blocks, block_size, "
+                    f"num_kv_heads, head_size + 4], got {cache.dtype} {cache.shape}")
     if value_cache.shape != key_cache.shape:
         raise ValueError(
             f"value_cache shape {value_cache.shape} must equal key_cache shape "

@@ -17,6 +17,7 @@ from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, 
 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
+from vllm_metal.attention.kv_quant import STORAGE_DTYPE, KvQuant, from_cache_dtype
 from vllm_metal.attention.caches.state_pages import (GdnStateShape, block_size_for_states,
                                                     half_page_floats)
 from vllm_metal.lora.manager import LoRAManager
@@ -113,6 +114,7 @@ class MetalModelRunner:
             def wrap(model):
                 self.lora = LoRAManager(model, lora_config, adapters, max_positions)
         self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap)
+        self._check_quantized_kv()
         if self.vllm_config.speculative_config is not None:
             self._check_speculative_target()
             self.drafter = make_drafter(self.vllm_config, self.backend, dtype,
@@ -134,12 +136,41 @@ class MetalModelRunner:
                 "state cannot be rolled back past refused drafts; serve it without "
                 "--speculative-config")
 
+    def _check_quantized_kv(self) -> None:
+        """A quantized --kv-cache-dtype needs plain K/V entries: refused by name otherwise."""
+        if self.kv_quant is None:
+            return
+        flag = f"--kv-cache-dtype {self.vllm_config.cache_config.cache_dtype}"
+        entries = self.loaded.adapter.entries
+        arch = self.model_config.architecture
+        if self.loaded.dims.latent:
+            raise ValueError(f"{flag}: {arch} uses multi-head latent attention, whose latent "
+                             "cache is not quantized here; use --kv-cache-dtype auto")
+        states = sum(e.state is not None for e in entries)
+        if states:
+            raise ValueError(f"{flag}: {arch} keeps recurrent state in {states} of "
+                             f"{len(entries)} layers, which share the attention pages; "
+                             "use --kv-cache-dtype auto")
+        if self.vllm_config.speculative_config is not None:
+            method = self.vllm_config.speculative_config.method
+            if method not in ("ngram", "ngram_gpu"):
+                raise ValueError(f"{flag}: the {method} drafter keeps a float cache of its own; "
+                                 "use --kv-cache-dtype auto or ngram speculation")
+
+    @property
+    def kv_quant(self) -> KvQuant | None:
+        """The quantized format --kv-cache-dtype names (fp8, fp8_e4m3, fp8_e5m2,
+        fp8_per_token_head, int8_per_token_head), else None."""
+        return from_cache_dtype(self.vllm_config.cache_config.cache_dtype)
+
     @property
     def kv_dtype(self) -> mx.Dtype:
         """--kv-cache-dtype float16/bfloat16 (vLLM lets it only equal the model's
         dtype); else the backend's choice (the CPU backend stores float16 beside
         int8 activations, or what VLLM_METAL_CPU_KV_CACHE_DTYPE names); else the
         model's dtype."""
+        if self.kv_quant is not None:
+            return STORAGE_DTYPE
         chosen = _KV_CACHE_DTYPES.get(self.vllm_config.cache_config.cache_dtype)
         if chosen is None:
             chosen = self.backend.kv_cache_dtype(self.loaded.model)
@@ -181,6 +212,12 @@ class MetalModelRunner:
         dims = self.loaded.dims
         common = dict(block_size=self.block_size, num_kv_heads=dims.num_kv_heads,
                       head_size=dims.head_dim, dtype=torch_dtype_from_mlx(self.kv_dtype))
+        if self.kv_quant is not None:
+            # Each row carries its scale: the page is larger than vLLM's
+            # head_size bytes per element would make it.
+            common["page_size_padded"] = PagedKVCache.bytes_per_block(
+                1, self.block_size, dims.num_kv_heads, dims.head_dim, self.kv_dtype,
+                quant=self.kv_quant)
         cache = self.vllm_config.cache_config
         specs: dict[str, KVCacheSpec] = {}
         for i, entry in enumerate(self.loaded.adapter.entries):
@@ -219,7 +256,7 @@ class MetalModelRunner:
         dims = self.loaded.dims
         return PagedKVCache.bytes_per_block(dims.num_layers, self.block_size,
                                             dims.num_kv_heads, dims.head_dim, self.kv_dtype,
-                                            latent=dims.latent)
+                                            latent=dims.latent, quant=self.kv_quant)
 
     def kv_bytes_per_request(self) -> int:
         """Bytes one max_model_len request holds: a block per block_size tokens in every
@@ -238,7 +275,8 @@ class MetalModelRunner:
         groups, tensor_of = _layout(kv_cache_config, dims.num_layers)
         self.kv_cache = PagedKVCache(dims.num_layers, kv_cache_config.num_blocks, self.block_size,
                                      dims.num_kv_heads, dims.head_dim, self.kv_dtype,
-                                     tensor_of=tensor_of, groups=groups, latent=dims.latent)
+                                     tensor_of=tensor_of, groups=groups, latent=dims.latent,
+                                     quant=self.kv_quant)
         self.input_batch.set_num_groups(len(kv_cache_config.kv_cache_groups))
         self._state_groups = {g: group.kv_cache_spec.block_size
                               for g, group in enumerate(kv_cache_config.kv_cache_groups)
@@ -251,7 +289,9 @@ class MetalModelRunner:
             huge += self.backend.commit_kv_cache(draft)
         logger.info("KV cache: %d blocks of %d tokens, %s, %.1f MiB, %d group(s), committed%s",
                     kv_cache_config.num_blocks, self.block_size,
-                    str(self.kv_dtype).removeprefix("mlx.core."), self.kv_cache.nbytes / 2**20,
+                    (f"{self.kv_quant.name} codes with a float32 scale per token and head"
+                     if self.kv_quant else str(self.kv_dtype).removeprefix("mlx.core.")),
+                    self.kv_cache.nbytes / 2**20,
                     len(kv_cache_config.kv_cache_groups),
                     f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")
 
@@ -269,7 +309,8 @@ class MetalModelRunner:
         blocks = -(-num_tokens // self.block_size)
         dims = self.loaded.dims
         cache = PagedKVCache(dims.num_layers, blocks + 1, self.block_size,
-                             dims.num_kv_heads, dims.head_dim, self.kv_dtype, latent=dims.latent)
+                             dims.num_kv_heads, dims.head_dim, self.kv_dtype, latent=dims.latent,
+                             quant=self.kv_quant)
         step = _synthetic_prefill(np.array([num_tokens], dtype=np.int32), blocks, self.block_size)
         arrays, scratch = self.forward_peak(step, cache)
         del cache

@@ -34,6 +34,25 @@ VLLM_METAL_INLINE void decode_rows(const typename KV::storage* src, float* dst, 
   decode_span<KV>(src, dst, n);
 }
 
+// Cache elements from one head row to the next: quantized rows end in their
+// fp32 scale (kv_quant.h).
+template <typename KV>
+constexpr int head_stride(int d) {
+  return d + (KV::kScaled ? kKvScaleBytes / static_cast<int>(sizeof(typename KV::storage)) : 0);
+}
+
+// One head row of d elements into dst as fp32 (quantized: times its scale).
+template <typename KV, Isa I>
+VLLM_METAL_INLINE void decode_head_row(const typename KV::storage* src, float* dst, int d) {
+  if constexpr (KV::kScaled) {
+    float scale;
+    std::memcpy(&scale, src + d, sizeof(float));
+    decode_span<KV>(src, dst, d, scale * KV::kRawScale);
+  } else {
+    decode_rows<KV, I>(src, dst, d);
+  }
+}
+
 // Decode the K/V rows of positions [t0, t0 + nk) into fp32 tiles laid out
 // head-major [num_kv_heads, tile, d]: the cache is read in address order, and
 // each head's keys land contiguous (token rows of all heads are a multiple of
@@ -45,8 +64,9 @@ VLLM_METAL_INLINE void gather_tile(const AttentionItem& a, int t0, int nk) {
   const T* vc = static_cast<const T*>(a.value_cache);
   const int bs = a.block_size;
   const int d = a.head_size;
-  const int64_t row = static_cast<int64_t>(a.num_kv_heads) * d;
-  const int64_t head_stride = static_cast<int64_t>(a.tile) * d;
+  const int hs = head_stride<KV>(d);
+  const int64_t row = static_cast<int64_t>(a.num_kv_heads) * hs;
+  const int64_t tile_stride = static_cast<int64_t>(a.tile) * d;
   int j = 0;
   while (j < nk) {
     const int t = t0 + j;
@@ -60,9 +80,9 @@ VLLM_METAL_INLINE void gather_tile(const AttentionItem& a, int t0, int nk) {
     int64_t src = (static_cast<int64_t>(block) * bs + off) * row;
     for (int u = 0; u < run; ++u, ++j, src += row) {
       for (int h = 0; h < a.num_kv_heads; ++h) {
-        const int64_t dst = h * head_stride + static_cast<int64_t>(j) * d;
-        decode_rows<KV, I>(kc + src + h * d, a.k_tile + dst, d);
-        decode_rows<KV, I>(vc + src + h * d, a.v_tile + dst, d);
+        const int64_t dst = h * tile_stride + static_cast<int64_t>(j) * d;
+        decode_head_row<KV, I>(kc + src + h * hs, a.k_tile + dst, d);
+        decode_head_row<KV, I>(vc + src + h * hs, a.v_tile + dst, d);
       }
     }
   }
@@ -76,7 +96,7 @@ VLLM_METAL_INLINE void prefetch_tile(const AttentionItem& a, int t0, int nk) {
   const char* kc = static_cast<const char*>(a.key_cache);
   const char* vc = static_cast<const char*>(a.value_cache);
   const int bs = a.block_size;
-  const int64_t row_bytes = static_cast<int64_t>(a.num_kv_heads) * a.head_size * sizeof(T);
+  const int64_t row_bytes = static_cast<int64_t>(a.num_kv_heads) * head_stride<KV>(a.head_size) * sizeof(T);
   int j = 0;
   while (j < nk) {
     const int t = t0 + j;
@@ -186,12 +206,12 @@ VLLM_METAL_INLINE void decode_item_body(const AttentionItem& a) {
 
   RunPrefetcher pf;
   int64_t first = 0;
-  int n = page_run(a, lo, hi, limit, &first);
+  int n = page_run(a, lo, hi, limit, row, &first);
   for (int t = lo; t < hi;) {
     const int t_next = t + n;
     int64_t next_first = 0;
     int n_next = 0;
-    if (t_next < hi) n_next = page_run(a, t_next, hi, limit, &next_first);
+    if (t_next < hi) n_next = page_run(a, t_next, hi, limit, row, &next_first);
     pf.start(kc + next_first, vc + next_first, n_next * row * static_cast<int64_t>(sizeof(T)), num_heads);
     const float* k;
     const float* v;
@@ -322,6 +342,23 @@ VLLM_METAL_TARGET_AVX512 __attribute__((flatten)) void decode_avx512(const Atten
 
 template <typename KV, int D>
 AttentionItemFn for_isa(Isa isa, bool decode, bool pieces) {
+  if constexpr (KV::kScaled) {
+    // Quantized caches: the pieces kernel, else the tile kernel for every row
+    // count (the single-row kernel decodes whole token rows, which
+    // per-head-row scales break up).
+#if VLLM_METAL_X86_DISPATCH
+    if constexpr (D != 0) {
+      if (pieces && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
+      if (pieces && isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
+    }
+    if (isa == Isa::Avx512 && !pieces) return &item_avx512<KV, D>;
+    if (isa == Isa::Avx2 && !pieces) return &item_avx2<KV, D>;
+#endif
+    if constexpr (D != 0) {
+      if (pieces) return &generic_attention::DecodeRow<KV, D>::run;
+    }
+    return pieces ? nullptr : &item_generic<KV, D>;
+  } else {
 #if VLLM_METAL_X86_DISPATCH
   if constexpr (D != 0) {
     if (pieces && isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
@@ -335,6 +372,7 @@ AttentionItemFn for_isa(Isa isa, bool decode, bool pieces) {
   }
   if (pieces) return nullptr; // other head sizes: the older plan, not batch-invariant
   return decode ? &decode_generic<KV, D> : &item_generic<KV, D>;
+  }
 }
 
 template <typename KV>
@@ -351,8 +389,21 @@ AttentionItemFn for_head_size(Isa isa, int head_size, bool decode, bool pieces) 
   }
 }
 
-AttentionItemFn select(mlx::core::Dtype kv_dtype, int head_size, bool decode, bool pieces) {
+AttentionItemFn select(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size, bool decode, bool pieces) {
   const Isa isa = active_isa();
+  if (quant != KvQuant::None && kv_dtype != mlx::core::uint8) {
+    throw std::invalid_argument("paged_attention: a quantized cache must be uint8");
+  }
+  switch (quant) {
+    case KvQuant::Int8:
+      return for_head_size<I8>(isa, head_size, decode, pieces);
+    case KvQuant::Fp8E4M3:
+      return for_head_size<E4M3>(isa, head_size, decode, pieces);
+    case KvQuant::Fp8E5M2:
+      return for_head_size<E5M2>(isa, head_size, decode, pieces);
+    case KvQuant::None:
+      break;
+  }
   switch (kv_dtype) {
     case mlx::core::float32:
       return for_head_size<F32>(isa, head_size, decode, pieces);
@@ -379,16 +430,16 @@ int attention_tile_keys(int num_kv_heads, int head_size) {
       std::to_string(logical_block) + ") is outside the cache's " + std::to_string(num_blocks) + " blocks");
 }
 
-AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, int head_size) {
-  return select(kv_dtype, head_size, false, false);
+AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size) {
+  return select(kv_dtype, quant, head_size, false, false);
 }
 
-AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size) {
-  return select(kv_dtype, head_size, true, false);
+AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size) {
+  return select(kv_dtype, quant, head_size, true, false);
 }
 
-AttentionItemFn select_pieces_item(mlx::core::Dtype kv_dtype, int head_size) {
-  return select(kv_dtype, head_size, false, true);
+AttentionItemFn select_pieces_item(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size) {
+  return select(kv_dtype, quant, head_size, false, true);
 }
 
 } // namespace vllm_metal::cpu

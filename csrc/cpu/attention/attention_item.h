@@ -11,12 +11,14 @@
 
 #include <cstdint>
 
+#include "kv_quant.h"
 #include "mlx/dtype.h"
 
 namespace vllm_metal::cpu {
 
 struct AttentionItem {
-  // Cache [num_blocks, block_size, num_kv_heads, head_size], row-contiguous.
+  // Cache [num_blocks, block_size, num_kv_heads, head_size], row-contiguous
+  // (quantized: head_size + kKvScaleBytes bytes per head row, kv_quant.h).
   const void* key_cache;
   const void* value_cache;
   const int32_t* block_table; // this sequence's row of block_tables
@@ -73,20 +75,20 @@ using AttentionItemFn = void (*)(const AttentionItem&);
 int attention_tile_keys(int num_kv_heads, int head_size);
 
 // The kernel for this cache dtype and head size on the active ISA.
-AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, int head_size);
+AttentionItemFn select_attention_item(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size);
 
 // The portable single-row kernel (rows == 1: a decode step), same outputs as
 // the tile kernel: it walks the keys page run by page run with the next run
 // prefetched, and every query head of a group reads each K/V row while it is
 // in L1 (fp16 / bf16 runs decoded into the tiles). Where select_pieces_item has
 // a kernel, the pieces plan runs every call and this one is not used.
-AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, int head_size);
+AttentionItemFn select_decode_item(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size);
 
 // The pieces kernel (decode_row.inc): any number of query rows of one
 // sequence, one state per piece of keys (see AttentionItem), each row's
 // arithmetic independent of the item that holds it: what makes attention
 // batch-invariant (paged_pieces_cpu.h). nullptr for head sizes other than
 // 64, 128 and 256.
-AttentionItemFn select_pieces_item(mlx::core::Dtype kv_dtype, int head_size);
+AttentionItemFn select_pieces_item(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size);
 
 } // namespace vllm_metal::cpu

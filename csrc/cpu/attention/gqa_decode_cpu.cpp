@@ -37,7 +37,7 @@ void gqa_decode_cpu(const PagedAttentionArgs& p, int partition_size, ThreadPool&
   const int d = p.head_size;
   const int h = p.num_heads;
   const int tile = attention_tile_keys(p.num_kv_heads, d);
-  const AttentionItemFn kernel = select_decode_item(p.kv_dtype, d);
+  const AttentionItemFn kernel = select_decode_item(p.kv_dtype, p.kv_quant, d);
 
   std::vector<Piece> items;
   std::vector<SeqPieces> seqs(p.num_seqs);

@@ -16,14 +16,15 @@ namespace vllm_metal::cpu {
 
 // The run of positions [t, t + n) of a's sequence that lies in one page, with
 // n <= min(limit, end - t): returns n and sets *first_row to the element
-// offset of the run's first cache row (all KV heads of a position are one row).
-VLLM_METAL_INLINE int page_run(const AttentionItem& a, int t, int end, int limit, int64_t* first_row) {
+// offset of the run's first cache row (all KV heads of a position are one row,
+// `row` elements long).
+VLLM_METAL_INLINE int page_run(const AttentionItem& a, int t, int end, int limit, int64_t row, int64_t* first_row) {
   const int bs = a.block_size;
   const int logical = t / bs;
   const int off = t - logical * bs;
   const int32_t block = a.block_table[logical];
   if (block < 0 || block >= a.num_blocks) throw_bad_block(block, logical, a.num_blocks);
-  *first_row = (static_cast<int64_t>(block) * bs + off) * a.num_kv_heads * a.head_size;
+  *first_row = (static_cast<int64_t>(block) * bs + off) * row;
   return std::min({bs - off, end - t, limit});
 }
 

@@ -61,8 +61,8 @@ class Planner {
         split_partition_(split_partition),
         rows_(rows_per_item(p.num_heads)),
         tile_(attention_tile_keys(p.num_kv_heads, p.head_size)),
-        kernel_(select_attention_item(p.kv_dtype, p.head_size)),
-        decode_kernel_(select_decode_item(p.kv_dtype, p.head_size)) {}
+        kernel_(select_attention_item(p.kv_dtype, p.kv_quant, p.head_size)),
+        decode_kernel_(select_decode_item(p.kv_dtype, p.kv_quant, p.head_size)) {}
 
   void run(ThreadPool& pool) {
     plan();

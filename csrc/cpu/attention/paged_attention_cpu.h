@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "dispatch/paged_dispatch.h"
+#include "kv_quant.h"
 #include "mlx/dtype.h"
 
 namespace vllm_metal::cpu {
@@ -15,7 +16,8 @@ struct PagedAttentionArgs {
   mlx::core::Dtype query_dtype = mlx::core::float32; // also the output dtype
   const void* key_cache; // [num_blocks, block_size, num_kv_heads, head_size]
   const void* value_cache; // same shape and dtype as key_cache
-  mlx::core::Dtype kv_dtype = mlx::core::float32;
+  mlx::core::Dtype kv_dtype = mlx::core::float32; // uint8 when quantized
+  KvQuant kv_quant = KvQuant::None; // quantized: rows of head_size + kKvScaleBytes bytes
   const int32_t* block_tables; // [num_seqs, max_blocks_per_seq]
   const int32_t* seq_lens; // [num_seqs], context length incl. this step
   const int32_t* cu_seqlens_q; // [num_seqs + 1]

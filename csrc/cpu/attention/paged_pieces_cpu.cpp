@@ -218,7 +218,7 @@ class PiecePlan {
 } // namespace
 
 bool run_paged_pieces(const PagedAttentionArgs& p, int split_keys, ThreadPool& pool) {
-  const AttentionItemFn kernel = select_pieces_item(p.kv_dtype, p.head_size);
+  const AttentionItemFn kernel = select_pieces_item(p.kv_dtype, p.kv_quant, p.head_size);
   if (kernel == nullptr) return false;
   if (p.total_q > 0) PiecePlan(p, kernel).run(split_keys, pool);
   return true;

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "cpu/attention/kv_quant_cpu.h"
 #include "cpu/decoder_stack/moe_block.h"
 #include "cpu/decoder_stack/stack_steps.h"
 #include "cpu/lora/lora_cpu.h"
@@ -116,7 +117,27 @@ void write_cache_as(const StackArgs& a, int layer, const float* k, const float* 
   }
 }
 
+// Quantized caches: each (token, head) row becomes codes and its scale.
+void write_quantized_cache(const StackArgs& a, int layer, const float* k, const float* v) {
+  const int d = a.head_dim;
+  const int64_t width = kv_row_width(d, a.kv_quant);
+  auto* kc = static_cast<uint8_t*>(a.key_caches[layer]);
+  auto* vc = static_cast<uint8_t*>(a.value_caches[layer]);
+  const int32_t* slot_mapping = a.slot_mappings[a.layer_groups[layer]];
+  for (int64_t i = 0; i < a.t; ++i) {
+    const int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    for (int h = 0; h < a.num_kv_heads; ++h) {
+      const int64_t src = (i * a.num_kv_heads + h) * d;
+      const int64_t dst = (slot * a.num_kv_heads + h) * width;
+      quantize_head_row(k + src, d, a.kv_quant, kc + dst);
+      quantize_head_row(v + src, d, a.kv_quant, vc + dst);
+    }
+  }
+}
+
 void write_cache(const StackArgs& a, int layer, const float* k, const float* v) {
+  if (a.kv_quant != KvQuant::None) return write_quantized_cache(a, layer, k, v);
   switch (a.kv_type) {
     case Elem::F32:
       return write_cache_as<F32>(a, layer, k, v);
@@ -334,6 +355,8 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   pa.kv_dtype = a.kv_type == Elem::F32 ? mlx::core::float32
       : a.kv_type == Elem::BF16        ? mlx::core::bfloat16
                                        : mlx::core::float16;
+  if (a.kv_quant != KvQuant::None) pa.kv_dtype = mlx::core::uint8;
+  pa.kv_quant = a.kv_quant;
   pa.seq_lens = a.seq_lens;
   pa.cu_seqlens_q = a.cu_seqlens_q;
   pa.sinks = nullptr;

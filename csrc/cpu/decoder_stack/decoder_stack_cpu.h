@@ -118,7 +118,8 @@ struct StackArgs {
   int head_dim;
   int num_blocks;
   int block_size;
-  Elem kv_type = Elem::F32;    // of every layer's caches
+  Elem kv_type = Elem::F32;    // of every layer's caches (unless quantized)
+  KvQuant kv_quant = KvQuant::None; // quantized caches: uint8 rows (kv_quant.h)
   const int32_t* positions;    // [t]
   const int32_t* seq_lens;     // [num_seqs]
   const int32_t* cu_seqlens_q; // [num_seqs + 1]

@@ -24,6 +24,7 @@ VLLM_METAL_INLINE To bit_cast(From v) {
 // Storage formats of K/V cache elements, decoded to fp32 on load.
 struct F32 {
   using storage = float;
+  static constexpr bool kScaled = false;
   static VLLM_METAL_INLINE float to_float(float x) {
     return x;
   }
@@ -34,6 +35,7 @@ struct F32 {
 
 struct BF16 {
   using storage = uint16_t;
+  static constexpr bool kScaled = false;
   static VLLM_METAL_INLINE float to_float(uint16_t h) {
     return bit_cast<float>(static_cast<uint32_t>(h) << 16);
   }
@@ -48,6 +50,7 @@ struct BF16 {
 
 struct F16 {
   using storage = uint16_t;
+  static constexpr bool kScaled = false;
   // Branch-free IEEE half -> float: shift the exponent/mantissa into place,
   // then one multiply by 2^112 rebiases normals and denormals alike.
   static VLLM_METAL_INLINE float to_float(uint16_t h) {
@@ -72,6 +75,40 @@ struct F16 {
     h = a >= 0x477ff000u ? 0x7c00u : h; // rounds past the largest half: inf
     h = a > 0x7f800000u ? 0x7e00u : h; // nan
     return static_cast<uint16_t>(h | sign);
+  }
+};
+
+// Codes of a quantized KV cache (kv_quant.h): kScaled types keep one fp32
+// scale after each head row. to_float gives the code's value divided by
+// kRawScale (e4m3 widens exactly into an fp16 that is 2^8 too small, so the
+// vector kernels decode it with one conversion); kernels multiply by the
+// row's scale * kRawScale.
+struct I8 {
+  using storage = int8_t;
+  static constexpr bool kScaled = true;
+  static constexpr float kRawScale = 1.0f;
+  static VLLM_METAL_INLINE float to_float(int8_t c) {
+    return static_cast<float>(c);
+  }
+};
+
+struct E4M3 {
+  using storage = uint8_t;
+  static constexpr bool kScaled = true;
+  static constexpr float kRawScale = 256.0f;
+  // s eeee mmm -> fp16 s 0eeee mmm0000000: exponent bias 15 instead of 7.
+  static VLLM_METAL_INLINE float to_float(uint8_t c) {
+    return F16::to_float(static_cast<uint16_t>(((c & 0x80u) << 8) | ((c & 0x7fu) << 7)));
+  }
+};
+
+struct E5M2 {
+  using storage = uint8_t;
+  static constexpr bool kScaled = true;
+  static constexpr float kRawScale = 1.0f;
+  // e5m2 is the top byte of an fp16.
+  static VLLM_METAL_INLINE float to_float(uint8_t c) {
+    return F16::to_float(static_cast<uint16_t>(c << 8));
   }
 };
 

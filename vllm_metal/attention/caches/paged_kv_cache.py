@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 import numpy as np
 
+from vllm_metal.attention.kv_quant import STORAGE_DTYPE, KvQuant
+
 
 class PagedKVCache:
     """Per KV entry (layer) K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
@@ -20,16 +22,26 @@ class PagedKVCache:
     ``latent``: multi-head latent attention (vLLM's MLA layout): each entry keeps
     one array of rows [latent, k_pe] (num_kv_heads 1, head_dim rank + rope_dim)
     in ``key_caches``, and ``value_caches`` holds None.
+
+    ``quant``: a quantized format (attention.kv_quant): K and V are uint8
+    [num_blocks, block_size, num_kv_heads, head_dim + 4], each row its codes and
+    scale; ``dtype`` is then uint8.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int,
                  num_kv_heads: int, head_dim: int, dtype: mx.Dtype, *,
                  tensor_of: Sequence[int] | None = None,
-                 groups: Sequence[int] | None = None, latent: bool = False) -> None:
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+                 groups: Sequence[int] | None = None, latent: bool = False,
+                 quant: KvQuant | None = None) -> None:
+        if quant is not None and latent:
+            raise ValueError("a latent (MLA) cache cannot be quantized")
+        width = head_dim if quant is None else quant.row_width(head_dim)
+        shape = (num_blocks, block_size, num_kv_heads, width)
+        dtype = dtype if quant is None else STORAGE_DTYPE
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
+        self.quant = quant
         self.tensor_of = list(range(num_layers)) if tensor_of is None else list(tensor_of)
         self.groups = None if groups is None else list(groups)
         self.latent = latent
@@ -44,8 +56,13 @@ class PagedKVCache:
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int,
-                        head_dim: int, dtype: mx.Dtype, latent: bool = False) -> int:
-        return (1 if latent else 2) * num_layers * block_size * num_kv_heads * head_dim * dtype.size
+                        head_dim: int, dtype: mx.Dtype, latent: bool = False,
+                        quant: KvQuant | None = None) -> int:
+        if quant is not None:
+            row = quant.row_width(head_dim) * STORAGE_DTYPE.size
+        else:
+            row = head_dim * dtype.size
+        return (1 if latent else 2) * num_layers * block_size * num_kv_heads * row
 
     def _lists(self) -> list[list[mx.array]]:
         return [self.key_caches] if self.latent else [self.key_caches, self.value_caches]

@@ -1,0 +1,20 @@
+// Writing rows of a quantized KV cache on the CPU (kv_quant.h says the layout).
+#pragma once
+
+#include <cstdint>
+
+#include "kv_quant.h"
+
+namespace vllm_metal::cpu {
+
+// x[0:d] -> dst[0:d] codes, then the fp32 scale in dst[d:d + 4].
+// scale = max|x| / kv_code_max(q) (0 for an all-zero row, whose codes are 0;
+// NaN if x holds a NaN);
+// code = round-to-nearest-even(x / scale) in the format, saturating at the
+// largest code. q must not be KvQuant::None.
+void quantize_head_row(const float* x, int d, KvQuant q, uint8_t* dst);
+
+// The value of one code without its scale (for tests and scalar paths).
+float kv_code_value(uint8_t code, KvQuant q);
+
+} // namespace vllm_metal::cpu

@@ -1,0 +1,64 @@
+"""Quantized KV caches: vLLM's ``--kv-cache-dtype`` names and the layout the
+native ops read and write (csrc/kv_quant.h).
+
+A quantized cache is uint8 [num_blocks, block_size, num_kv_heads, head_dim + 4]:
+each (token, KV head) row holds head_dim one-byte codes and then its float32
+scale, ``max|x| / largest code``, set when the row is written. Every format
+scales per token and head, computed as the row is written: vLLM's ``fp8`` on
+CUDA scales per tensor (1.0 unless a checkpoint ships scales), which a row
+scale never does worse than, and needs no calibration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+SCALE_BYTES = 4
+
+
+@dataclass(frozen=True)
+class KvQuant:
+    """One code format: ``code`` is the native ops' ``kv_quant`` argument."""
+
+    name: str
+    code: int
+    largest: float  # the largest code value; a row's max |x| maps onto it
+
+    def row_width(self, head_dim: int) -> int:
+        """The cache's last dimension (bytes) for head_dim elements."""
+        return head_dim + SCALE_BYTES
+
+
+INT8 = KvQuant("int8", 1, 127.0)
+FP8_E4M3 = KvQuant("fp8_e4m3", 2, 448.0)
+FP8_E5M2 = KvQuant("fp8_e5m2", 3, 57344.0)
+FORMATS = {q.name: q for q in (INT8, FP8_E4M3, FP8_E5M2)}
+
+# vLLM's --kv-cache-dtype values this plugin stores quantized.
+CACHE_DTYPES = {
+    "fp8": FP8_E4M3,
+    "fp8_e4m3": FP8_E4M3,
+    "fp8_e5m2": FP8_E5M2,
+    "fp8_per_token_head": FP8_E4M3,
+    "int8_per_token_head": INT8,
+}
+
+STORAGE_DTYPE = mx.uint8
+
+
+def from_cache_dtype(cache_dtype: str | None) -> KvQuant | None:
+    """The format of a --kv-cache-dtype value (None: a float cache)."""
+    return CACHE_DTYPES.get(cache_dtype) if cache_dtype else None
+
+
+def resolve(kv_quant: KvQuant | str | None) -> KvQuant | None:
+    """A KvQuant from itself or its name; ValueError naming the known ones."""
+    if kv_quant is None or isinstance(kv_quant, KvQuant):
+        return kv_quant
+    found = FORMATS.get(kv_quant)
+    if found is None:
+        raise ValueError(
+            f"kv_quant must be one of {', '.join(FORMATS)} or None, got {kv_quant!r}")
+    return found
