@@ -6,6 +6,7 @@
 #include <metal_simdgroup>
 
 #include "kernel_constants.h"
+#include "kv_quant.h"
 #include "paged_attention_params.h"
 
 using namespace metal;

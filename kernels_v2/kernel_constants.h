@@ -17,6 +17,7 @@
 #define VLLM_METAL_FC_SOFTCAP 1
 #define VLLM_METAL_FC_SINKS 2
 #define VLLM_METAL_FC_WRITE_PARTIALS 3
+#define VLLM_METAL_FC_KV_QUANT 4  // int: a KvQuant (csrc/kv_quant.h), 0 = float cache
 
 // VLLM_METAL_EACH(F, args, a, b, c) -> F(args, a) F(args, b) F(args, c), up to 8
 // items. A second family (EACH_INNER) nests inside the first: a macro cannot

@@ -18,7 +18,8 @@
 // one partition writes the output.
 //
 // Buffers: as paged_attention_varlen (0 query [num_seqs, NUM_HEADS, D], 1/2
-// caches, 3 block_tables, 4 seq_lens, 6 sinks, 7 out, 8/9 partials, 10 params);
+// caches, float or quantized by kv_quant, 3 block_tables, 4 seq_lens, 6 sinks,
+// 7 out, 8/9 partials, 10 params);
 // query row = sequence (every sequence has exactly one query token).
 #pragma once
 
@@ -41,7 +42,6 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
     uint simd_id [[simdgroup_index_in_threadgroup]]) {
   constexpr int GROUP = NUM_HEADS / NUM_KV_HEADS;
   constexpr int ELEMS = HEAD_SIZE / 32;
-  constexpr long TOKEN_STRIDE = long(NUM_KV_HEADS) * HEAD_SIZE;  // next token of a page
   static_assert(NUM_HEADS % NUM_KV_HEADS == 0, "query heads must be a multiple of KV heads");
   static_assert(HEAD_SIZE % 128 == 0, "lanes hold whole float4 runs of the head");
   static_assert(VLLM_METAL_SMALL_PARTITION_SIZE % BLOCK_SIZE == 0, "partitions must hold whole pages");
@@ -69,6 +69,8 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
   }
   float m = kEmptyMax;
   float l = 0.0f;
+  const int row_width = kv_row_width(HEAD_SIZE);                 // one head of one token
+  const long token_stride = long(NUM_KV_HEADS) * row_width;      // next token of a page
 
   if (key_begin < key_end) {
     device const int* table = block_tables + long(seq) * params.max_blocks_per_seq;
@@ -78,46 +80,53 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
     for (int b = first_block; b <= last_block; ++b) {
       const int block = simd_shuffle(next_block, 0);
       if (lane == 0 && b < last_block) next_block = table[b + 1];  // in flight during this page
-      const long page = (long(block) * BLOCK_SIZE * NUM_KV_HEADS + kv_head) * HEAD_SIZE + lane * ELEMS;
-      device const T* k_page = key_cache + page;
-      device const T* v_page = value_cache + page;
+      // The page's head rows start here; a lane reads its run at + lane * ELEMS.
+      const long page = (long(block) * BLOCK_SIZE * NUM_KV_HEADS + kv_head) * row_width;
+      const long run = lane * ELEMS;
       const int t_end = min(key_end - b * BLOCK_SIZE, BLOCK_SIZE);
       int t = max(key_begin - b * BLOCK_SIZE, 0);
       for (; t + 4 <= t_end; t += 4) {
         float4 dots = 0.0f;
+        float4 k_scale, v_scale;
         for (int j = 0; j < 4; ++j) {
+          const long row = page + (t + j) * token_stride;
           float k[ELEMS];
-          load_floats<T, ELEMS>(k_page + (t + j) * TOKEN_STRIDE, k);
+          load_kv<T, ELEMS>(key_cache, row + run, k);
           float d = 0.0f;
           for (int i = 0; i < ELEMS; ++i) d += q[i] * k[i];
           dots[j] = d;
+          k_scale[j] = kv_row_scale(key_cache, row, HEAD_SIZE);
+          v_scale[j] = kv_row_scale(value_cache, row, HEAD_SIZE);
         }
-        const float4 s = finish_scores(simd_sum(dots), params);
+        const float4 s = finish_scores(simd_sum(dots) * k_scale, params);
         const float m_new = max(m, max(max(s.x, s.y), max(s.z, s.w)));
         const float carry = exp2(m - m_new);
         const float4 p = exp2(s - m_new);
         l = l * carry + ((p.x + p.y) + (p.z + p.w));
+        const float4 pv = p * v_scale;
         for (int i = 0; i < ELEMS; ++i) acc[i] *= carry;
         for (int j = 0; j < 4; ++j) {
           float v[ELEMS];
-          load_floats<T, ELEMS>(v_page + (t + j) * TOKEN_STRIDE, v);
-          for (int i = 0; i < ELEMS; ++i) acc[i] += p[j] * v[i];
+          load_kv<T, ELEMS>(value_cache, page + (t + j) * token_stride + run, v);
+          for (int i = 0; i < ELEMS; ++i) acc[i] += pv[j] * v[i];
         }
         m = m_new;
       }
       for (; t < t_end; ++t) {
+        const long row = page + t * token_stride;
         float k[ELEMS];
         float v[ELEMS];
-        load_floats<T, ELEMS>(k_page + t * TOKEN_STRIDE, k);
+        load_kv<T, ELEMS>(key_cache, row + run, k);
         float d = 0.0f;
         for (int i = 0; i < ELEMS; ++i) d += q[i] * k[i];
-        const float s = finish_score(simd_sum(d), params);
+        const float s = finish_score(simd_sum(d) * kv_row_scale(key_cache, row, HEAD_SIZE), params);
         const float m_new = max(m, s);
         const float carry = exp2(m - m_new);
         const float p = exp2(s - m_new);
         l = l * carry + p;
-        load_floats<T, ELEMS>(v_page + t * TOKEN_STRIDE, v);
-        for (int i = 0; i < ELEMS; ++i) acc[i] = acc[i] * carry + p * v[i];
+        const float pv = p * kv_row_scale(value_cache, row, HEAD_SIZE);
+        load_kv<T, ELEMS>(value_cache, row + run, v);
+        for (int i = 0; i < ELEMS; ++i) acc[i] = acc[i] * carry + pv * v[i];
         m = m_new;
       }
     }

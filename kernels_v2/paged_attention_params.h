@@ -21,6 +21,7 @@ struct PagedAttentionParams {
 struct ReshapeAndCacheParams {
   int row_elems;  // num_kv_heads * head_size
   int num_slots;  // num_blocks * block_size
+  int head_size;  // quantized caches: elements per head row (else unused)
 };
 
 #ifndef __METAL_VERSION__

@@ -10,7 +10,8 @@
 // softmax states merge through threadgroup memory.
 //
 // Buffers: 0 query [total_q, num_heads, D]; 1/2 key/value cache
-// [num_blocks, BLOCK_SIZE, num_kv_heads, D]; 3 block_tables int
+// [num_blocks, BLOCK_SIZE, num_kv_heads, D] (with kv_quant: bytes [...,
+// D + 4], codes and each head row's scale, kv_quant.h); 3 block_tables int
 // [num_seqs, max_blocks_per_seq]; 4 seq_lens int [num_seqs]; 5 cu_seqlens_q
 // int [num_seqs + 1]; 6 sinks float [num_heads]; 7 out [total_q, num_heads, D];
 // 8 partial_stats float [total_q, num_heads, num_partitions, 2] (max, exp-sum,
@@ -54,7 +55,8 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
     key_end = min(key_end, (part + 1) * params.partition_size);
   }
   const int kv_head = head / (params.num_heads / params.num_kv_heads);
-  const long row_stride = long(params.num_kv_heads) * HEAD_SIZE;  // one token of one page
+  const int row_width = kv_row_width(HEAD_SIZE);                  // one head of one token
+  const long row_stride = long(params.num_kv_heads) * row_width;  // one token of one page
 
   float q[ELEMS];
   float acc[ELEMS];
@@ -74,24 +76,23 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
   for (int b = first_block + int(simd_id); b <= last_block; b += kVarlenSimdgroups) {
     const int t0 = max(key_begin, b * BLOCK_SIZE);
     const int t1 = min(key_end, (b + 1) * BLOCK_SIZE);
-    const long page = long(table[b]) * BLOCK_SIZE * row_stride + long(kv_head) * HEAD_SIZE;
+    const long page = long(table[b]) * BLOCK_SIZE * row_stride + long(kv_head) * row_width;
     for (int t = t0; t < t1; ++t) {
       const long offset = page + long(t - b * BLOCK_SIZE) * row_stride;
-      device const T* k = key_cache + offset;
-      device const T* v = value_cache + offset;
       float partial = 0.0f;
       for (int i = 0; i < ELEMS; ++i) {
         const int d = int(lane) + 32 * i;
-        if (d < HEAD_SIZE) partial += q[i] * float(k[d]);
+        if (d < HEAD_SIZE) partial += q[i] * kv_element(key_cache, offset, d);
       }
-      const float s = finish_score(simd_sum(partial), params);
+      const float s = finish_score(simd_sum(partial) * kv_row_scale(key_cache, offset, HEAD_SIZE), params);
       const float m_new = max(m, s);
       const float carry = exp2(m - m_new);
       const float p = exp2(s - m_new);
       l = l * carry + p;
+      const float pv = p * kv_row_scale(value_cache, offset, HEAD_SIZE);
       for (int i = 0; i < ELEMS; ++i) {
         const int d = int(lane) + 32 * i;
-        acc[i] = acc[i] * carry + (d < HEAD_SIZE ? p * float(v[d]) : 0.0f);
+        acc[i] = acc[i] * carry + (d < HEAD_SIZE ? pv * kv_element(value_cache, offset, d) : 0.0f);
       }
       m = m_new;
     }

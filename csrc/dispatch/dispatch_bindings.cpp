@@ -15,6 +15,7 @@
 #include "dispatch/diagnostics.h"
 #include "dispatch/dispatch_env.h"
 #include "dispatch/metal_launch_plan.h"
+#include "kernel_constants.h"
 #include "dispatch/paged_dispatch.h"
 #include "dispatch/paged_metadata.h"
 #include "metal/kernel_library.h"
@@ -81,6 +82,7 @@ nb::dict to_dict(const dispatch::KernelLaunch& l) {
   nb::dict constants;
   if (l.specialized) {
     for (int i = 0; i < 4; ++i) constants[nb::int_(i)] = l.constants[i];
+    constants[nb::int_(VLLM_METAL_FC_KV_QUANT)] = l.kv_quant;
   }
   out["constants"] = constants;
   return out;
@@ -222,9 +224,10 @@ void bind_dispatch_debug(nb::module_& m) {
       [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
          int num_kv_heads, int head_size, int block_size, const std::string& dtype, const std::string& route,
          int partition_size, float scale, int sliding_window, float softcap, bool has_sinks,
-         int max_blocks_per_seq) {
+         int max_blocks_per_seq, int kv_quant) {
         auto p = make_problem(seq_lens, query_lens, num_heads, num_kv_heads, head_size, block_size, dtype,
                               std::nullopt);
+        p.kv_quant = kv_quant;
         dispatch::PagedDispatch d;
         d.route = parse_route(route);
         if (d.route != PagedRoute::Varlen) {
@@ -247,21 +250,22 @@ void bind_dispatch_debug(nb::module_& m) {
       },
       "seq_lens"_a, "query_lens"_a, "num_heads"_a, "num_kv_heads"_a, "head_size"_a, "block_size"_a,
       "dtype"_a, "route"_a, "partition_size"_a = kPartitionSize, "scale"_a, "sliding_window"_a = 0,
-      "softcap"_a = 0.0f, "has_sinks"_a = false, "max_blocks_per_seq"_a,
+      "softcap"_a = 0.0f, "has_sinks"_a = false, "max_blocks_per_seq"_a, "kv_quant"_a = 0,
       "The Metal launches eval_gpu encodes for this route (dict: launches, params bytes, partial_rows, "
-      "num_partitions).");
+      "num_partitions); kv_quant > 0: a quantized cache of codes and scales.");
 
   m.def(
       "reshape_and_cache_plan",
-      [](const std::string& dtype, int num_tokens, int row_elems, int num_slots) {
+      [](const std::string& dtype, int num_tokens, int row_elems, int num_slots, int kv_quant, int head_size) {
         const auto plan = dispatch::plan_reshape_and_cache(dispatch::parse_dtype(dtype), num_tokens, row_elems,
-                                                           num_slots);
+                                                           num_slots, kv_quant, head_size);
         nb::dict out;
         out["launch"] = to_dict(plan.launch);
         out["params"] = as_bytes(plan.params);
         return out;
       },
-      "dtype"_a, "num_tokens"_a, "row_elems"_a, "num_slots"_a, "The Metal launch of reshape_and_cache.");
+      "dtype"_a, "num_tokens"_a, "row_elems"_a, "num_slots"_a, "kv_quant"_a = 0, "head_size"_a = 0,
+      "The Metal launch of reshape_and_cache (kv_quant > 0: into a quantized cache).");
 
   m.def(
       "kernel_shapes",

@@ -34,8 +34,8 @@ std::string reduce_kernel_name(KernelDtype dtype, int head_size) {
   return std::string("paged_attention_v2_reduce_") + dtype_name(dtype) + "_hd" + std::to_string(head_size);
 }
 
-std::string reshape_and_cache_kernel_name(KernelDtype dtype) {
-  return std::string("reshape_and_cache_") + dtype_name(dtype);
+std::string reshape_and_cache_kernel_name(KernelDtype dtype, bool quantized) {
+  return std::string(quantized ? "reshape_and_cache_quant_" : "reshape_and_cache_") + dtype_name(dtype);
 }
 
 const std::vector<int>& varlen_head_sizes() {
@@ -92,13 +92,17 @@ PagedAttentionPlan plan_paged_attention(
         {gqa_decode_kernel_name(p.cache_dtype, p.num_heads, p.num_kv_heads, p.head_size, p.block_size),
          {u32(p.num_kv_heads), u32(num_seqs), u32(d.num_partitions)},
          {group * kSimdWidth, 1, 1},
-         {window, softcap, f.has_sinks, split}});
+         {window, softcap, f.has_sinks, split},
+         true,
+         p.kv_quant});
   } else if (d.route == PagedRoute::Varlen || d.route == PagedRoute::SplitKv) {
     plan.launches.push_back(
         {varlen_kernel_name(p.cache_dtype, p.head_size, p.block_size),
          {u32(p.num_heads), u32(total_q), u32(d.num_partitions)},
          {kVarlenThreads, 1, 1},
-         {window, softcap, f.has_sinks, split}});
+         {window, softcap, f.has_sinks, split},
+         true,
+         p.kv_quant});
   } else {
     throw std::invalid_argument(std::string("route ") + route_name(d.route) + " has no Metal kernels");
   }
@@ -112,14 +116,25 @@ PagedAttentionPlan plan_paged_attention(
   return plan;
 }
 
-ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, int row_elems, int num_slots) {
+ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, int row_elems, int num_slots,
+                                           int kv_quant, int head_size) {
   ReshapeAndCachePlan plan;
-  const uint32_t threads = std::clamp<uint32_t>((u32(row_elems) + kSimdWidth - 1) / kSimdWidth * kSimdWidth,
-                                                kSimdWidth, 256);
-  plan.launch = {reshape_and_cache_kernel_name(dtype), {u32(num_tokens), 1, 1}, {threads, 1, 1},
-                 {false, false, false, false}, false};
   plan.params.row_elems = row_elems;
   plan.params.num_slots = num_slots;
+  plan.params.head_size = head_size;
+  if (kv_quant != 0) {
+    if (head_size < 1 || row_elems % head_size != 0) {
+      throw std::invalid_argument("a quantized cache write needs the head size (a divisor of the row)");
+    }
+    // One simdgroup per (token, KV head) row.
+    plan.launch = {reshape_and_cache_kernel_name(dtype, true), {u32(num_tokens), u32(row_elems / head_size), 1},
+                   {kSimdWidth, 1, 1}, {false, false, false, false}, true, kv_quant};
+    return plan;
+  }
+  const uint32_t threads = std::clamp<uint32_t>((u32(row_elems) + kSimdWidth - 1) / kSimdWidth * kSimdWidth,
+                                                kSimdWidth, 256);
+  plan.launch = {reshape_and_cache_kernel_name(dtype, false), {u32(num_tokens), 1, 1}, {threads, 1, 1},
+                 {false, false, false, false}, false};
   return plan;
 }
 

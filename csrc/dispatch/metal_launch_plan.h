@@ -22,6 +22,9 @@ struct KernelLaunch {
   // use_sinks, write_partials (indices VLLM_METAL_FC_*), if the kernel has them.
   std::array<bool, 4> constants;
   bool specialized = true;
+  // Function constant kv_quant (VLLM_METAL_FC_KV_QUANT, an int): the cache's
+  // KvQuant, set with the others when specialized.
+  int kv_quant = 0;
 };
 
 struct PagedAttentionFeatures {
@@ -47,7 +50,7 @@ struct ReshapeAndCachePlan {
 std::string varlen_kernel_name(KernelDtype dtype, int head_size, int block_size);
 std::string gqa_decode_kernel_name(KernelDtype dtype, int num_heads, int num_kv_heads, int head_size, int block_size);
 std::string reduce_kernel_name(KernelDtype dtype, int head_size);
-std::string reshape_and_cache_kernel_name(KernelDtype dtype);
+std::string reshape_and_cache_kernel_name(KernelDtype dtype, bool quantized);
 
 // Head sizes with a varlen / reduce kernel.
 const std::vector<int>& varlen_head_sizes();
@@ -62,7 +65,10 @@ PagedAttentionPlan plan_paged_attention(
     const PagedDispatch& dispatch,
     const PagedAttentionFeatures& features);
 
-ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, int row_elems, int num_slots);
+// dtype: of the K/V rows (and of a float cache). kv_quant > 0: the cache holds
+// codes and scales (csrc/kv_quant.h), head rows of head_size.
+ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, int row_elems, int num_slots,
+                                           int kv_quant = 0, int head_size = 0);
 
 // Throws std::runtime_error naming the kernel and both counts if `launch` asks
 // for more threads per threadgroup than its pipeline allows. The limit

@@ -29,7 +29,8 @@ struct PagedProblem {
   int head_size = 0;
   int block_size = 0;
   KernelDtype query_dtype = KernelDtype::Float32;
-  KernelDtype cache_dtype = KernelDtype::Float32;
+  KernelDtype cache_dtype = KernelDtype::Float32;  // a quantized cache: the query's
+  int kv_quant = 0;  // a KvQuant (csrc/kv_quant.h): the cache holds codes and scales
   std::vector<int32_t> seq_lens;    // context length per sequence, this step's rows included
   std::vector<int32_t> query_lens;  // query rows per sequence
 };

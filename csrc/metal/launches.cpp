@@ -1,7 +1,10 @@
 // Pipelines and dispatches of planned launches (compiled on Apple only).
 #include "metal/launches.h"
 
+#include <stdexcept>
 #include <string>
+
+#include "kernel_constants.h"
 
 #include "metal/kernel_library.h"
 
@@ -22,12 +25,17 @@ MTL::ComputePipelineState* specialized_pipeline(mx::metal::Device& device, const
   if (!launch.specialized) return device.get_kernel(launch.kernel, kernels_library(device));
   static const bool kFalse = false;
   static const bool kTrue = true;
+  static const int kKvQuant[] = {0, 1, 2, 3};  // the values MTLFCList points at
+  if (launch.kv_quant < 0 || launch.kv_quant > 3) throw std::invalid_argument("kv_quant must be 0-3");
   mx::metal::MTLFCList constants;
   std::string hash = launch.kernel + "_fc";
   for (int i = 0; i < 4; ++i) {
     constants.emplace_back(launch.constants[i] ? &kTrue : &kFalse, MTL::DataType::DataTypeBool, NS::UInteger(i));
     hash += launch.constants[i] ? "1" : "0";
   }
+  constants.emplace_back(&kKvQuant[launch.kv_quant], MTL::DataType::DataTypeInt,
+                         NS::UInteger(VLLM_METAL_FC_KV_QUANT));
+  hash += std::to_string(launch.kv_quant);
   return device.get_kernel(launch.kernel, kernels_library(device), hash, constants);
 }
 

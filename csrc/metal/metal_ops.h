@@ -24,10 +24,12 @@ void paged_attention_gpu(
     const dispatch::PagedAttentionFeatures& features);
 
 // inputs: key, value, key_cache, value_cache, slot_mapping; outputs alias the caches.
+// kv_quant > 0: the caches hold codes and scales (csrc/kv_quant.h).
 void reshape_and_cache_gpu(
     const mlx::core::Stream& stream,
     const std::vector<mlx::core::array>& inputs,
-    std::vector<mlx::core::array>& outputs);
+    std::vector<mlx::core::array>& outputs,
+    int kv_quant);
 
 }  // namespace vllm_metal::metal
 

@@ -61,7 +61,8 @@ void paged_attention_gpu(
 void reshape_and_cache_gpu(
     const mx::Stream& stream,
     const std::vector<mx::array>& inputs,
-    std::vector<mx::array>& outputs) {
+    std::vector<mx::array>& outputs,
+    int kv_quant) {
   // The outputs are the caches themselves (row-contiguous: checked by eval_gpu).
   outputs[0].copy_shared_buffer(inputs[2]);
   outputs[1].copy_shared_buffer(inputs[3]);
@@ -71,10 +72,10 @@ void reshape_and_cache_gpu(
   auto& enc = mx::metal::get_command_encoder(stream);
   const int row = inputs[0].shape(1) * inputs[0].shape(2);
   const int num_slots = inputs[2].shape(0) * inputs[2].shape(1);
-  const auto dtype = inputs[2].dtype() == mx::float16 ? dispatch::KernelDtype::Float16
-      : inputs[2].dtype() == mx::bfloat16             ? dispatch::KernelDtype::BFloat16
-                                                      : dispatch::KernelDtype::Float32;
-  const dispatch::ReshapeAndCachePlan plan = dispatch::plan_reshape_and_cache(dtype, num_tokens, row, num_slots);
+  // The rows' dtype: the cache's, or for a quantized cache (bytes) the input's.
+  const auto dtype = kernel_dtype(inputs[0].dtype());
+  const dispatch::ReshapeAndCachePlan plan =
+      dispatch::plan_reshape_and_cache(dtype, num_tokens, row, num_slots, kv_quant, inputs[0].shape(2));
   enc.set_compute_pipeline_state(pipeline(device, plan.launch));
   enc.set_input_array(inputs[0], 0);
   enc.set_input_array(inputs[1], 1);

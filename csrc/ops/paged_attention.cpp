@@ -65,6 +65,20 @@ dispatch::KernelDtype kernel_dtype(mx::Dtype t) {
   return dispatch::KernelDtype::Unsupported;
 }
 
+// The kernel shape of a call: a quantized cache (bytes) runs the query's
+// element type with the kv_quant function constant.
+dispatch::PagedProblem shape_problem(const mx::array& q, const mx::array& kc, KvQuant quant) {
+  dispatch::PagedProblem p;
+  p.num_heads = q.shape(1);
+  p.num_kv_heads = kc.shape(2);
+  p.head_size = q.shape(2);
+  p.block_size = kc.shape(1);
+  p.query_dtype = kernel_dtype(q.dtype());
+  p.cache_dtype = quant == KvQuant::None ? kernel_dtype(kc.dtype()) : p.query_dtype;
+  p.kv_quant = static_cast<int>(quant);
+  return p;
+}
+
 // Values of an evaluated, contiguous 1-D int32/int64 array, else nullopt.
 std::optional<std::vector<int32_t>> host_values(const mx::array& a) {
   if (!a.is_available() || a.ndim() != 1 || !a.flags().row_contiguous) return std::nullopt;
@@ -98,17 +112,11 @@ std::optional<HostLengths> host_lengths(const mx::array& seq_lens, const mx::arr
 // The GPU runs the op only with the Metal kernels loaded and a shape they
 // cover (row-contiguous caches, one dtype); anything else runs on the CPU. A
 // cache not yet evaluated passes the layout test here; eval_gpu tests it again.
-bool runs_on_gpu(const mx::Stream& s, const mx::array& q, const mx::array& kc, const mx::array& vc) {
+bool runs_on_gpu(const mx::Stream& s, const mx::array& q, const mx::array& kc, const mx::array& vc,
+                 KvQuant quant) {
   if (s.device != mx::Device::gpu || !metal::kernels_configured()) return false;
   if (!kc.flags().row_contiguous || !vc.flags().row_contiguous) return false;
-  dispatch::PagedProblem p;
-  p.num_heads = q.shape(1);
-  p.num_kv_heads = kc.shape(2);
-  p.head_size = kc.shape(3);
-  p.block_size = kc.shape(1);
-  p.query_dtype = kernel_dtype(q.dtype());
-  p.cache_dtype = kernel_dtype(kc.dtype());
-  return dispatch::metal_supports(p);
+  return dispatch::metal_supports(shape_problem(q, kc, quant));
 }
 
 } // namespace
@@ -162,7 +170,7 @@ mx::array paged_attention(
   auto stream = mx::to_stream(s);
   std::optional<HostLengths> lengths;
   if (stream.device == mx::Device::gpu) {
-    if (quant == KvQuant::None && runs_on_gpu(stream, query, key_cache, value_cache)) {
+    if (runs_on_gpu(stream, query, key_cache, value_cache, quant)) {
       lengths = host_lengths(seq_lens, cu_seqlens_q, query.shape(0),
                              static_cast<int64_t>(block_tables.shape(1)) * key_cache.shape(1));
     } else {
@@ -255,13 +263,7 @@ void PagedAttention::eval_gpu(
                          {"query", "key_cache", "value_cache", "block_tables", "seq_lens", "cu_seqlens_q", "sinks"});
   const auto& q = inputs[0];
   const auto& kc = inputs[1];
-  dispatch::PagedProblem problem;
-  problem.num_heads = q.shape(1);
-  problem.num_kv_heads = kc.shape(2);
-  problem.head_size = q.shape(2);
-  problem.block_size = kc.shape(1);
-  problem.query_dtype = kernel_dtype(q.dtype());
-  problem.cache_dtype = kernel_dtype(kc.dtype());
+  dispatch::PagedProblem problem = shape_problem(q, kc, kv_quant_);
   const int num_seqs = inputs[3].shape(0);
   if (host_lengths_) {
     problem.seq_lens = host_lengths_->seq_lens;

@@ -116,12 +116,16 @@ std::pair<mx::array, mx::array> reshape_and_cache(
   // The Metal kernel writes row-contiguous caches of a kernel dtype in place;
   // anything else (or no loaded kernels) runs on the CPU. A cache not yet
   // evaluated passes the layout test here; eval_gpu tests it again.
-  const bool gpu_ok = quant == KvQuant::None && metal::kernels_configured() && key_cache.flags().row_contiguous &&
+  auto kernel_float = [](mx::Dtype t) { return t == mx::float16 || t == mx::bfloat16 || t == mx::float32; };
+  // A quantized write keeps the model's K/V dtype (the kernel reads it); the CPU
+  // quantizes float32 rows.
+  const bool gpu_ok = metal::kernels_configured() && key_cache.flags().row_contiguous &&
       value_cache.flags().row_contiguous &&
-      (key_cache.dtype() == mx::float16 || key_cache.dtype() == mx::bfloat16 || key_cache.dtype() == mx::float32);
+      (quant == KvQuant::None ? kernel_float(key_cache.dtype()) : kernel_float(key.dtype()));
   if (stream.device == mx::Device::gpu && !gpu_ok) stream = mx::default_stream(mx::Device::cpu);
   const auto dtype = key_cache.dtype();
-  const auto row_dtype = quant == KvQuant::None ? dtype : mx::float32; // quantized on write
+  const bool on_gpu = stream.device == mx::Device::gpu;
+  const auto row_dtype = quant == KvQuant::None ? dtype : on_gpu ? key.dtype() : mx::float32;
   auto prep = [&](const mx::array& a, mx::Dtype t) {
     return mx::contiguous(a.dtype() == t ? a : mx::astype(a, t, stream), false, stream);
   };
@@ -183,7 +187,7 @@ void ReshapeAndCache::eval_gpu(
   // The kernel writes the caches in place as row-contiguous: checked now, as the
   // flags read when the op was built describe a cache not yet evaluated as such.
   require_row_contiguous("reshape_and_cache", inputs, {"key", "value", "key_cache", "value_cache", "slot_mapping"});
-  metal::reshape_and_cache_gpu(stream(), inputs, outputs);
+  metal::reshape_and_cache_gpu(stream(), inputs, outputs, static_cast<int>(quant_));
 #else
   (void)inputs;
   (void)outputs;

@@ -19,7 +19,8 @@ from tests.ops.kv_quant_np import quantize
 def round_rows(x: mx.array, fmt: str) -> mx.array:
     """[..., D] -> the values a quantized cache reads back, in x's dtype."""
     values, scales = quantize(np.array(x.astype(mx.float32)), fmt)
-    return mx.array((values * scales[..., None].astype(np.float64)).astype(np.float32)).astype(x.dtype)
+    rows = (values * scales[..., None].astype(np.float64)).astype(np.float32)
+    return mx.array(rows).astype(x.dtype)
 
 
 @contextlib.contextmanager

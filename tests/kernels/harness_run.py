@@ -68,18 +68,20 @@ def assert_same_bits(results: list[np.ndarray], orders: tuple[str, ...]) -> None
 def run_paged_attention(kernels: dict, ext, batch: PagedBatch, route: str, *, partition_size: int = 512,
                         orders: tuple[str, ...] = DEFAULT_ORDERS, sliding_window: int | None = None,
                         softcap: float | None = None, sinks: mx.array | None = None,
-                        guard: bool = False) -> tuple[np.ndarray, dict]:
+                        guard: bool = False, kv_quant: int = 0) -> tuple[np.ndarray, dict]:
     """(output as float32 [total_q, H, D], plan) of `route` run on the harness under
-    each of `orders` (which must agree bit for bit)."""
+    each of `orders` (which must agree bit for bit). kv_quant > 0: the batch's
+    caches are uint8 codes and scales (attention.kv_quant), read by the kernels
+    of the query's dtype."""
     check_orders(orders)
     q, kc, vc = raw(batch.query), raw(batch.key_cache), raw(batch.value_cache)
-    dtype = batch.key_cache.dtype
+    dtype = batch.query.dtype if kv_quant else batch.key_cache.dtype
     num_heads, head_size = q.shape[1], q.shape[2]
     plan = ext.debug.metal_launch_plan(
         [int(x) for x in np.array(batch.seq_lens)], query_lens(batch), num_heads, kc.shape[2], head_size,
         kc.shape[1], DTYPE_NAMES[dtype], route, partition_size=partition_size, scale=batch.scale,
         sliding_window=sliding_window or 0, softcap=softcap or 0.0, has_sinks=sinks is not None,
-        max_blocks_per_seq=batch.block_tables.shape[1])
+        max_blocks_per_seq=batch.block_tables.shape[1], kv_quant=kv_quant)
     rows = max(plan["partial_rows"], 1)
     parts = plan["num_partitions"]
     outputs = []
@@ -105,20 +107,24 @@ def run_paged_attention(kernels: dict, ext, batch: PagedBatch, route: str, *, pa
 
 def run_reshape_and_cache(kernels: dict, ext, key: np.ndarray, value: np.ndarray, key_cache: np.ndarray,
                           value_cache: np.ndarray, slots: np.ndarray, dtype_name: str, *,
-                          orders: tuple[str, ...] = DEFAULT_ORDERS, guard: bool = False) -> None:
+                          orders: tuple[str, ...] = DEFAULT_ORDERS, guard: bool = False,
+                          kv_quant: int = 0) -> None:
     """Write key/value rows into the caches (in place) with the planned launch, once
-    per lane order on fresh copies (all must agree bit for bit)."""
+    per lane order on fresh copies (all must agree bit for bit). kv_quant > 0:
+    uint8 caches of codes and scales; dtype_name is the rows' dtype."""
     check_orders(orders)
     num_tokens = key.shape[0]
     row = key.shape[1] * key.shape[2]
-    plan = ext.debug.reshape_and_cache_plan(dtype_name, num_tokens, row, key_cache.shape[0] * key_cache.shape[1])
+    plan = ext.debug.reshape_and_cache_plan(dtype_name, num_tokens, row, key_cache.shape[0] * key_cache.shape[1],
+                                            kv_quant=kv_quant, head_size=key.shape[2])
     launch = plan["launch"]
     results = []
     for order in orders:
         caches = (key_cache.copy(), value_cache.copy())
         buffers = {0: key, 1: value, 2: caches[0], 3: caches[1], 4: slots.astype(np.int32), 5: plan["params"]}
         find_library(kernels, launch["kernel"]).dispatch(
-            launch["kernel"], launch["grid"], launch["threads"], buffers, order=order, guard=guard)
+            launch["kernel"], launch["grid"], launch["threads"], buffers, constants=launch["constants"],
+            order=order, guard=guard)
         results.append(np.concatenate([caches[0].reshape(-1), caches[1].reshape(-1)]))
     assert_same_bits(results, orders)
     key_cache[...], value_cache[...] = caches

@@ -32,6 +32,8 @@ def host_names(ext) -> set[str]:
         names.update(launch["kernel"] for launch in plan["launches"])
     for dtype in DTYPES:
         names.add(ext.debug.reshape_and_cache_plan(dtype, 1, 64, 64)["launch"]["kernel"])
+        names.add(ext.debug.reshape_and_cache_plan(dtype, 1, 64, 64, kv_quant=2,
+                                                   head_size=64)["launch"]["kernel"])
         for add in (False, True):
             plan = ext.debug.lora_launch_plan(dtype, 1, 8, 8, 4, 1, add=add, out_cols=8)
             names.update(launch["kernel"] for launch in plan["launches"])
@@ -59,14 +61,18 @@ def test_every_metal_file_compiles(kernels):
     assert all(lib.kernels for lib in kernels.values())
 
 
+# 63 varlen + 36 GQA decode (12 specializations x 3 dtypes) + 21 reduce + 3 cache writes
+# + 3 quantized cache writes (the attention kernels read quantized caches through a
+# function constant) + 9 LoRA (shrink, expand, expand_add x 3 dtypes) + 12 experts
+# (float, q4, q8, mxfp4 x 3 dtypes) + 6 MLA (cache write, attention x 3 dtypes)
+# + 12 GDN (conv rows, conv state, gated delta, chunked gated delta x 3 dtypes)
+INSTANTIATED = 63 + 36 + 21 + 3 + 3 + 9 + 12 + 6 + 12
+
+
 def test_host_names_are_exactly_the_instantiations(kernels, ext):
     instantiated = set().union(*(lib.kernels for lib in kernels.values()))
     assert host_names(ext) == instantiated
-    # 63 varlen + 36 GQA decode (12 specializations x 3 dtypes) + 21 reduce + 3 cache writes
-    # + 9 LoRA (shrink, expand, expand_add x 3 dtypes) + 12 experts (float, q4, q8, mxfp4 x 3 dtypes)
-    # + 6 MLA (cache write, attention x 3 dtypes)
-    # + 12 GDN (conv rows, conv state, gated delta, chunked gated delta x 3 dtypes)
-    assert len(instantiated) == 63 + 36 + 21 + 3 + 9 + 12 + 6 + 12
+    assert len(instantiated) == INSTANTIATED
 
 
 def test_block_size_instantiations_follow_constants_py(kernels):

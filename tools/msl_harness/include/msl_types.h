@@ -441,6 +441,7 @@ using metal::tanh;
 }  // namespace fast
 namespace precise {
 using namespace fast;
+inline float divide(float a, float b) { return a / b; }
 }
 
 enum class mem_flags : uint { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
