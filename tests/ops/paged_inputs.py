@@ -8,6 +8,7 @@ the output into NaN and fails the comparison.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -99,3 +100,16 @@ def assert_close(actual: mx.array, expected, dtype: mx.Dtype) -> None:
     assert actual.shape == expected.shape
     assert np.isfinite(actual).all(), "output has NaN/inf: the kernel read poisoned memory"
     np.testing.assert_allclose(actual, expected, rtol=0, atol=TOLERANCE[dtype])
+
+
+@contextlib.contextmanager
+def forced(route: str, partition: int):
+    """The CPU kernels take `route` (pieces of at most `partition` keys) for the duration."""
+    from vllm_metal.native import get_ops
+
+    ext = get_ops()
+    ext.debug.force_paged_route(route, partition)
+    try:
+        yield
+    finally:
+        ext.debug.force_paged_route(None)

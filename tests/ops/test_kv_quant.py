@@ -8,8 +8,6 @@ quantized row holding a NaN gets a NaN scale, so an over-read still shows."""
 
 from __future__ import annotations
 
-import contextlib
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -17,9 +15,8 @@ import pytest
 from tests.ops.attention_np import paged_attention_np
 from tests.ops.isa import cpu_isa
 from tests.ops.kv_quant_np import code_values, quantize, read_cache
-from tests.ops.paged_inputs import as_numpy, make_batch
+from tests.ops.paged_inputs import as_numpy, forced, make_batch
 from vllm_metal import ops
-from vllm_metal.native import get_ops
 
 FORMATS = ["int8", "fp8_e4m3", "fp8_e5m2"]
 
@@ -116,16 +113,6 @@ def check(batch, fmt, **options):
     assert np.isfinite(actual).all(), "output has NaN: the kernel read poisoned rows"
     np.testing.assert_allclose(actual, expected, rtol=0, atol=3e-5)
     return out
-
-
-@contextlib.contextmanager
-def forced(route, partition):
-    ext = get_ops()
-    ext.debug.force_paged_route(route, partition)
-    try:
-        yield
-    finally:
-        ext.debug.force_paged_route(None)
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])

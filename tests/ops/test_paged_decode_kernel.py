@@ -10,28 +10,15 @@ not read.
 
 from __future__ import annotations
 
-import contextlib
-
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from tests.ops.attention_np import paged_attention_np
 from tests.ops.isa import cpu_isa
-from tests.ops.paged_inputs import as_numpy, assert_close, make_batch
+from tests.ops.paged_inputs import as_numpy, assert_close, forced, make_batch
 from vllm_metal import ops
-from vllm_metal.native import get_ops
 from vllm_metal.ops.reference import paged_attention_ref
-
-
-@contextlib.contextmanager
-def forced(route, partition):
-    ext = get_ops()
-    ext.debug.force_paged_route(route, partition)
-    try:
-        yield
-    finally:
-        ext.debug.force_paged_route(None)
 
 
 def check(batch, dtype=mx.float32, **options):
