@@ -24,16 +24,15 @@ class KvQuant:
 
     name: str
     code: int
-    largest: float  # the largest code value; a row's max |x| maps onto it
 
     def row_width(self, head_dim: int) -> int:
         """The cache's last dimension (bytes) for head_dim elements."""
         return head_dim + SCALE_BYTES
 
 
-INT8 = KvQuant("int8", 1, 127.0)
-FP8_E4M3 = KvQuant("fp8_e4m3", 2, 448.0)
-FP8_E5M2 = KvQuant("fp8_e5m2", 3, 57344.0)
+INT8 = KvQuant("int8", 1)
+FP8_E4M3 = KvQuant("fp8_e4m3", 2)
+FP8_E5M2 = KvQuant("fp8_e5m2", 3)
 FORMATS = {q.name: q for q in (INT8, FP8_E4M3, FP8_E5M2)}
 
 # vLLM's --kv-cache-dtype values this plugin stores quantized.

@@ -5,7 +5,8 @@ the bad argument, cast int64 index arrays to int32, and return unevaluated
 arrays: nothing here calls ``mx.eval``. Metadata that can only be checked on
 data (slot or block ids out of range, ``seq_lens`` shorter than the query rows)
 raises when the result is evaluated. vllm_metal.ops.reference holds pure-MLX
-versions with the same signatures.
+versions with the same signatures for float caches (quantized ones are held to a
+numpy codec in tests/ops/kv_quant_np.py).
 
 On macOS the ops run on the GPU through the kernels_v2 Metal kernels once
 vllm_metal.native.get_ops() has loaded them, else on the CPU stream.
@@ -191,6 +192,10 @@ def _check_cache_pair(key_cache: object, value_cache: object,
                 raise TypeError(
                     f"{name} of a {quant.name} cache must be uint8 [num_blocks, block_size, "
                     f"num_kv_heads, head_size + 4], got {cache.dtype} {cache.shape}")
+        if value_cache.shape != key_cache.shape:
+            raise ValueError(
+                f"value_cache shape {value_cache.shape} must equal key_cache shape "
+                f"{key_cache.shape}")
     if value_cache.shape != key_cache.shape:
         raise ValueError(
             f"value_cache shape {value_cache.shape} must equal key_cache shape "
