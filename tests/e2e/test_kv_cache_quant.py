@@ -100,3 +100,27 @@ def test_models_the_quantized_cache_cannot_serve_are_refused(family, why):
 def test_unknown_quantized_dtype_is_refused_by_name(llama_dir):
     with pytest.raises(Exception, match="--kv-cache-dtype nvfp4 is not supported"):
         make_llm(llama_dir, kv_cache_dtype="nvfp4")
+
+
+def test_ngram_speculation_over_a_quantized_cache(llama_dir):
+    # Verification reads the drafts' keys back from the quantized cache: greedy
+    # tokens equal the same cache without speculation. A draft model is refused.
+    prompt = "one two three four one two three four one two three"
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    llm = make_llm(llama_dir, kv_cache_dtype="fp8", speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3})
+    try:
+        spec = list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+    finally:
+        del llm
+        gc.collect()
+    llm = make_llm(llama_dir, kv_cache_dtype="fp8")
+    try:
+        plain = list(llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+    finally:
+        del llm
+        gc.collect()
+    assert spec == plain
+    with pytest.raises(Exception, match="draft_model drafter keeps a float cache"):
+        make_llm(llama_dir, kv_cache_dtype="fp8", speculative_config={
+            "method": "draft_model", "model": str(llama_dir), "num_speculative_tokens": 2})
