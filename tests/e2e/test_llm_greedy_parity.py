@@ -118,11 +118,6 @@ def test_half_precision_kv_cache(llama_dir, kv_cache_dtype, monkeypatch):
         gc.collect()
 
 
-def test_unsupported_kv_cache_dtype_is_refused(llama_dir):
-    with pytest.raises(Exception, match="--kv-cache-dtype fp8 is not supported"):
-        make_llm(llama_dir, kv_cache_dtype="fp8")
-
-
 def test_int8_activations_reach_every_quantized_layer(monkeypatch):
     # The served engine in its default mode for a quantized model (int8
     # activations, fp16 KV cache): the settings reach the loaded
