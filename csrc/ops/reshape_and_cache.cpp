@@ -43,16 +43,11 @@ struct CopyArgs {
 };
 
 void quantize_slot(const CopyArgs& a, int64_t token, int64_t slot) {
-  const int d = a.head_size;
-  const int64_t width = kv_row_width(d, a.quant);
-  const auto* key = reinterpret_cast<const float*>(a.key);
-  const auto* value = reinterpret_cast<const float*>(a.value);
-  for (int h = 0; h < a.num_kv_heads; ++h) {
-    const int64_t src = (token * a.num_kv_heads + h) * d;
-    const int64_t dst = (slot * a.num_kv_heads + h) * width;
-    cpu::quantize_head_row(key + src, d, a.quant, reinterpret_cast<uint8_t*>(a.key_cache) + dst);
-    cpu::quantize_head_row(value + src, d, a.quant, reinterpret_cast<uint8_t*>(a.value_cache) + dst);
-  }
+  const int64_t src = token * a.num_kv_heads * a.head_size;
+  const int64_t dst = slot * a.num_kv_heads * kv_row_width(a.head_size, a.quant);
+  cpu::quantize_token(reinterpret_cast<const float*>(a.key) + src, reinterpret_cast<const float*>(a.value) + src,
+                      a.num_kv_heads, a.head_size, a.quant, reinterpret_cast<uint8_t*>(a.key_cache) + dst,
+                      reinterpret_cast<uint8_t*>(a.value_cache) + dst);
 }
 
 void copy_rows(const CopyArgs& a) {

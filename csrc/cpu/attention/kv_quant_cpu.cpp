@@ -37,6 +37,15 @@ uint8_t minifloat(float v, uint32_t largest) {
 
 } // namespace
 
+void quantize_token(const float* k, const float* v, int num_kv_heads, int d, KvQuant q, uint8_t* k_dst,
+                    uint8_t* v_dst) {
+  const int64_t width = kv_row_width(d, q);
+  for (int h = 0; h < num_kv_heads; ++h) {
+    quantize_head_row(k + int64_t(h) * d, d, q, k_dst + h * width);
+    quantize_head_row(v + int64_t(h) * d, d, q, v_dst + h * width);
+  }
+}
+
 float kv_code_value(uint8_t code, KvQuant q) {
   switch (q) {
     case KvQuant::Int8:

@@ -14,6 +14,12 @@ namespace vllm_metal::cpu {
 // largest code. q must not be KvQuant::None.
 void quantize_head_row(const float* x, int d, KvQuant q, uint8_t* dst);
 
+// One token's K and V rows [num_kv_heads, d] (float32) into the cache rows of
+// its slot: k_dst / v_dst point at the slot's first head row, rows
+// kv_row_width(d, q) bytes apart.
+void quantize_token(const float* k, const float* v, int num_kv_heads, int d, KvQuant q, uint8_t* k_dst,
+                    uint8_t* v_dst);
+
 // The value of one code without its scale (for tests and scalar paths).
 float kv_code_value(uint8_t code, KvQuant q);
 

@@ -119,20 +119,16 @@ void write_cache_as(const StackArgs& a, int layer, const float* k, const float* 
 
 // Quantized caches: each (token, head) row becomes codes and its scale.
 void write_quantized_cache(const StackArgs& a, int layer, const float* k, const float* v) {
-  const int d = a.head_dim;
-  const int64_t width = kv_row_width(d, a.kv_quant);
+  const int64_t row = int64_t(a.num_kv_heads) * a.head_dim;
+  const int64_t width = int64_t(a.num_kv_heads) * kv_row_width(a.head_dim, a.kv_quant);
   auto* kc = static_cast<uint8_t*>(a.key_caches[layer]);
   auto* vc = static_cast<uint8_t*>(a.value_caches[layer]);
   const int32_t* slot_mapping = a.slot_mappings[a.layer_groups[layer]];
   for (int64_t i = 0; i < a.t; ++i) {
     const int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
-    for (int h = 0; h < a.num_kv_heads; ++h) {
-      const int64_t src = (i * a.num_kv_heads + h) * d;
-      const int64_t dst = (slot * a.num_kv_heads + h) * width;
-      quantize_head_row(k + src, d, a.kv_quant, kc + dst);
-      quantize_head_row(v + src, d, a.kv_quant, vc + dst);
-    }
+    quantize_token(k + i * row, v + i * row, a.num_kv_heads, a.head_dim, a.kv_quant, kc + slot * width,
+                   vc + slot * width);
   }
 }
 
