@@ -49,6 +49,10 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
 
     check_sampling_config(vllm_config)
 
+    from vllm_metal.kv_offload.settings import route_kv_transfer
+
+    route_kv_transfer(vllm_config)
+
     cache = vllm_config.cache_config
     if cache.cache_dtype not in (None, *KV_CACHE_DTYPES, *QUANTIZED_CACHE_DTYPES):
         raise UnsupportedConfigError(

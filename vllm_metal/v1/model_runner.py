@@ -13,13 +13,14 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheSpec,
                                         MambaSpec, MLAAttentionSpec, SlidingWindowSpec)
 from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, DraftTokenIds,
-                             LogprobsLists, ModelRunnerOutput)
+                             KVConnectorOutput, LogprobsLists, ModelRunnerOutput)
 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
 from vllm_metal.attention.kv_quant import STORAGE_DTYPE, KvQuant, from_cache_dtype
 from vllm_metal.attention.caches.state_pages import (GdnStateShape, block_size_for_states,
                                                     half_page_floats)
+from vllm_metal.kv_offload.connector_link import ConnectorLink
 from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
 from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
@@ -65,6 +66,7 @@ class _ForwardedStep:
     logits: mx.array | None  # [num_sampling, vocab], lazy
     prompt_logprobs: dict
     rows: mx.array | None = None  # [num_sampling, hidden]: the head's input
+    kv_output: KVConnectorOutput | None = None  # with a KV connector
 
 
 class MetalModelRunner:
@@ -98,6 +100,8 @@ class MetalModelRunner:
         self.drafter: Drafter | None = None
         self._step_drafts: dict[str, list[int]] = {}
         self._proposal_ids: list[str] = []
+        # With --kv-offloading-size / --kv-transfer-config: vLLM's connector.
+        self.connector: ConnectorLink | None = None
 
     # -- setup -------------------------------------------------------------
 
@@ -294,6 +298,23 @@ class MetalModelRunner:
                     self.kv_cache.nbytes / 2**20,
                     len(kv_cache_config.kv_cache_groups),
                     f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")
+        self.connector = ConnectorLink.attach(self.vllm_config, kv_cache_config,
+                                              self._pool_views, mx.synchronize)
+        if self.connector is not None:
+            self._check_offloading()
+
+    def _pool_views(self) -> list[np.ndarray]:
+        """uint8 [num_blocks, row_bytes] over each KV buffer (the offload copies' view)."""
+        return [np.frombuffer(memoryview(b), dtype=np.uint8).reshape(b.shape[0], -1)
+                for b in self.kv_cache.buffers()]
+
+    def _check_offloading(self) -> None:
+        """KV offloading moves whole K/V pages: a recurrent state sharing them is refused."""
+        states = sum(e.state is not None for e in self.loaded.adapter.entries)
+        if states:
+            raise ValueError(f"KV offloading: {self.model_config.architecture} keeps recurrent "
+                             f"state in {states} layers' pages, which offloading does not "
+                             "carry; drop --kv-offloading-size / --kv-transfer-config")
 
     def profile_run(self) -> ActivationEstimate:
         """Estimate the peak activation bytes of a max_num_batched_tokens forward.
@@ -336,7 +357,12 @@ class MetalModelRunner:
 
     def execute_model(self, scheduler_output: SchedulerOutput, intermediate_tensors=None):
         self._update_states(scheduler_output)
+        if self.connector is not None:
+            self.connector.begin(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
+            if self.connector is not None:
+                return ModelRunnerOutput.with_kv_conn_output_only(
+                    self.connector.end(scheduler_output))
             return EMPTY_MODEL_RUNNER_OUTPUT
         self.pending_tokens.resolve_stale()
         self._step_drafts = scheduler_output.scheduled_spec_decode_tokens
@@ -365,7 +391,8 @@ class MetalModelRunner:
         if self.prompt_logprobs.active:
             prompt_lps = self.prompt_logprobs.collect(
                 step, self.input_batch.requests, hidden, self.loaded.logits)
-        self._forwarded = _ForwardedStep(step, logits, prompt_lps, rows)
+        kv_output = None if self.connector is None else self.connector.end(scheduler_output)
+        self._forwarded = _ForwardedStep(step, logits, prompt_lps, rows, kv_output)
         if logits is not None and getattr(scheduler_output, "pending_structured_output_tokens",
                                           False):
             # vLLM defers the sampling of a step with grammar tokens in flight until it
@@ -418,7 +445,7 @@ class MetalModelRunner:
             else:
                 mx.eval(*arrays)
         output = _StepOutput(self.pending_tokens, step, inflight, logprobs,
-                             forwarded.prompt_logprobs)
+                             forwarded.prompt_logprobs, forwarded.kv_output)
         return output if self._pipeline else output.get_output()
 
     def _sample_with_drafts(self, forwarded: _ForwardedStep,
@@ -441,7 +468,8 @@ class MetalModelRunner:
         if verified.logprobs is not None:
             logprobs = LogprobsLists(*verified.logprobs,
                                      cu_num_generated_tokens=np.cumsum([0, *counts]).tolist())
-        return _runner_output(step, emitted, logprobs, forwarded.prompt_logprobs)
+        return _runner_output(step, emitted, logprobs, forwarded.prompt_logprobs,
+                              forwarded.kv_output)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """Drafts for the requests that sampled in the last step (vLLM calls this after
@@ -521,8 +549,9 @@ class _StepOutput(AsyncModelRunnerOutput):
     """One step's ModelRunnerOutput; reading it back waits for the device."""
 
     def __init__(self, pending: PendingTokens, step: StepInputs, inflight: InflightStep | None,
-                 logprobs, prompt_logprobs: dict) -> None:
+                 logprobs, prompt_logprobs: dict, kv_output: KVConnectorOutput | None) -> None:
         self._pending_tokens = pending
+        self._kv_output = kv_output
         self._step = step
         self._inflight = inflight
         self._logprobs = logprobs
@@ -538,14 +567,15 @@ class _StepOutput(AsyncModelRunnerOutput):
             if self._logprobs is not None:
                 ids, lps, ranks = (np.array(a) for a in self._logprobs)
                 logprobs = _expand_logprobs(LogprobsLists(ids, lps, ranks), step)
-        return _runner_output(step, sampled, logprobs, self._prompt_logprobs)
+        return _runner_output(step, sampled, logprobs, self._prompt_logprobs, self._kv_output)
 
-    def get_kv_connector_output(self):
-        return None
+    def get_kv_connector_output(self) -> KVConnectorOutput | None:
+        return self._kv_output
 
 
 def _runner_output(step: StepInputs, sampled: dict[str, list[int]],
-                   logprobs: LogprobsLists | None, prompt_logprobs: dict) -> ModelRunnerOutput:
+                   logprobs: LogprobsLists | None, prompt_logprobs: dict,
+                   kv_output: KVConnectorOutput | None = None) -> ModelRunnerOutput:
     """vLLM's output of a step: each scheduled request's sampled tokens ([] for prompt
     chunks), in the step's order."""
     return ModelRunnerOutput(
@@ -554,6 +584,7 @@ def _runner_output(step: StepInputs, sampled: dict[str, list[int]],
         sampled_token_ids=[sampled.get(r, []) for r in step.req_ids],
         logprobs=logprobs,
         prompt_logprobs_dict=prompt_logprobs,
+        kv_connector_output=kv_output,
     )
 
 

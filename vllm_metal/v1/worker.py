@@ -114,6 +114,10 @@ class MetalWorker(WorkerBase):
         # touched every kernel once.
         return CompilationTimes(language_model=0.0, encoder=0.0)
 
+    def get_kv_connector_handshake_metadata(self) -> None:
+        # The one connector served here (offloading) exchanges nothing between workers.
+        return None
+
     def get_supported_tasks(self):
         return ("generate",)
 
@@ -159,4 +163,6 @@ class MetalWorker(WorkerBase):
         return self.model_runner.lora
 
     def shutdown(self) -> None:
+        if self.model_runner is not None and self.model_runner.connector is not None:
+            self.model_runner.connector.shutdown()
         self.model_runner = None

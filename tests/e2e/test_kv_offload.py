@@ -1,0 +1,195 @@
+"""KV offloading through vLLM's OffloadingConnector (--kv-offloading-size, and
+--kv-transfer-config with vLLM's fs disk tier).
+
+A pool too small to keep a long prefix loses it to other prompts; the prefix then
+comes back from host memory, or from disk after the engine is gone, and greedy
+tokens equal mlx-lm's own forward (and the run without offloading). The bytes
+loaded are counted by vLLM's offload metrics, so a recompute cannot pass as a hit.
+Configurations the runner cannot serve are refused by name.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from pathlib import Path
+
+import pytest
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
+from tests.e2e import mlx_reference
+from tests.e2e.conftest import PROMPTS, make_llm
+
+MAX_TOKENS = 12
+BLOCK = 16
+# A pool of 40 blocks holds the 13-block prefix, but not after four prompts of 19.
+POOL = dict(num_gpu_blocks_override=40, block_size=BLOCK, max_model_len=512,
+            disable_log_stats=False)
+
+
+def _greedy(llm, prompts, max_tokens=MAX_TOKENS):
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
+                        use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def _metric(llm, name):
+    return sum(m.value for m in llm.get_metrics() if m.name == name)
+
+
+def _prefix(llama_dir):
+    text = " ".join(PROMPTS) * 3
+    ids = mlx_reference.tokenize(llama_dir, text)
+    assert len(ids) >= 210
+    return ids[:210]
+
+
+def _evict(llm):
+    """Prompts of other tokens that take the whole pool in turn."""
+    for k in range(4):
+        _greedy(llm, [[11 + k] * 300], 1)
+
+
+def test_evicted_prefix_comes_back_from_host_memory(llama_dir):
+    prefix = _prefix(llama_dir)
+    prompts = [prefix + [42, 7], prefix]
+    expected = [mlx_reference.greedy_tokens(llama_dir, p, MAX_TOKENS) for p in prompts]
+    llm = make_llm(llama_dir, kv_offloading_size=0.05, **POOL)
+    try:
+        assert _greedy(llm, prompts[:1]) == expected[:1]
+        stored = _metric(llm, "vllm:kv_offload_store_bytes")
+        assert stored > 0, "the prompt's full blocks are offloaded as they fill"
+        _evict(llm)
+        loaded = _metric(llm, "vllm:kv_offload_load_bytes")
+        assert _greedy(llm, prompts[1:]) == expected[1:]
+        # The 13 full blocks of the prefix were loaded, not recomputed.
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        block_bytes = runner.kv_cache.nbytes // runner.kv_cache.num_blocks
+        assert _metric(llm, "vllm:kv_offload_load_bytes") - loaded == 13 * block_bytes
+    finally:
+        del llm
+        gc.collect()
+
+
+def test_offloading_with_preemption_and_a_batch(llama_dir):
+    # 8 requests share the prefix in a pool that holds two of them: requests are
+    # preempted, their blocks flushed to the host tier and loaded back.
+    prefix = _prefix(llama_dir)
+    prompts = [prefix[:150] + [100 + i] * (i + 1) for i in range(8)]
+    expected = [mlx_reference.greedy_tokens(llama_dir, p, 30) for p in prompts]
+    llm = make_llm(llama_dir, kv_offloading_size=0.05, max_num_seqs=8,
+                   max_num_batched_tokens=64,
+                   **{**POOL, "num_gpu_blocks_override": 24, "max_model_len": 256})
+    try:
+        assert _greedy(llm, prompts, 30) == expected
+        assert _metric(llm, "vllm:num_preemptions") > 0, "the pool was meant to preempt"
+        assert _metric(llm, "vllm:kv_offload_store_bytes") > 0
+    finally:
+        del llm
+        gc.collect()
+
+
+def test_fp8_cache_offloads_its_codes_and_scales(llama_dir):
+    prefix = _prefix(llama_dir)
+    plain = make_llm(llama_dir, kv_cache_dtype="fp8", **POOL)
+    try:
+        expected = _greedy(plain, [prefix])
+    finally:
+        del plain
+        gc.collect()
+    llm = make_llm(llama_dir, kv_cache_dtype="fp8", kv_offloading_size=0.05, **POOL)
+    try:
+        _greedy(llm, [prefix])
+        _evict(llm)
+        before = _metric(llm, "vllm:kv_offload_load_bytes")
+        assert _greedy(llm, [prefix]) == expected
+        assert _metric(llm, "vllm:kv_offload_load_bytes") > before
+    finally:
+        del llm
+        gc.collect()
+
+
+def _disk_config(root: Path) -> dict:
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {
+                "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 4 << 20,
+                "secondary_tiers": [{"type": "fs", "root_dir": str(root),
+                                     "n_read_threads": 2, "n_write_threads": 2}]}}
+
+
+def _block_files(root: Path) -> int:
+    return sum(1 for _ in root.rglob("*.bin"))
+
+
+def _wait_for_files(root: Path, count: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _block_files(root) < count:
+        assert time.monotonic() < deadline, f"{_block_files(root)} of {count} blocks on disk"
+        time.sleep(0.2)
+
+
+def test_prefix_is_a_hit_from_disk_after_a_restart(llama_dir, tmp_path):
+    prefix = _prefix(llama_dir)
+    expected = [mlx_reference.greedy_tokens(llama_dir, prefix, MAX_TOKENS)]
+    llm = make_llm(llama_dir, kv_transfer_config=_disk_config(tmp_path), **POOL)
+    try:
+        assert _greedy(llm, [prefix]) == expected
+        _wait_for_files(tmp_path, 13)
+    finally:
+        del llm
+        gc.collect()
+    # A new engine: empty pool and host tier; the disk holds the prefix.
+    llm = make_llm(llama_dir, kv_transfer_config=_disk_config(tmp_path), **POOL)
+    try:
+        assert _metric(llm, "vllm:kv_offload_load_bytes") == 0
+        assert _greedy(llm, [prefix]) == expected
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        block_bytes = runner.kv_cache.nbytes // runner.kv_cache.num_blocks
+        assert _metric(llm, "vllm:kv_offload_load_bytes") == 13 * block_bytes
+    finally:
+        del llm
+        gc.collect()
+
+
+def test_disk_blocks_of_another_layout_are_not_read(llama_dir, tmp_path):
+    # The fp8 cache's bytes are not the float cache's: its blocks live under another
+    # directory, and the float engine computes the prefix afresh.
+    prefix = _prefix(llama_dir)
+    llm = make_llm(llama_dir, kv_cache_dtype="fp8", kv_transfer_config=_disk_config(tmp_path),
+                   **POOL)
+    try:
+        _greedy(llm, [prefix])
+        _wait_for_files(tmp_path, 13)
+    finally:
+        del llm
+        gc.collect()
+    llm = make_llm(llama_dir, kv_transfer_config=_disk_config(tmp_path), **POOL)
+    try:
+        _greedy(llm, [prefix])
+        assert _metric(llm, "vllm:kv_offload_load_bytes") == 0
+    finally:
+        del llm
+        gc.collect()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_both"}),
+     "KV connector ExampleConnector is not supported"),
+    (dict(kv_offloading_size=1.0, kv_offloading_backend="lmcache"),
+     "--kv-offloading-backend lmcache is not supported"),
+    (dict(kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                              "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 20,
+                                                            "spec_name": "MySpec"}}),
+     "offloading spec MySpec is not supported"),
+])
+def test_unsupported_transfer_configs_are_refused_by_name(llama_dir, overrides, message):
+    with pytest.raises(Exception, match=message):
+        make_llm(llama_dir, **overrides)
+
+
+def test_a_draft_model_is_refused_with_offloading(llama_dir):
+    with pytest.raises(Exception, match="speculative method draft_model is not supported"):
+        make_llm(llama_dir, kv_offloading_size=0.05, speculative_config={
+            "method": "draft_model", "model": str(llama_dir), "num_speculative_tokens": 2})
