@@ -20,6 +20,7 @@ from vllm.inputs import TokensPrompt
 
 from tests.e2e import mlx_reference
 from tests.e2e.conftest import PROMPTS, make_llm
+from tests.family_models import cached_family_model
 
 MAX_TOKENS = 12
 BLOCK = 16
@@ -169,6 +170,8 @@ def test_disk_blocks_of_another_layout_are_not_read(llama_dir, tmp_path):
     try:
         _greedy(llm, [prefix])
         assert _metric(llm, "vllm:kv_offload_load_bytes") == 0
+        _wait_for_files(tmp_path, 26)  # its own blocks, beside the fp8 ones
+        assert len(list(tmp_path.rglob("config.json"))) == 2
     finally:
         del llm
         gc.collect()
@@ -187,6 +190,11 @@ def test_disk_blocks_of_another_layout_are_not_read(llama_dir, tmp_path):
 def test_unsupported_transfer_configs_are_refused_by_name(llama_dir, overrides, message):
     with pytest.raises(Exception, match=message):
         make_llm(llama_dir, **overrides)
+
+
+def test_a_hybrid_with_recurrent_state_is_refused_with_offloading():
+    with pytest.raises(Exception, match="KV offloading: .* keeps recurrent state"):
+        make_llm(cached_family_model("qwen3_next"), kv_offloading_size=0.05)
 
 
 def test_a_draft_model_is_refused_with_offloading(llama_dir):

@@ -298,10 +298,11 @@ class MetalModelRunner:
                     self.kv_cache.nbytes / 2**20,
                     len(kv_cache_config.kv_cache_groups),
                     f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")
+        transfer = self.vllm_config.kv_transfer_config
+        if transfer is not None and transfer.kv_connector is not None:
+            self._check_offloading()
         self.connector = ConnectorLink.attach(self.vllm_config, kv_cache_config,
                                               self._pool_views, mx.synchronize)
-        if self.connector is not None:
-            self._check_offloading()
 
     def _pool_views(self) -> list[np.ndarray]:
         """uint8 [num_blocks, row_bytes] over each KV buffer (the offload copies' view)."""
