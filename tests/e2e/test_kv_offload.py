@@ -40,6 +40,11 @@ def _metric(llm, name):
     return sum(m.value for m in llm.get_metrics() if m.name == name)
 
 
+def _block_bytes(llm):
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    return runner.kv_cache.nbytes // runner.kv_cache.num_blocks
+
+
 def _prefix(llama_dir):
     text = " ".join(PROMPTS) * 3
     ids = mlx_reference.tokenize(llama_dir, text)
@@ -66,9 +71,7 @@ def test_evicted_prefix_comes_back_from_host_memory(llama_dir):
         loaded = _metric(llm, "vllm:kv_offload_load_bytes")
         assert _greedy(llm, prompts[1:]) == expected[1:]
         # The 13 full blocks of the prefix were loaded, not recomputed.
-        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        block_bytes = runner.kv_cache.nbytes // runner.kv_cache.num_blocks
-        assert _metric(llm, "vllm:kv_offload_load_bytes") - loaded == 13 * block_bytes
+        assert _metric(llm, "vllm:kv_offload_load_bytes") - loaded == 13 * _block_bytes(llm)
     finally:
         del llm
         gc.collect()
@@ -131,24 +134,28 @@ def _wait_for_files(root: Path, count: int, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def test_prefix_is_a_hit_from_disk_after_a_restart(llama_dir, tmp_path):
-    prefix = _prefix(llama_dir)
-    expected = [mlx_reference.greedy_tokens(llama_dir, prefix, MAX_TOKENS)]
-    llm = make_llm(llama_dir, kv_transfer_config=_disk_config(tmp_path), **POOL)
+def _serve_once_to_disk(model_dir, root: Path, prefix, **overrides):
+    """One engine that computes ``prefix`` and is gone once its 13 blocks are on disk."""
+    llm = make_llm(model_dir, kv_transfer_config=_disk_config(root), **POOL, **overrides)
     try:
-        assert _greedy(llm, [prefix]) == expected
-        _wait_for_files(tmp_path, 13)
+        tokens = _greedy(llm, [prefix])
+        _wait_for_files(root, 13)
     finally:
         del llm
         gc.collect()
+    return tokens
+
+
+def test_prefix_is_a_hit_from_disk_after_a_restart(llama_dir, tmp_path):
+    prefix = _prefix(llama_dir)
+    expected = [mlx_reference.greedy_tokens(llama_dir, prefix, MAX_TOKENS)]
+    assert _serve_once_to_disk(llama_dir, tmp_path, prefix) == expected
     # A new engine: empty pool and host tier; the disk holds the prefix.
     llm = make_llm(llama_dir, kv_transfer_config=_disk_config(tmp_path), **POOL)
     try:
         assert _metric(llm, "vllm:kv_offload_load_bytes") == 0
         assert _greedy(llm, [prefix]) == expected
-        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        block_bytes = runner.kv_cache.nbytes // runner.kv_cache.num_blocks
-        assert _metric(llm, "vllm:kv_offload_load_bytes") == 13 * block_bytes
+        assert _metric(llm, "vllm:kv_offload_load_bytes") == 13 * _block_bytes(llm)
     finally:
         del llm
         gc.collect()
@@ -158,14 +165,7 @@ def test_disk_blocks_of_another_layout_are_not_read(llama_dir, tmp_path):
     # The fp8 cache's bytes are not the float cache's: its blocks live under another
     # directory, and the float engine computes the prefix afresh.
     prefix = _prefix(llama_dir)
-    llm = make_llm(llama_dir, kv_cache_dtype="fp8", kv_transfer_config=_disk_config(tmp_path),
-                   **POOL)
-    try:
-        _greedy(llm, [prefix])
-        _wait_for_files(tmp_path, 13)
-    finally:
-        del llm
-        gc.collect()
+    _serve_once_to_disk(llama_dir, tmp_path, prefix, kv_cache_dtype="fp8")
     llm = make_llm(llama_dir, kv_transfer_config=_disk_config(tmp_path), **POOL)
     try:
         _greedy(llm, [prefix])
