@@ -77,6 +77,27 @@ def test_evicted_prefix_comes_back_from_host_memory(llama_dir):
         gc.collect()
 
 
+@pytest.mark.parametrize("family", ["gemma3_text", "gpt_oss", "deepseek_v3"])
+def test_other_cache_layouts_come_back_from_host_memory(family):
+    # Sliding-window and full-attention groups sharing the pool's buffers (Gemma 3),
+    # sinks (gpt-oss), and MLA's latent rows (DeepSeek V3).
+    model_dir = cached_family_model(family)
+    prefix = [(i * 7) % 200 + 5 for i in range(210)]
+    expected = [mlx_reference.greedy_tokens(model_dir, prefix, MAX_TOKENS)]
+    llm = make_llm(model_dir, kv_offloading_size=0.05,
+                   **{**POOL, "num_gpu_blocks_override": 80})
+    try:
+        assert _greedy(llm, [prefix]) == expected
+        for k in range(8):
+            _greedy(llm, [[11 + k] * 300], 1)
+        before = _metric(llm, "vllm:kv_offload_load_bytes")
+        assert _greedy(llm, [prefix]) == expected
+        assert _metric(llm, "vllm:kv_offload_load_bytes") > before
+    finally:
+        del llm
+        gc.collect()
+
+
 def test_offloading_with_preemption_and_a_batch(llama_dir):
     # 8 requests share the prefix in a pool that holds two of them: requests are
     # preempted, their blocks flushed to the host tier and loaded back.
