@@ -182,6 +182,24 @@ def test_prefix_is_a_hit_from_disk_after_a_restart(llama_dir, tmp_path):
         gc.collect()
 
 
+def test_a_truncated_block_file_is_recomputed(llama_dir, tmp_path):
+    # A file cut short (a full disk, a copy gone wrong) is a miss from that block on:
+    # the blocks before it load, the rest are computed, the tokens stay right.
+    prefix = _prefix(llama_dir)
+    expected = [mlx_reference.greedy_tokens(llama_dir, prefix, MAX_TOKENS)]
+    _serve_once_to_disk(llama_dir, tmp_path, prefix)
+    files = sorted(tmp_path.rglob("*.bin"))
+    victim = files[len(files) // 2]
+    victim.write_bytes(victim.read_bytes()[:100])
+    llm = make_llm(llama_dir, kv_transfer_config=_disk_config(tmp_path), **POOL)
+    try:
+        assert _greedy(llm, [prefix]) == expected
+        assert _metric(llm, "vllm:kv_offload_load_bytes") < 13 * _block_bytes(llm)
+    finally:
+        del llm
+        gc.collect()
+
+
 def test_disk_blocks_of_another_layout_are_not_read(llama_dir, tmp_path):
     # The fp8 cache's bytes are not the float cache's: its blocks live under another
     # directory, and the float engine computes the prefix afresh.
