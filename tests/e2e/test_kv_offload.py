@@ -52,10 +52,14 @@ def _prefix(llama_dir):
     return ids[:210]
 
 
-def _evict(llm):
-    """Prompts of other tokens that take the whole pool in turn."""
-    for k in range(4):
+def _after_eviction(llm, prefix, rounds=4):
+    """Prompts of other tokens take the whole pool in turn, then ``prefix`` is asked
+    for again: -> (its greedy tokens, bytes loaded for it)."""
+    for k in range(rounds):
         _greedy(llm, [[11 + k] * 300], 1)
+    before = _metric(llm, "vllm:kv_offload_load_bytes")
+    tokens = _greedy(llm, [prefix])
+    return tokens, _metric(llm, "vllm:kv_offload_load_bytes") - before
 
 
 def test_evicted_prefix_comes_back_from_host_memory(llama_dir):
@@ -67,11 +71,10 @@ def test_evicted_prefix_comes_back_from_host_memory(llama_dir):
         assert _greedy(llm, prompts[:1]) == expected[:1]
         stored = _metric(llm, "vllm:kv_offload_store_bytes")
         assert stored > 0, "the prompt's full blocks are offloaded as they fill"
-        _evict(llm)
-        loaded = _metric(llm, "vllm:kv_offload_load_bytes")
-        assert _greedy(llm, prompts[1:]) == expected[1:]
+        tokens, loaded = _after_eviction(llm, prompts[1])
+        assert tokens == expected[1:]
         # The 13 full blocks of the prefix were loaded, not recomputed.
-        assert _metric(llm, "vllm:kv_offload_load_bytes") - loaded == 13 * _block_bytes(llm)
+        assert loaded == 13 * _block_bytes(llm)
     finally:
         del llm
         gc.collect()
@@ -88,11 +91,8 @@ def test_other_cache_layouts_come_back_from_host_memory(family):
                    **{**POOL, "num_gpu_blocks_override": 80})
     try:
         assert _greedy(llm, [prefix]) == expected
-        for k in range(8):
-            _greedy(llm, [[11 + k] * 300], 1)
-        before = _metric(llm, "vllm:kv_offload_load_bytes")
-        assert _greedy(llm, [prefix]) == expected
-        assert _metric(llm, "vllm:kv_offload_load_bytes") > before
+        tokens, loaded = _after_eviction(llm, prefix, rounds=8)
+        assert tokens == expected and loaded > 0
     finally:
         del llm
         gc.collect()
@@ -127,10 +127,8 @@ def test_fp8_cache_offloads_its_codes_and_scales(llama_dir):
     llm = make_llm(llama_dir, kv_cache_dtype="fp8", kv_offloading_size=0.05, **POOL)
     try:
         _greedy(llm, [prefix])
-        _evict(llm)
-        before = _metric(llm, "vllm:kv_offload_load_bytes")
-        assert _greedy(llm, [prefix]) == expected
-        assert _metric(llm, "vllm:kv_offload_load_bytes") > before
+        tokens, loaded = _after_eviction(llm, prefix)
+        assert tokens == expected and loaded > 0
     finally:
         del llm
         gc.collect()

@@ -58,7 +58,9 @@ def route_kv_transfer(vllm_config: VllmConfig) -> None:
             f"KV offloading runs with the uniprocess executor; got "
             f"--distributed-executor-backend {parallel.distributed_executor_backend}")
     speculative = vllm_config.speculative_config
-    if speculative is not None and speculative.method not in ("ngram", "ngram_gpu"):
+    from vllm_metal.spec_decode.support import CACHELESS_METHODS
+
+    if speculative is not None and speculative.method not in CACHELESS_METHODS:
         raise UnsupportedConfigError(
             f"KV offloading does not carry a drafter's cache: speculative method "
             f"{speculative.method} is not supported with {CONNECTOR}; use ngram or no "

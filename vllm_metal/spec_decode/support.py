@@ -9,6 +9,8 @@ if TYPE_CHECKING:
 
 # Methods the runner proposes drafts for (drafters.py).
 METHODS = ("ngram", "draft_model")
+# Methods whose drafts need no KV cache of their own (prompt lookup).
+CACHELESS_METHODS = ("ngram",)
 # Drafts per step past which verification costs more rows than any acceptance rate
 # repays on this platform; vLLM's own rejection sampler stops at 128.
 MAX_SPECULATIVE_TOKENS = 32

@@ -25,6 +25,7 @@ from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
 from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
 from vllm_metal.spec_decode.drafters import Drafter, make_drafter
+from vllm_metal.spec_decode.support import CACHELESS_METHODS
 from vllm_metal.spec_decode.verification import verify_drafts
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
@@ -150,14 +151,14 @@ class MetalModelRunner:
         if self.loaded.dims.latent:
             raise ValueError(f"{flag}: {arch} uses multi-head latent attention, whose latent "
                              "cache is not quantized here; use --kv-cache-dtype auto")
-        states = sum(e.state is not None for e in entries)
+        states = self._state_layers()
         if states:
             raise ValueError(f"{flag}: {arch} keeps recurrent state in {states} of "
                              f"{len(entries)} layers, which share the attention pages; "
                              "use --kv-cache-dtype auto")
         if self.vllm_config.speculative_config is not None:
             method = self.vllm_config.speculative_config.method
-            if method not in ("ngram", "ngram_gpu"):
+            if method not in CACHELESS_METHODS:
                 raise ValueError(f"{flag}: the {method} drafter keeps a float cache of its own; "
                                  "use --kv-cache-dtype auto or ngram speculation")
 
@@ -309,9 +310,13 @@ class MetalModelRunner:
         return [np.frombuffer(memoryview(b), dtype=np.uint8).reshape(b.shape[0], -1)
                 for b in self.kv_cache.buffers()]
 
+    def _state_layers(self) -> int:
+        """How many layers keep a recurrent state in their K/V pages (a hybrid's)."""
+        return sum(e.state is not None for e in self.loaded.adapter.entries)
+
     def _check_offloading(self) -> None:
         """KV offloading moves whole K/V pages: a recurrent state sharing them is refused."""
-        states = sum(e.state is not None for e in self.loaded.adapter.entries)
+        states = self._state_layers()
         if states:
             raise ValueError(f"KV offloading: {self.model_config.architecture} keeps recurrent "
                              f"state in {states} layers' pages, which offloading does not "
