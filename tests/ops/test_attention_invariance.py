@@ -45,6 +45,9 @@ CASES = [
     ([700, 40, 1300, 90], [5, 40, 1, 33], 9, 3, 64, 16, mx.float32),
     ([530, 300, 2100], [17, 1, 4], 16, 2, 128, 32, mx.float16),
     ([260, 77], [9, 77], 8, 8, 256, 8, mx.bfloat16),
+    # Groups of 3: a row alone reads the cache directly, several rows read the
+    # widened copy of each vector of keys (decode_row.inc's staging).
+    ([300, 64], [6, 1], 6, 2, 64, 16, mx.float16),
 ]
 OPTIONS = [{}, {"sliding_window": 200}, {"softcap": 5.0},
            {"sinks": "per-head"}]
