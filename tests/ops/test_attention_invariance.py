@@ -36,7 +36,8 @@ def call(batch: PagedBatch, seqs: list[int], rows: list[tuple[int, int]], option
         q_lens.append(r1 - r0)
     sub = PagedBatch(mx.concatenate(queries), batch.key_cache, batch.value_cache,
                      mx.array(tables[seqs]), mx.array(np.array(seq_lens, np.int32)),
-                     mx.array(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)), batch.scale)
+                     mx.array(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)),
+                     batch.scale)
     return np.array(ops.paged_attention(*sub.args(), **options).astype(mx.float32))
 
 
