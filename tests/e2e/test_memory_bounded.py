@@ -83,9 +83,9 @@ def _batch(round_index: int):
     return prompts, params
 
 
-# The switch-off mode's rounds run with the slow tests (.ci/run runs those too):
-# the README suite's minutes go to the modes users get by default.
-SLOW_MODES = {"exact"}
+# The switch-off mode's and the preempting pool's rounds run with the slow tests
+# (.ci/run runs those too): the README suite's minutes go to the default.
+SLOW_MODES = {"exact", "no-prefix-cache-preempting"}
 
 
 @pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m in SLOW_MODES else m

@@ -27,8 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 CSRC = REPO / "csrc"
 STAND_IN = Path(__file__).with_name("apple_stand_in")
 MLX_INCLUDE = Path(mlx.__path__[0]) / "include"
-# g++ is always there (it builds the extension); clang++ (Apple's compiler family) when installed.
-COMPILERS = ["g++"] + (["clang++"] if shutil.which("clang++") else [])
+# g++ is always there (it builds the extension); clang++ (Apple's compiler family) when
+# installed, run with the slow tests (.ci/run runs those too).
+COMPILERS = ["g++"] + ([pytest.param("clang++", marks=pytest.mark.slow)]
+                       if shutil.which("clang++") else [])
 METAL_SOURCE = CSRC / "metal" / "paged_attention_metal.cpp"
 LAUNCHES_SOURCE = CSRC / "metal" / "launches.cpp"
 

@@ -49,6 +49,10 @@ CASES = [
     # Groups of 3: a row alone reads the cache directly, several rows read the
     # widened copy of each vector of keys (decode_row.inc's staging).
     ([300, 64], [6, 1], 6, 2, 64, 16, mx.float16),
+    # Pages of 8 keys (half a vector on AVX-512), and one KV head for 16
+    # query heads at head size 256.
+    ([300, 200], [40, 1], 8, 2, 64, 8, mx.bfloat16),
+    ([150, 90], [3, 30], 16, 1, 256, 16, mx.float32),
 ]
 OPTIONS = [{}, {"sliding_window": 200}, {"softcap": 5.0},
            {"sinks": "per-head"}]
