@@ -11,6 +11,8 @@
 #include "cpu/attention/f16_x86.h"
 #include "cpu/runtime/isa.h"
 #include "cpu/attention/page_walk.h"
+#include "cpu/attention/paged_pieces_cpu.h"
+#include "cpu/runtime/scratch.h"
 #include "cpu/runtime/tile_math.h"
 
 namespace vllm_metal::cpu {
@@ -18,6 +20,15 @@ namespace vllm_metal::cpu {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// The pieces kernel (decode_row.inc): its piece size, and a thread's buffer of
+// at least n floats for an item's scores of one piece.
+constexpr int kPieceScratchKeys = kPieceKeys;
+float* piece_scores(size_t n) {
+  thread_local ScratchVector<float> scores;
+  if (scores.size() < n) scores.resize(n);
+  return scores.data();
+}
 
 // dst[0:n] = float(src[0:n]), with the ISA's hardware fp16 conversion if any.
 template <typename KV, Isa I>
