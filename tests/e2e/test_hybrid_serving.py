@@ -86,7 +86,7 @@ def test_prefix_hit_equals_mlx_lm_and_cold(family):
         gc.collect()
 
 
-# One server in the README suite; the others' run with the slow tests (.ci/run).
+# One server in the README suite; the others run with the slow tests (.ci/run).
 @pytest.mark.parametrize("family", [HYBRIDS[0]] + [pytest.param(f, marks=pytest.mark.slow)
                                                    for f in HYBRIDS[1:] + MAMBA2[:1]])
 def test_vllm_serve_with_openai_client(family):

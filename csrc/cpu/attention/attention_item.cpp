@@ -21,9 +21,8 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The pieces kernel (decode_row.inc): its piece size, and a thread's buffer of
-// at least n floats for an item's scores of one piece.
-constexpr int kPieceScratchKeys = kPieceKeys;
+// The pieces kernel's (decode_row.inc) per-thread buffer of at least n floats
+// for an item's scores of one piece.
 float* piece_scores(size_t n) {
   thread_local ScratchVector<float> scores;
   if (scores.size() < n) scores.resize(n);
