@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vllm_metal.attention.kv_quant import CACHE_DTYPES as QUANTIZED_CACHE_DTYPES
+from vllm_metal.attention.rotated_kv import PRESETS as ROTATED_PRESETS
 from vllm_metal.envs import KV_CACHE_DTYPES
 from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
 
@@ -54,6 +55,11 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
     route_kv_transfer(vllm_config)
 
     cache = vllm_config.cache_config
+    if cache.cache_dtype in ROTATED_PRESETS:
+        raise UnsupportedConfigError(
+            f"--kv-cache-dtype {cache.cache_dtype} is not supported yet: no vllm-metal kernel "
+            "reads rotated low-bit caches (docs/kv-cache.md states each preset's measured "
+            "accuracy); use fp8 or int8_per_token_head for a cache of about half the float16 bytes")
     if cache.cache_dtype not in (None, *KV_CACHE_DTYPES, *QUANTIZED_CACHE_DTYPES):
         raise UnsupportedConfigError(
             f"--kv-cache-dtype {cache.cache_dtype} is not supported; use one of "

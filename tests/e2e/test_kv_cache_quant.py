@@ -100,6 +100,8 @@ def test_models_the_quantized_cache_cannot_serve_are_refused(family, why):
 def test_unknown_quantized_dtype_is_refused_by_name(llama_dir):
     with pytest.raises(Exception, match="--kv-cache-dtype nvfp4 is not supported"):
         make_llm(llama_dir, kv_cache_dtype="nvfp4")
+    with pytest.raises(Exception, match="turboquant_4bit_nc is not supported yet.*kv-cache.md"):
+        make_llm(llama_dir, kv_cache_dtype="turboquant_4bit_nc")
 
 
 def test_ngram_speculation_over_a_quantized_cache(llama_dir):
