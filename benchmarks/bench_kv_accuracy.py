@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.test_default_accuracy import TEXTS, _log_softmax  # noqa: E402
-from tests.ops.kv_quant_np import quantize  # noqa: E402
+from tests.ops.kv_quant_np import decoded_rows  # noqa: E402
 from tests.ops import rotated_kv_np  # noqa: E402
 from vllm_metal.attention import rotated_kv  # noqa: E402
 from vllm_metal.cli.bundled import DEFAULT_MODEL  # noqa: E402
@@ -36,13 +36,7 @@ ROW_FORMATS = {"int8_per_token_head": "int8", "fp8 (e4m3)": "fp8_e4m3", "fp8_e5m
 
 
 def row_rounding(fmt: str):
-    def rnd(k: np.ndarray, v: np.ndarray):
-        out = []
-        for x in (k, v):
-            values, scales = quantize(x, fmt)
-            out.append(values * scales[..., None].astype(np.float64))
-        return out
-    return rnd
+    return lambda k, v: (decoded_rows(k, fmt), decoded_rows(v, fmt))
 
 
 def rotated_rounding(preset: rotated_kv.RotatedPreset):

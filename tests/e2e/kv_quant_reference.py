@@ -13,13 +13,12 @@ import contextlib
 import mlx.core as mx
 import numpy as np
 
-from tests.ops.kv_quant_np import quantize
+from tests.ops.kv_quant_np import decoded_rows
 
 
 def round_rows(x: mx.array, fmt: str) -> mx.array:
     """[..., D] -> the values a quantized cache reads back, in x's dtype."""
-    values, scales = quantize(np.array(x.astype(mx.float32)), fmt)
-    rows = (values * scales[..., None].astype(np.float64)).astype(np.float32)
+    rows = decoded_rows(np.array(x.astype(mx.float32)), fmt).astype(np.float32)
     return mx.array(rows).astype(x.dtype)
 
 

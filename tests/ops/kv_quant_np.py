@@ -49,6 +49,12 @@ def quantize(x: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     return candidates[pick], scale
 
 
+def decoded_rows(x: np.ndarray, fmt: str) -> np.ndarray:
+    """float64 [..., D]: the rows a quantized cache reads back (code value x scale)."""
+    values, scales = quantize(x, fmt)
+    return values * scales[..., None].astype(np.float64)
+
+
 def read_cache(cache: np.ndarray, head_dim: int, fmt: str) -> tuple[np.ndarray, np.ndarray]:
     """uint8 cache [..., head_dim + 4] -> (code values float64 [..., head_dim],
     scales float32 [...])."""

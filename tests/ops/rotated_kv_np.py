@@ -8,22 +8,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tests.ops.kv_quant_np import decoded_rows
 from vllm_metal.attention.rotated_kv import RotatedPreset, hadamard, lloyd_max_levels
 
 
 @dataclass(frozen=True)
 class KeyCodes:
-    """index uint8 [..., d] (into the levels), norm float16 [...], and the factor
-    float64 [...] that multiplies the picked levels: norm, or with norm correction
-    norm / |levels picked|."""
+    """index uint8 [..., d] (into the levels) and norm float16 [...]."""
 
     index: np.ndarray
     norm: np.ndarray
-    factor: np.ndarray
 
 
-def encode_keys(k: np.ndarray, bits: int, norm_correction: bool) -> KeyCodes:
-    """Keys [..., d] -> their codes (module docstring)."""
+def encode_keys(k: np.ndarray, bits: int) -> KeyCodes:
+    """Keys [..., d] -> their codes (rotated_kv's docstring)."""
     k = np.asarray(k, dtype=np.float64)
     d = k.shape[-1]
     rotated = k @ hadamard(d)
@@ -32,18 +30,24 @@ def encode_keys(k: np.ndarray, bits: int, norm_correction: bool) -> KeyCodes:
     unit = rotated / np.where(norm > 0, norm, 1.0)[..., None]
     levels = lloyd_max_levels(d, bits)
     index = np.searchsorted((levels[:-1] + levels[1:]) / 2, unit).astype(np.uint8)
-    factor = norm16.astype(np.float64)
+    return KeyCodes(index, norm16)
+
+
+def key_factor(codes: KeyCodes, bits: int, norm_correction: bool) -> np.ndarray:
+    """float64 [...]: what multiplies the picked levels: the norm, or with norm
+    correction the norm / |levels picked|."""
+    factor = codes.norm.astype(np.float64)
     if norm_correction:
-        length = np.linalg.norm(levels[index], axis=-1)
-        factor = factor / length
-    return KeyCodes(index, norm16, factor)
+        levels = lloyd_max_levels(codes.index.shape[-1], bits)
+        factor = factor / np.linalg.norm(levels[codes.index], axis=-1)
+    return factor
 
 
-def decode_keys(codes: KeyCodes, bits: int) -> np.ndarray:
+def decode_keys(codes: KeyCodes, bits: int, norm_correction: bool) -> np.ndarray:
     """float64 [..., d]: the keys the codes stand for, rotated back."""
     d = codes.index.shape[-1]
-    rotated = lloyd_max_levels(d, bits)[codes.index] * codes.factor[..., None]
-    return rotated @ hadamard(d)
+    factor = key_factor(codes, bits, norm_correction)
+    return (lloyd_max_levels(d, bits)[codes.index] * factor[..., None]) @ hadamard(d)
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ class ValueCodes:
 
 
 def encode_values(v: np.ndarray, bits: int) -> ValueCodes:
-    """Values [..., d] -> their codes (module docstring); ties round to the even code."""
+    """Values [..., d] -> their codes (rotated_kv's docstring); ties round to the even
+    code."""
     v = np.asarray(v, dtype=np.float64)
     top = (1 << bits) - 1
     lo, hi = v.min(axis=-1), v.max(axis=-1)
@@ -74,25 +79,12 @@ def decode_values(codes: ValueCodes) -> np.ndarray:
             + codes.code * codes.step.astype(np.float64)[..., None])
 
 
-def e4m3_rows(x: np.ndarray) -> np.ndarray:
-    """float64 [..., d]: rows as e4m3 codes with the row scale max|x| / 448 read them
-    back (the ``fp8`` cache's arithmetic; torch's cast rounds to the nearest code,
-    ties to even)."""
-    import torch
-
-    x = np.asarray(x, dtype=np.float32)
-    scale = np.abs(x).max(axis=-1, keepdims=True) / np.float32(448.0)
-    safe = np.where(scale > 0, scale, np.float32(1.0))
-    codes = torch.from_numpy(x / safe).to(torch.float8_e4m3fn).to(torch.float64).numpy()
-    return codes * scale.astype(np.float64)
-
-
 def round_trip(k: np.ndarray, v: np.ndarray, preset: RotatedPreset
                ) -> tuple[np.ndarray, np.ndarray]:
     """(keys, values) float64 as a cache of ``preset`` reads them back."""
     if preset.key_bits == 8:
-        keys = e4m3_rows(k)
+        keys = decoded_rows(k, "fp8_e4m3")
     else:
-        keys = decode_keys(encode_keys(k, preset.key_bits, preset.norm_correction),
-                           preset.key_bits)
+        keys = decode_keys(encode_keys(k, preset.key_bits), preset.key_bits,
+                           preset.norm_correction)
     return keys, decode_values(encode_values(v, preset.value_bits))
