@@ -1,5 +1,6 @@
 // Quantized KV cache formats (vLLM's --kv-cache-dtype fp8, fp8_e5m2,
-// int8_per_token_head), shared by the ops, the CPU kernels and the dispatch.
+// int8_per_token_head, turboquant_4bit_nc), shared by the ops, the CPU kernels
+// and the dispatch.
 //
 // A quantized cache is uint8 [num_blocks, block_size, num_kv_heads,
 // head_size + kKvScaleBytes]: each (token, KV head) row holds head_size
@@ -7,6 +8,18 @@
 // carries everything needed to read it (copy-on-write, swapping, offloading
 // copy blocks as bytes). Element i of the row is code_value(code[i]) * scale,
 // with scale = max|x| / largest code value, set when the row is written.
+//
+// Rot4 (turboquant_4bit_nc, vllm_metal/attention/rotated_kv.py defines it)
+// packs two 4-bit codes per byte (element 2i in the low nibble, 2i + 1 in the
+// high one): a row is head_size / 2 code bytes and 4 bytes after them, the
+// same width for K and V.
+//   K: codes index the 16 Lloyd-Max levels of N(0, 1) (kRot4Levels) of the
+//      row rotated by the orthonormal Hadamard matrix and scaled to unit
+//      length; the fp32 after them is float16(|k|) / |levels picked|, so the
+//      rotated key reads back as levels[code] * that factor. Attention scores
+//      the rotated query against it (a rotation keeps dot products).
+//   V: codes of 16 even steps from the row's minimum; float16 step, then
+//      float16 minimum after them; element i reads minimum + code * step.
 #pragma once
 
 namespace vllm_metal {
@@ -16,13 +29,33 @@ enum class KvQuant : int {
   Int8 = 1, // symmetric int8 codes in [-127, 127]
   Fp8E4M3 = 2, // OCP e4m3fn codes (largest 448; no infinities)
   Fp8E5M2 = 3, // OCP e5m2 codes (largest finite 57344)
+  Rot4 = 4, // rotated 4-bit keys, 4-bit uniform values (see above)
 };
+
+inline constexpr int kKvQuantLast = static_cast<int>(KvQuant::Rot4);
 
 inline constexpr int kKvScaleBytes = 4;
 
 // The cache's last dimension for `head_size` elements.
 constexpr int kv_row_width(int head_size, KvQuant q) {
-  return q == KvQuant::None ? head_size : head_size + kKvScaleBytes;
+  return q == KvQuant::None ? head_size : q == KvQuant::Rot4 ? head_size / 2 + kKvScaleBytes
+                                                             : head_size + kKvScaleBytes;
+}
+
+// Rot4's key levels: the minimum mean-squared-error 16-level quantizer of
+// N(0, 1) (Lloyd-Max), ascending, as rotated_kv.lloyd_max_levels(1, 4) computes
+// them (tests/ops/test_rotated_kv_cache.py compares the codes and the keys
+// read back with its numpy codec).
+inline constexpr double kRot4Levels[16] = {
+    -2.7325895709929995, -2.0690172265289424, -1.6180463860193919, -1.2562311973448297,
+    -0.9423404564849315, -0.6567591185308979, -0.3880482994893026, -0.12839502985080997,
+    0.12839502985080997, 0.3880482994893026, 0.6567591185308979, 0.9423404564849315,
+    1.2562311973448297, 1.6180463860193919, 2.0690172265289424, 2.7325895709929995,
+};
+
+// Head sizes the Rot4 kernels take (a Hadamard rotation and the pieces kernel).
+constexpr bool rot4_head_size_ok(int head_size) {
+  return head_size == 64 || head_size == 128 || head_size == 256;
 }
 
 // The largest code value: a row's max |x| maps onto it.

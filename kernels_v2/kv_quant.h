@@ -1,11 +1,15 @@
 // Quantized KV caches in the Metal kernels (layout: csrc/kv_quant.h).
 //
 // Function constant kv_quant: 0 float cache of the kernel's element type; 1
-// int8, 2 fp8 e4m3, 3 fp8 e5m2 codes. A quantized cache is bytes: each head
-// row holds HEAD_SIZE codes and then its float scale, and element i reads
-// code_value(code[i]) * scale. The cache pointers keep the kernel's element
-// type in their signatures and are read as bytes when kv_quant is set (a
-// function constant: each specialization compiles one branch).
+// int8, 2 fp8 e4m3, 3 fp8 e5m2 codes, 4 rotated 4-bit (Rot4). A quantized
+// cache is bytes: each head row of formats 1-3 holds HEAD_SIZE codes and then
+// its float scale, and element i reads code_value(code[i]) * scale. A Rot4 row
+// holds two 4-bit codes a byte, then 4 bytes: keys read kRot4Levels[code] *
+// the float after the codes (the rotated key: the kernels rotate the query
+// alike, hadamard_simd), values minimum + code * step (the float16 step, then
+// the float16 minimum). The cache pointers keep the kernel's element type in
+// their signatures and are read as bytes when kv_quant is set (a function
+// constant: each specialization compiles one branch).
 #pragma once
 
 #include <metal_stdlib>
@@ -24,7 +28,46 @@ constant constexpr int kKvScaleBytes = 4;
 
 // Cache elements from one head row to the next.
 METAL_FUNC int kv_row_width(int head_size) {
+  if (kv_quant == 4) return head_size / 2 + kKvScaleBytes;
   return kv_quant != 0 ? head_size + kKvScaleBytes : head_size;
+}
+
+// The Lloyd-Max levels of N(0, 1), ascending (csrc/kv_quant.h kRot4Levels).
+constant constexpr float kRot4Levels[16] = {
+    -2.7325895709929995f, -2.0690172265289424f, -1.6180463860193919f, -1.2562311973448297f,
+    -0.9423404564849315f, -0.6567591185308979f, -0.3880482994893026f, -0.12839502985080997f,
+    0.12839502985080997f, 0.3880482994893026f,  0.6567591185308979f,  0.9423404564849315f,
+    1.2562311973448297f,  1.6180463860193919f,  2.0690172265289424f,  2.7325895709929995f};
+
+// Element d's 4-bit code in the Rot4 row starting at byte `row`.
+template <typename T>
+METAL_FUNC uint kv_nibble(device const T* cache, long row, int d) {
+  return (uint(reinterpret_cast<device const uchar*>(cache)[row + d / 2]) >> (4 * (d & 1))) & 15u;
+}
+
+// x <- H x over a head row spread across a simdgroup, ELEMS elements a lane:
+// element d's bits are split between the lane index and i (d = lane + 32 i,
+// or d = lane * ELEMS + i: the transform is a butterfly over every bit of d,
+// whichever holds it). H is the unnormalized Sylvester-Hadamard matrix, so
+// times 1 / sqrt(32 ELEMS) it is the orthonormal rotation of Rot4 keys.
+template <int ELEMS>
+METAL_FUNC void hadamard_simd(thread float* x, uint lane) {
+  for (int s = 1; s < ELEMS; s *= 2) {
+    for (int i = 0; i < ELEMS; ++i) {
+      if ((i & s) == 0) {
+        const float a = x[i];
+        const float b = x[i + s];
+        x[i] = a + b;
+        x[i + s] = a - b;
+      }
+    }
+  }
+  for (ushort s = 1; s < 32; s *= 2) {
+    for (int i = 0; i < ELEMS; ++i) {
+      const float other = simd_shuffle_xor(x[i], s);
+      x[i] = (lane & s) != 0 ? other - x[i] : x[i] + other;
+    }
+  }
 }
 
 // A code's value without its row's scale. e4m3 widens into an fp16 whose
@@ -59,18 +102,61 @@ METAL_FUNC void load_kv(device const T* cache, long offset, thread float* dst) {
   }
 }
 
-// Element d of the cache row starting at element `row`, without its scale.
+// Element d of the key (value) row starting at element `row`, without its
+// scale (values: nor their bias).
 template <typename T>
-METAL_FUNC float kv_element(device const T* cache, long row, int d) {
+METAL_FUNC float kv_key_element(device const T* cache, long row, int d) {
   if (kv_quant == 0) return float(cache[row + d]);
+  if (kv_quant == 4) return kRot4Levels[kv_nibble(cache, row, d)];
   return kv_code_value(reinterpret_cast<device const uchar*>(cache)[row + d]);
 }
 
-// The scale of the head row starting at element `row` (1 for a float cache).
 template <typename T>
-METAL_FUNC float kv_row_scale(device const T* cache, long row, int head_size) {
+METAL_FUNC float kv_value_element(device const T* cache, long row, int d) {
+  if (kv_quant == 4) return float(kv_nibble(cache, row, d));
+  return kv_key_element(cache, row, d);
+}
+
+// The bytes after a Rot4 row's codes.
+template <typename T, typename U>
+METAL_FUNC U kv_rot4_tail(device const T* cache, long row, int head_size, int at) {
+  return *reinterpret_cast<device const U*>(reinterpret_cast<device const uchar*>(cache) + row + head_size / 2 + at);
+}
+
+// The scale of the key (value) row starting at element `row` (1 for a float
+// cache; a Rot4 key's factor, a Rot4 value's step).
+template <typename T>
+METAL_FUNC float kv_key_scale(device const T* cache, long row, int head_size) {
   if (kv_quant == 0) return 1.0f;
+  if (kv_quant == 4) return kv_rot4_tail<T, float>(cache, row, head_size, 0);
   return *reinterpret_cast<device const float*>(reinterpret_cast<device const uchar*>(cache) + row + head_size);
+}
+
+template <typename T>
+METAL_FUNC float kv_value_scale(device const T* cache, long row, int head_size) {
+  if (kv_quant == 4) return float(kv_rot4_tail<T, half>(cache, row, head_size, 0));
+  return kv_key_scale(cache, row, head_size);
+}
+
+// What every element of a value row adds after its scale: a Rot4 row's
+// minimum, else 0.
+template <typename T>
+METAL_FUNC float kv_value_bias(device const T* cache, long row, int head_size) {
+  return kv_quant == 4 ? float(kv_rot4_tail<T, half>(cache, row, head_size, 2)) : 0.0f;
+}
+
+// N elements of a key (value) row at element d of the row starting at `row`,
+// as load_kv gives them (Rot4: levels for keys, codes for values).
+template <typename T, int N>
+METAL_FUNC void load_key(device const T* cache, long row, int d, thread float* dst) {
+  if (kv_quant != 4) return load_kv<T, N>(cache, row + d, dst);
+  for (int i = 0; i < N; ++i) dst[i] = kRot4Levels[kv_nibble(cache, row, d + i)];
+}
+
+template <typename T, int N>
+METAL_FUNC void load_value(device const T* cache, long row, int d, thread float* dst) {
+  if (kv_quant != 4) return load_kv<T, N>(cache, row + d, dst);
+  for (int i = 0; i < N; ++i) dst[i] = float(kv_nibble(cache, row, d + i));
 }
 
 // Round-to-nearest-even of v into a minifloat with MANT mantissa bits and

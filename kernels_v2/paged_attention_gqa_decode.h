@@ -67,6 +67,10 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
     q[i] *= q_scale;
     acc[i] = 0.0f;
   }
+  if (kv_quant == 4) {  // Rot4 keys are rotated: the query is too (HEAD_SIZE = 32 ELEMS)
+    hadamard_simd<ELEMS>(q, lane);
+    for (int i = 0; i < ELEMS; ++i) q[i] *= rsqrt(float(HEAD_SIZE));
+  }
   float m = kEmptyMax;
   float l = 0.0f;
   const int row_width = kv_row_width(HEAD_SIZE);                 // one head of one token
@@ -87,16 +91,17 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
       int t = max(key_begin - b * BLOCK_SIZE, 0);
       for (; t + 4 <= t_end; t += 4) {
         float4 dots = 0.0f;
-        float4 k_scale, v_scale;
+        float4 k_scale, v_scale, v_bias;
         for (int j = 0; j < 4; ++j) {
           const long row = page + (t + j) * token_stride;
           float k[ELEMS];
-          load_kv<T, ELEMS>(key_cache, row + run, k);
+          load_key<T, ELEMS>(key_cache, row, run, k);
           float d = 0.0f;
           for (int i = 0; i < ELEMS; ++i) d += q[i] * k[i];
           dots[j] = d;
-          k_scale[j] = kv_row_scale(key_cache, row, HEAD_SIZE);
-          v_scale[j] = kv_row_scale(value_cache, row, HEAD_SIZE);
+          k_scale[j] = kv_key_scale(key_cache, row, HEAD_SIZE);
+          v_scale[j] = kv_value_scale(value_cache, row, HEAD_SIZE);
+          v_bias[j] = kv_value_bias(value_cache, row, HEAD_SIZE);
         }
         const float4 s = finish_scores(simd_sum(dots) * k_scale, params);
         const float m_new = max(m, max(max(s.x, s.y), max(s.z, s.w)));
@@ -104,11 +109,16 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
         const float4 p = exp2(s - m_new);
         l = l * carry + ((p.x + p.y) + (p.z + p.w));
         const float4 pv = p * v_scale;
+        const float4 pb = kv_quant == 4 ? p * v_bias : float4(0.0f);
         for (int i = 0; i < ELEMS; ++i) acc[i] *= carry;
         for (int j = 0; j < 4; ++j) {
           float v[ELEMS];
-          load_kv<T, ELEMS>(value_cache, page + (t + j) * token_stride + run, v);
-          for (int i = 0; i < ELEMS; ++i) acc[i] += pv[j] * v[i];
+          load_value<T, ELEMS>(value_cache, page + (t + j) * token_stride, run, v);
+          if (kv_quant == 4) {
+            for (int i = 0; i < ELEMS; ++i) acc[i] += pv[j] * v[i] + pb[j];
+          } else {
+            for (int i = 0; i < ELEMS; ++i) acc[i] += pv[j] * v[i];
+          }
         }
         m = m_new;
       }
@@ -116,17 +126,18 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
         const long row = page + t * token_stride;
         float k[ELEMS];
         float v[ELEMS];
-        load_kv<T, ELEMS>(key_cache, row + run, k);
+        load_key<T, ELEMS>(key_cache, row, run, k);
         float d = 0.0f;
         for (int i = 0; i < ELEMS; ++i) d += q[i] * k[i];
-        const float s = finish_score(simd_sum(d) * kv_row_scale(key_cache, row, HEAD_SIZE), params);
+        const float s = finish_score(simd_sum(d) * kv_key_scale(key_cache, row, HEAD_SIZE), params);
         const float m_new = max(m, s);
         const float carry = exp2(m - m_new);
         const float p = exp2(s - m_new);
         l = l * carry + p;
-        const float pv = p * kv_row_scale(value_cache, row, HEAD_SIZE);
-        load_kv<T, ELEMS>(value_cache, row + run, v);
-        for (int i = 0; i < ELEMS; ++i) acc[i] = acc[i] * carry + pv * v[i];
+        const float pv = p * kv_value_scale(value_cache, row, HEAD_SIZE);
+        const float pb = kv_quant == 4 ? p * kv_value_bias(value_cache, row, HEAD_SIZE) : 0.0f;
+        load_value<T, ELEMS>(value_cache, row, run, v);
+        for (int i = 0; i < ELEMS; ++i) acc[i] = acc[i] * carry + pv * v[i] + pb;
         m = m_new;
       }
     }

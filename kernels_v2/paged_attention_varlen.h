@@ -67,6 +67,10 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
     q[i] = d < HEAD_SIZE ? float(q_row[d]) * q_scale : 0.0f;
     acc[i] = 0.0f;
   }
+  if (kv_quant == 4) {  // Rot4 keys are rotated: the query is too (HEAD_SIZE = 32 ELEMS)
+    hadamard_simd<ELEMS>(q, lane);
+    for (int i = 0; i < ELEMS; ++i) q[i] *= rsqrt(float(HEAD_SIZE));
+  }
   float m = kEmptyMax;
   float l = 0.0f;
 
@@ -82,17 +86,18 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
       float partial = 0.0f;
       for (int i = 0; i < ELEMS; ++i) {
         const int d = int(lane) + 32 * i;
-        if (d < HEAD_SIZE) partial += q[i] * kv_element(key_cache, offset, d);
+        if (d < HEAD_SIZE) partial += q[i] * kv_key_element(key_cache, offset, d);
       }
-      const float s = finish_score(simd_sum(partial) * kv_row_scale(key_cache, offset, HEAD_SIZE), params);
+      const float s = finish_score(simd_sum(partial) * kv_key_scale(key_cache, offset, HEAD_SIZE), params);
       const float m_new = max(m, s);
       const float carry = exp2(m - m_new);
       const float p = exp2(s - m_new);
       l = l * carry + p;
-      const float pv = p * kv_row_scale(value_cache, offset, HEAD_SIZE);
+      const float pv = p * kv_value_scale(value_cache, offset, HEAD_SIZE);
+      const float pb = kv_quant == 4 ? p * kv_value_bias(value_cache, offset, HEAD_SIZE) : 0.0f;
       for (int i = 0; i < ELEMS; ++i) {
         const int d = int(lane) + 32 * i;
-        acc[i] = acc[i] * carry + (d < HEAD_SIZE ? pv * kv_element(value_cache, offset, d) : 0.0f);
+        acc[i] = acc[i] * carry + (d < HEAD_SIZE ? pv * kv_value_element(value_cache, offset, d) + pb : 0.0f);
       }
       m = m_new;
     }

@@ -54,6 +54,81 @@ METAL_FUNC void write_quantized_row(device const T* x, device uchar* row, int he
   if (lane == 0) *reinterpret_cast<device float*>(row + head_size) = scale;
 }
 
+// Writes this lane's Rot4 codes (element lane + 32 i is code[i]) into `row`:
+// element 2k's code in the low nibble of byte k, 2k + 1's (the next lane's)
+// in the high one.
+METAL_FUNC void write_nibbles(thread const uint* code, int elems, device uchar* row, uint lane) {
+  for (int i = 0; i < elems; ++i) {
+    const uint high = simd_shuffle_down(code[i], ushort(1));
+    if ((lane & 1u) == 0) row[(int(lane) + 32 * i) / 2] = uchar(code[i] | (high << 4));
+  }
+}
+
+// One Rot4 key row (kv_quant.h, float32 arithmetic): rotated, each coordinate
+// of its unit direction coded as the nearest level of N(0, 1/d), the factor
+// float16(norm) / |levels picked|. d = 32 * elems.
+template <int ELEMS, typename T>
+METAL_FUNC void write_rot4_key(device const T* x, device uchar* row, uint lane) {
+  float r[ELEMS];
+  for (int i = 0; i < ELEMS; ++i) r[i] = float(x[int(lane) + 32 * i]);
+  hadamard_simd<ELEMS>(r, lane);
+  const float inv_sqrt_d = rsqrt(float(32 * ELEMS));
+  float sq = 0.0f;
+  for (int i = 0; i < ELEMS; ++i) {
+    r[i] *= inv_sqrt_d;
+    sq += r[i] * r[i];
+  }
+  const float norm = sqrt(simd_sum(sq));
+  uint code[ELEMS];
+  float picked = 0.0f;
+  for (int i = 0; i < ELEMS; ++i) {
+    // In units of the N(0, 1) levels: the direction times sqrt(d).
+    const float u = norm > 0.0f ? precise::divide(r[i], norm) * sqrt(float(32 * ELEMS)) : 0.0f;
+    uint c = 0;
+    for (int k = 0; k < 15; ++k) c += (kRot4Levels[k] + kRot4Levels[k + 1]) * 0.5f < u ? 1u : 0u;
+    code[i] = c;
+    picked += kRot4Levels[c] * kRot4Levels[c];
+  }
+  picked = simd_sum(picked);
+  write_nibbles(code, ELEMS, row, lane);
+  if (lane == 0) {
+    *reinterpret_cast<device float*>(row + 16 * ELEMS) = precise::divide(float(half(norm)), sqrt(picked));
+  }
+}
+
+// One Rot4 value row: 16 even steps from the row's minimum, codes against the
+// float16 step and minimum, ties to the even code.
+template <int ELEMS, typename T>
+METAL_FUNC void write_rot4_value(device const T* x, device uchar* row, uint lane) {
+  float v[ELEMS];
+  float lo = INFINITY;
+  float hi = -INFINITY;
+  for (int i = 0; i < ELEMS; ++i) {
+    v[i] = float(x[int(lane) + 32 * i]);
+    lo = min(lo, v[i]);
+    hi = max(hi, v[i]);
+  }
+  const half minimum = half(simd_min(lo));
+  const half step = half(precise::divide(simd_max(hi) - simd_min(lo), 15.0f));
+  uint code[ELEMS];
+  for (int i = 0; i < ELEMS; ++i) {
+    const float c = float(step) > 0.0f ? rint(precise::divide(v[i] - float(minimum), float(step))) : 0.0f;
+    code[i] = uint(clamp(c, 0.0f, 15.0f));
+  }
+  write_nibbles(code, ELEMS, row, lane);
+  if (lane == 0) {
+    *reinterpret_cast<device half*>(row + 16 * ELEMS) = step;
+    *reinterpret_cast<device half*>(row + 16 * ELEMS + 2) = minimum;
+  }
+}
+
+template <int ELEMS, typename T>
+METAL_FUNC void write_rot4_rows(device const T* key, device const T* value, device uchar* k_row,
+                                device uchar* v_row, uint lane) {
+  write_rot4_key<ELEMS>(key, k_row, lane);
+  write_rot4_value<ELEMS>(value, v_row, lane);
+}
+
 // The write into a quantized cache (function constant kv_quant, kv_quant.h).
 //
 // Grid: (num_tokens, num_kv_heads, 1) threadgroups of one simdgroup, each
@@ -80,7 +155,13 @@ template <typename T>
   const int d = params.head_size;
   const int heads = params.row_elems / d;
   const long src = (long(token) * heads + head) * d;
-  const long dst = (long(slot) * heads + head) * (d + kKvScaleBytes);
+  const long dst = (long(slot) * heads + head) * kv_row_width(d);
+  if (kv_quant == 4) {  // head sizes 64, 128, 256 (the op refuses others)
+    if (d == 64) write_rot4_rows<2>(key + src, value + src, key_cache + dst, value_cache + dst, lane);
+    if (d == 128) write_rot4_rows<4>(key + src, value + src, key_cache + dst, value_cache + dst, lane);
+    if (d == 256) write_rot4_rows<8>(key + src, value + src, key_cache + dst, value_cache + dst, lane);
+    return;
+  }
   write_quantized_row(key + src, key_cache + dst, d, lane);
   write_quantized_row(value + src, value_cache + dst, d, lane);
 }

@@ -5,6 +5,7 @@
 
 #include "constants.h"
 #include "kernel_constants.h"
+#include "kv_quant.h"
 
 namespace vllm_metal::dispatch {
 
@@ -125,6 +126,9 @@ ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, in
   if (kv_quant != 0) {
     if (head_size < 1 || row_elems % head_size != 0) {
       throw std::invalid_argument("a quantized cache write needs the head size (a divisor of the row)");
+    }
+    if (kv_quant == static_cast<int>(KvQuant::Rot4) && !rot4_head_size_ok(head_size)) {
+      throw std::invalid_argument("a rotated 4-bit cache write takes head sizes 64, 128, 256");
     }
     // One simdgroup per (token, KV head) row.
     plan.launch = {reshape_and_cache_kernel_name(dtype, true), {u32(num_tokens), u32(row_elems / head_size), 1},

@@ -25,8 +25,9 @@ MTL::ComputePipelineState* specialized_pipeline(mx::metal::Device& device, const
   if (!launch.specialized) return device.get_kernel(launch.kernel, kernels_library(device));
   static const bool kFalse = false;
   static const bool kTrue = true;
-  static const int kKvQuant[] = {0, 1, 2, 3};  // the values MTLFCList points at
-  if (launch.kv_quant < 0 || launch.kv_quant > 3) throw std::invalid_argument("kv_quant must be 0-3");
+  static const int kKvQuant[] = {0, 1, 2, 3, 4};  // the values MTLFCList points at (KvQuant)
+  static_assert(sizeof(kKvQuant) / sizeof(int) == kKvQuantLast + 1, "one value per KvQuant");
+  if (launch.kv_quant < 0 || launch.kv_quant > kKvQuantLast) throw std::invalid_argument("kv_quant must be a KvQuant");
   mx::metal::MTLFCList constants;
   std::string hash = launch.kernel + "_fc";
   for (int i = 0; i < 4; ++i) {

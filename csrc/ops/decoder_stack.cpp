@@ -248,7 +248,9 @@ mx::array decoder_stack(
     int kv_quant,
     mx::StreamOrDevice s) {
   if (!weights) fail("weights must be given");
-  if (kv_quant < 0 || kv_quant > static_cast<int>(KvQuant::Fp8E5M2)) fail("kv_quant must be a KvQuant (0-3)");
+  if (kv_quant < 0 || kv_quant > kKvQuantLast) {
+    fail("kv_quant must be a KvQuant (0-" + std::to_string(kKvQuantLast) + ")");
+  }
   const auto quant = static_cast<KvQuant>(kv_quant);
   if (x.dtype() != mx::float32 || x.ndim() != 3 || x.shape(0) != 1 ||
       x.shape(2) != weights->hidden()) {
@@ -259,6 +261,9 @@ mx::array decoder_stack(
       static_cast<int>(value_caches.size()) != layers) {
     fail("give one key and one value cache per layer (" + std::to_string(layers) + ")");
   }
+  if (quant == KvQuant::Rot4 && !rot4_head_size_ok(weights->head_dim())) {
+    fail("a rotated 4-bit cache takes head sizes 64, 128 and 256, got " + std::to_string(weights->head_dim()));
+  }
   const mx::Shape cache_shape = key_caches[0].shape();
   const mx::Dtype cache_type = key_caches[0].dtype();
   for (const auto* list : {&key_caches, &value_caches}) {
@@ -268,7 +273,7 @@ mx::array decoder_stack(
           c.shape() != cache_shape || c.shape(2) != weights->num_kv_heads() ||
           c.shape(3) != kv_row_width(weights->head_dim(), quant)) {
         fail("caches must be float32/float16/bfloat16 [num_blocks, block_size, num_kv_heads, "
-             "head_dim] (with kv_quant: uint8 [..., head_dim + 4]), all of one shape and dtype");
+             "head_dim] (with kv_quant: uint8 [..., kv_row_width]), all of one shape and dtype");
       }
     }
   }

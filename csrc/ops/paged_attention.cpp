@@ -134,7 +134,9 @@ mx::array paged_attention(
     const std::optional<mx::array>& sinks,
     int kv_quant,
     mx::StreamOrDevice s) {
-  if (kv_quant < 0 || kv_quant > static_cast<int>(KvQuant::Fp8E5M2)) fail("kv_quant must be a KvQuant (0-3)");
+  if (kv_quant < 0 || kv_quant > kKvQuantLast) {
+    fail("kv_quant must be a KvQuant (0-" + std::to_string(kKvQuantLast) + ")");
+  }
   const auto quant = static_cast<KvQuant>(kv_quant);
   if (query.ndim() != 3) fail("query must be [total_q, num_heads, head_size]");
   if (key_cache.ndim() != 4) {
@@ -149,9 +151,13 @@ mx::array paged_attention(
   }
   const int num_heads = query.shape(1);
   const int num_kv_heads = key_cache.shape(2);
+  if (quant == KvQuant::Rot4 && !rot4_head_size_ok(query.shape(2))) {
+    fail("a rotated 4-bit cache takes head sizes 64, 128 and 256, got " + std::to_string(query.shape(2)));
+  }
   if (kv_row_width(query.shape(2), quant) != key_cache.shape(3)) {
     fail(quant == KvQuant::None ? "query and cache head sizes differ"
-                                : "a quantized cache is [..., head_size + 4] for the query's head_size");
+         : quant == KvQuant::Rot4 ? "a rotated 4-bit cache is [..., head_size / 2 + 4] for the query's head_size"
+                                  : "a quantized cache is [..., head_size + 4] for the query's head_size");
   }
   if (num_kv_heads == 0 || num_heads % num_kv_heads != 0) {
     fail("num_heads must be a multiple of num_kv_heads");

@@ -83,7 +83,9 @@ std::pair<mx::array, mx::array> reshape_and_cache(
     const mx::array& slot_mapping,
     int kv_quant,
     mx::StreamOrDevice s) {
-  if (kv_quant < 0 || kv_quant > static_cast<int>(KvQuant::Fp8E5M2)) fail("kv_quant must be a KvQuant (0-3)");
+  if (kv_quant < 0 || kv_quant > kKvQuantLast) {
+    fail("kv_quant must be a KvQuant (0-" + std::to_string(kKvQuantLast) + ")");
+  }
   const auto quant = static_cast<KvQuant>(kv_quant);
   if (key.ndim() != 3 || value.shape() != key.shape()) {
     fail("key and value must both be [num_tokens, num_kv_heads, head_size]");
@@ -92,9 +94,14 @@ std::pair<mx::array, mx::array> reshape_and_cache(
       value_cache.dtype() != key_cache.dtype()) {
     fail("caches must be [num_blocks, block_size, num_kv_heads, head_size], same dtype");
   }
+  if (quant == KvQuant::Rot4 && !rot4_head_size_ok(key.shape(2))) {
+    fail("a rotated 4-bit cache takes head sizes 64, 128 and 256, got " + std::to_string(key.shape(2)));
+  }
   if (key.shape(1) != key_cache.shape(2) || kv_row_width(key.shape(2), quant) != key_cache.shape(3)) {
     fail(quant == KvQuant::None ? "key/value heads and head size must match the cache"
-                                : "a quantized cache is [..., num_kv_heads, head_size + 4] for key/value's heads");
+         : quant == KvQuant::Rot4
+             ? "a rotated 4-bit cache is [..., num_kv_heads, head_size / 2 + 4] for key/value's heads"
+                                  : "a quantized cache is [..., num_kv_heads, head_size + 4] for key/value's heads");
   }
   if (quant != KvQuant::None && key_cache.dtype() != mx::uint8) fail("a quantized cache must be uint8");
   if (quant == KvQuant::None && !(key_cache.dtype() == mx::float16 || key_cache.dtype() == mx::bfloat16 ||

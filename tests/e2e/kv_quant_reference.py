@@ -1,9 +1,11 @@
 """mlx-lm's forward with keys and values rounded as a quantized KV cache stores them:
-the reference for ``--kv-cache-dtype fp8 / fp8_e5m2 / int8_per_token_head``.
+the reference for ``--kv-cache-dtype fp8 / fp8_e5m2 / int8_per_token_head /
+turboquant_4bit_nc``.
 
 Each (token, head) row of K and V passes through the independent numpy codec
-(tests/ops/kv_quant_np.py: max|x| / largest code as the scale, the nearest code)
-as mlx-lm's cache stores it; everything else is mlx-lm's own float32 forward.
+(tests/ops/kv_quant_np.py: max|x| / largest code as the scale, the nearest code;
+tests/ops/rotated_kv_np.py for ``rot4``: rotated Lloyd-Max keys, uniform values) as
+mlx-lm's cache stores it; everything else is mlx-lm's own float32 forward.
 """
 
 from __future__ import annotations
@@ -13,13 +15,19 @@ import contextlib
 import mlx.core as mx
 import numpy as np
 
+from tests.ops import rotated_kv_np
 from tests.ops.kv_quant_np import decoded_rows
 
 
-def round_rows(x: mx.array, fmt: str) -> mx.array:
-    """[..., D] -> the values a quantized cache reads back, in x's dtype."""
-    rows = decoded_rows(np.array(x.astype(mx.float32)), fmt).astype(np.float32)
-    return mx.array(rows).astype(x.dtype)
+def round_rows(x: mx.array, fmt: str, keys: bool) -> mx.array:
+    """[..., D] keys (or values) -> what a quantized cache reads back, in x's dtype."""
+    x32 = np.array(x.astype(mx.float32))
+    if fmt == "rot4":
+        rows = (rotated_kv_np.decode_keys(rotated_kv_np.encode_keys(x32, 4), 4, True) if keys
+                else rotated_kv_np.decode_values(rotated_kv_np.encode_values(x32, 4)))
+    else:
+        rows = decoded_rows(x32, fmt)
+    return mx.array(rows.astype(np.float32)).astype(x.dtype)
 
 
 @contextlib.contextmanager
@@ -34,7 +42,7 @@ def rounding_kv(fmt: str):
     try:
         for kind, fetch in saved:
             def rounded(self, keys, values, _fetch=fetch):
-                return _fetch(self, round_rows(keys, fmt), round_rows(values, fmt))
+                return _fetch(self, round_rows(keys, fmt, True), round_rows(values, fmt, False))
 
             kind.update_and_fetch = rounded
         yield

@@ -1,4 +1,5 @@
-"""``--kv-cache-dtype fp8 / fp8_e4m3 / fp8_e5m2 / int8_per_token_head`` through vllm.LLM.
+"""``--kv-cache-dtype fp8 / fp8_e4m3 / fp8_e5m2 / int8_per_token_head /
+turboquant_4bit_nc`` through vllm.LLM.
 
 Greedy tokens equal mlx-lm's own forward with keys and values rounded the same way
 (kv_quant_reference: the numpy codec, not our kernels), with batching, a prefix
@@ -21,7 +22,8 @@ from tests.e2e.conftest import PROMPTS, make_llm
 from tests.e2e.kv_quant_reference import rounding_kv
 from tests.family_models import cached_family_model
 
-FLAGS = {"fp8": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "int8_per_token_head": "int8"}
+FLAGS = {"fp8": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "int8_per_token_head": "int8",
+         "turboquant_4bit_nc": "rot4"}
 MAX_TOKENS = 24
 
 
@@ -44,7 +46,9 @@ def test_greedy_matches_mlx_lm_with_the_same_rounding(llama_dir, flag):
     try:
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
         cache = runner.kv_cache.key_caches[0]
-        assert cache.dtype == mx.uint8 and cache.shape[-1] == runner.loaded.dims.head_dim + 4
+        head_dim = runner.loaded.dims.head_dim
+        width = head_dim // 2 + 4 if flag.startswith("turboquant") else head_dim + 4
+        assert cache.dtype == mx.uint8 and cache.shape[-1] == width
         assert runner.loaded.backbone.stack is not None  # the one-node stack writes and reads it
         expected = _reference(llama_dir, ids, FLAGS[flag])
         assert _greedy(llm, ids) == expected
@@ -57,14 +61,15 @@ def test_greedy_matches_mlx_lm_with_the_same_rounding(llama_dir, flag):
         gc.collect()
 
 
-def test_preemption_and_chunked_prefill_with_fp8(llama_dir):
+@pytest.mark.parametrize("flag", ["fp8", "turboquant_4bit_nc"])
+def test_preemption_and_chunked_prefill(llama_dir, flag):
     ids = [mlx_reference.tokenize(llama_dir, p) for p in PROMPTS[:6]]
-    llm = make_llm(llama_dir, kv_cache_dtype="fp8", max_model_len=96, num_gpu_blocks_override=14,
+    llm = make_llm(llama_dir, kv_cache_dtype=flag, max_model_len=96, num_gpu_blocks_override=14,
                    block_size=16, max_num_seqs=8, max_num_batched_tokens=16,
                    disable_log_stats=False)
     try:
         before = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
-        assert _greedy(llm, ids, 40) == _reference(llama_dir, ids, "fp8_e4m3", 40)
+        assert _greedy(llm, ids, 40) == _reference(llama_dir, ids, FLAGS[flag], 40)
         after = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
         assert after > before, "the pool was meant to force preemption"
     finally:
@@ -72,11 +77,12 @@ def test_preemption_and_chunked_prefill_with_fp8(llama_dir):
         gc.collect()
 
 
-def test_bundled_model_is_reproducible_alone_and_in_a_batch():
+@pytest.mark.parametrize("flag", ["fp8", "turboquant_4bit_nc"])
+def test_bundled_model_is_reproducible_alone_and_in_a_batch(flag):
     from vllm_metal.cli.bundled import DEFAULT_MODEL
 
     prompts = [f"Summarise in one sentence: {p}" for p in PROMPTS]
-    llm = make_llm(DEFAULT_MODEL.path(), kv_cache_dtype="fp8", max_model_len=1024)
+    llm = make_llm(DEFAULT_MODEL.path(), kv_cache_dtype=flag, max_model_len=1024)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=48)
         alone = [llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids
@@ -100,8 +106,9 @@ def test_models_the_quantized_cache_cannot_serve_are_refused(family, why):
 def test_unknown_quantized_dtype_is_refused_by_name(llama_dir):
     with pytest.raises(Exception, match="--kv-cache-dtype nvfp4 is not supported"):
         make_llm(llama_dir, kv_cache_dtype="nvfp4")
-    with pytest.raises(Exception, match="turboquant_4bit_nc is not supported yet.*kv-cache.md"):
-        make_llm(llama_dir, kv_cache_dtype="turboquant_4bit_nc")
+    for preset in ("turboquant_k8v4", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
+        with pytest.raises(Exception, match=f"{preset} is not supported: .*kv-cache.md"):
+            make_llm(llama_dir, kv_cache_dtype=preset)
 
 
 def test_ngram_speculation_over_a_quantized_cache(llama_dir):

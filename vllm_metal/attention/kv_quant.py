@@ -1,6 +1,9 @@
 """Quantized KV caches: vLLM's ``--kv-cache-dtype`` names and the layout the
 native ops read and write (csrc/kv_quant.h).
 
+``turboquant_4bit_nc`` (format ``rot4``, rotated_kv.py defines it) packs two
+4-bit codes a byte: rows of head_dim / 2 + 4 bytes, keys rotated.
+
 A quantized cache is uint8 [num_blocks, block_size, num_kv_heads, head_dim + 4]:
 each (token, KV head) row holds head_dim one-byte codes and then its float32
 scale, ``max|x| / largest code``, set when the row is written. Every format
@@ -24,16 +27,25 @@ class KvQuant:
 
     name: str
     code: int
+    nibbles: bool = False  # two 4-bit codes a byte
+
+    @property
+    def description(self) -> str:
+        """What a row holds, for logs."""
+        if self.nibbles:
+            return "rotated 4-bit keys and 4-bit values per token and head"
+        return f"{self.name} codes with a float32 scale per token and head"
 
     def row_width(self, head_dim: int) -> int:
         """The cache's last dimension (bytes) for head_dim elements."""
-        return head_dim + SCALE_BYTES
+        return (head_dim // 2 if self.nibbles else head_dim) + SCALE_BYTES
 
 
 INT8 = KvQuant("int8", 1)
 FP8_E4M3 = KvQuant("fp8_e4m3", 2)
 FP8_E5M2 = KvQuant("fp8_e5m2", 3)
-FORMATS = {q.name: q for q in (INT8, FP8_E4M3, FP8_E5M2)}
+ROT4 = KvQuant("rot4", 4, nibbles=True)
+FORMATS = {q.name: q for q in (INT8, FP8_E4M3, FP8_E5M2, ROT4)}
 
 # vLLM's --kv-cache-dtype values this plugin stores quantized.
 CACHE_DTYPES = {
@@ -42,9 +54,13 @@ CACHE_DTYPES = {
     "fp8_e5m2": FP8_E5M2,
     "fp8_per_token_head": FP8_E4M3,
     "int8_per_token_head": INT8,
+    "turboquant_4bit_nc": ROT4,
 }
 
 STORAGE_DTYPE = mx.uint8
+
+# Head sizes the rot4 kernels take (csrc/kv_quant.h rot4_head_size_ok).
+ROT4_HEAD_SIZES = (64, 128, 256)
 
 
 def from_cache_dtype(cache_dtype: str | None) -> KvQuant | None:

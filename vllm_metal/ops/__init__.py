@@ -42,12 +42,12 @@ def reshape_and_cache(
 
     key, value:   [num_tokens, num_kv_heads, head_size], cast to the cache dtype
     key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
-                  (with kv_quant: uint8 [..., head_size + 4], each row its codes
-                  and float32 scale, attention.kv_quant)
+                  (with kv_quant: uint8 [..., kv_quant.row_width(head_size)], each
+                  row its codes and float32 scale, attention.kv_quant)
     slot_mapping: int32/int64 [num_tokens]; slot = block_id * block_size + offset,
                   negative = padding, skipped
     kv_quant:     a quantized format (attention.kv_quant: "int8", "fp8_e4m3",
-                  "fp8_e5m2") or None for a float cache
+                  "fp8_e5m2", "rot4") or None for a float cache
     Returns (key_cache, value_cache) after the write.
 
     The caches are not copied: the returned arrays share the input caches'
@@ -67,7 +67,7 @@ def reshape_and_cache(
     if (key.shape[1], width) != tuple(key_cache.shape[2:]):
         raise ValueError(
             f"key [num_tokens, num_kv_heads, head_size] = {key.shape} does not match "
-            f"key_cache [..., num_kv_heads, {'head_size' if quant is None else 'head_size + 4'}]"
+            f"key_cache [..., num_kv_heads, {'head_size' if quant is None else 'row width'}]"
             f" = {key_cache.shape}")
     slot_mapping = _index("slot_mapping", slot_mapping, 1)
     if slot_mapping.shape[0] != key.shape[0]:
@@ -96,7 +96,7 @@ def paged_attention(
 
     query:        [total_q, num_heads, head_size]
     key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
-                  (with kv_quant: uint8 [..., head_size + 4], as reshape_and_cache
+                  (with kv_quant: uint8 [..., row width], as reshape_and_cache
                   writes them)
     block_tables: int32 [num_seqs, max_blocks]
     seq_lens:     int32 [num_seqs], context length including this step's tokens
@@ -191,11 +191,7 @@ def _check_cache_pair(key_cache: object, value_cache: object,
             if cache.ndim != 4 or cache.dtype != kv_quant_formats.STORAGE_DTYPE:
                 raise TypeError(
                     f"{name} of a {quant.name} cache must be uint8 [num_blocks, block_size, "
-                    f"num_kv_heads, head_size + 4], got {cache.dtype} {cache.shape}")
-        if value_cache.shape != key_cache.shape:
-            raise ValueError(
-                f"value_cache shape {value_cache.shape} must equal key_cache shape "
-                f"{key_cache.shape}")
+                    f"num_kv_heads, row width], got {cache.dtype} {cache.shape}")
     if value_cache.shape != key_cache.shape:
         raise ValueError(
             f"value_cache shape {value_cache.shape} must equal key_cache shape "

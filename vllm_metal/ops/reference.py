@@ -44,6 +44,26 @@ def reshape_and_cache_ref(
     return write(key_cache, key), write(value_cache, value)
 
 
+def rot4_rows_ref(rows: mx.array, head_size: int, keys: bool) -> mx.array:
+    """uint8 [..., head_size / 2 + 4] rows of a rotated 4-bit cache (kv_quant
+    "rot4", csrc/kv_quant.h) -> float32 [..., head_size]: keys the levels of N(0, 1)
+    picked times the row's factor, rotated back by the Hadamard matrix; values
+    minimum + code * step."""
+    from vllm_metal.attention.rotated_kv import hadamard, lloyd_max_levels
+
+    half = head_size // 2
+    packed = rows[..., :half].astype(mx.uint32)
+    codes = mx.stack([packed & 15, packed >> 4], axis=-1).reshape(*rows.shape[:-1], head_size)
+    tail = rows[..., half:half + 4]
+    if keys:
+        factor = mx.view(tail, mx.float32)  # [..., 1]
+        levels = mx.array(lloyd_max_levels(1, 4), dtype=mx.float32)
+        rotated = mx.take(levels, codes) * factor
+        return rotated @ mx.array(hadamard(head_size), dtype=mx.float32)
+    step, minimum = mx.split(mx.view(tail, mx.float16).astype(mx.float32), 2, axis=-1)
+    return minimum + codes.astype(mx.float32) * step
+
+
 def paged_attention_ref(
     query: mx.array,
     key_cache: mx.array,
@@ -55,15 +75,22 @@ def paged_attention_ref(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: mx.array | None = None,
+    kv_quant: str | None = None,
 ) -> mx.array:
     """Attention of query [total_q, H, D] over paged caches; returns [total_q, H, D].
 
     Per sequence: gather its pages into dense K/V [ctx, H_kv, D], repeat them
     for the H / H_kv query heads of each group, mask causally (and to the last
     ``sliding_window`` positions), soft-cap, softmax with an optional sink
-    column, then weight V.
+    column, then weight V. kv_quant "rot4": the caches are decoded first
+    (rot4_rows_ref); other formats have no reference here.
     """
     total_q, num_heads, head_size = query.shape
+    if kv_quant == "rot4":
+        key_cache = rot4_rows_ref(key_cache, head_size, keys=True)
+        value_cache = rot4_rows_ref(value_cache, head_size, keys=False)
+    elif kv_quant is not None:
+        raise NotImplementedError(f"paged_attention_ref reads float or rot4 caches, not {kv_quant}")
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
     lens = seq_lens.tolist()

@@ -17,7 +17,8 @@ from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, 
 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
-from vllm_metal.attention.kv_quant import STORAGE_DTYPE, KvQuant, from_cache_dtype
+from vllm_metal.attention.kv_quant import (ROT4_HEAD_SIZES, STORAGE_DTYPE, KvQuant,
+                                           from_cache_dtype)
 from vllm_metal.attention.caches.state_pages import (GdnStateShape, block_size_for_states,
                                                     half_page_floats)
 from vllm_metal.kv_offload.connector_link import ConnectorLink
@@ -161,6 +162,38 @@ class MetalModelRunner:
             if method not in CACHELESS_METHODS:
                 raise ValueError(f"{flag}: the {method} drafter keeps a float cache of its own; "
                                  "use --kv-cache-dtype auto or ngram speculation")
+        if self.kv_quant.nibbles:
+            head_dim = self.loaded.dims.head_dim
+            if head_dim not in ROT4_HEAD_SIZES:
+                raise ValueError(f"{flag}: {arch} has head size {head_dim}; rotated 4-bit caches "
+                                 f"take {', '.join(map(str, ROT4_HEAD_SIZES))}; use fp8 or "
+                                 "int8_per_token_head")
+        self._check_skip_layers(flag)
+
+    def _check_skip_layers(self, flag: str) -> None:
+        """Every attention layer's cache is quantized alike here. vLLM adds the first
+        and last layers of a turboquant run to --kv-cache-dtype-skip-layers itself
+        (kept in float on its own kernels): those go on coded, with a warning; any
+        other layer asked for is refused."""
+        cache = self.vllm_config.cache_config
+        skip = {str(x) for x in cache.kv_cache_dtype_skip_layers or ()}
+        if not skip:
+            return
+        boundary: set[str] = set()
+        if cache.cache_dtype.startswith("turboquant_"):
+            from vllm.model_executor.layers.quantization.turboquant.config import (
+                TurboQuantConfig)
+
+            boundary = {str(x) for x in TurboQuantConfig.get_boundary_skip_layers(
+                self.model_config)}
+        asked = sorted(skip - boundary)
+        if asked:
+            raise ValueError(f"--kv-cache-dtype-skip-layers {' '.join(asked)}: vllm-metal "
+                             f"codes every attention layer's cache as {flag} says; drop the "
+                             "flag, or use --kv-cache-dtype auto")
+        logger.warning("%s: vLLM keeps layers %s in float; vllm-metal codes them too (the "
+                       "accuracy cost of both is measured in docs/kv-cache.md)", flag,
+                       ", ".join(sorted(skip, key=lambda x: (len(x), x))))
 
     @property
     def kv_quant(self) -> KvQuant | None:
@@ -223,6 +256,10 @@ class MetalModelRunner:
             common["page_size_padded"] = PagedKVCache.bytes_per_block(
                 1, self.block_size, dims.num_kv_heads, dims.head_dim, self.kv_dtype,
                 quant=self.kv_quant)
+            if self.kv_quant.nibbles:
+                # Fewer bytes than head_size uint8 elements: the packed K and V
+                # rows' size is the cell vLLM counts.
+                common["state_content_bytes"] = 2 * self.kv_quant.row_width(dims.head_dim)
         cache = self.vllm_config.cache_config
         specs: dict[str, KVCacheSpec] = {}
         for i, entry in enumerate(self.loaded.adapter.entries):
@@ -294,8 +331,8 @@ class MetalModelRunner:
             huge += self.backend.commit_kv_cache(draft)
         logger.info("KV cache: %d blocks of %d tokens, %s, %.1f MiB, %d group(s), committed%s",
                     kv_cache_config.num_blocks, self.block_size,
-                    (f"{self.kv_quant.name} codes with a float32 scale per token and head"
-                     if self.kv_quant else str(self.kv_dtype).removeprefix("mlx.core.")),
+                    (self.kv_quant.description if self.kv_quant
+                     else str(self.kv_dtype).removeprefix("mlx.core.")),
                     self.kv_cache.nbytes / 2**20,
                     len(kv_cache_config.kv_cache_groups),
                     f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")

@@ -399,6 +399,25 @@ AttentionItemFn for_head_size(Isa isa, int head_size, bool decode, bool pieces) 
   }
 }
 
+// A rotated 4-bit cache: the pieces kernel only (its rows are widened whole,
+// the other kernels' element decoders do not read them).
+template <int D>
+AttentionItemFn rot4_pieces(Isa isa) {
+#if VLLM_METAL_X86_DISPATCH
+  if (isa == Isa::Avx512) return &avx512_attention::DecodeRow<R4, D>::run;
+  if (isa == Isa::Avx2) return &avx2_attention::DecodeRow<R4, D>::run;
+#endif
+  return &generic_attention::DecodeRow<R4, D>::run;
+}
+
+AttentionItemFn rot4_kernel(Isa isa, int head_size, bool pieces) {
+  if (pieces && head_size == 64) return rot4_pieces<64>(isa);
+  if (pieces && head_size == 128) return rot4_pieces<128>(isa);
+  if (pieces && head_size == 256) return rot4_pieces<256>(isa);
+  throw std::invalid_argument("paged_attention: a rotated 4-bit cache is read by the pieces kernel only "
+                              "(head sizes 64, 128, 256), got head size " + std::to_string(head_size));
+}
+
 AttentionItemFn select(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size, bool decode, bool pieces) {
   const Isa isa = active_isa();
   if (quant != KvQuant::None && kv_dtype != mlx::core::uint8) {
@@ -411,6 +430,8 @@ AttentionItemFn select(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size, 
       return for_head_size<E4M3>(isa, head_size, decode, pieces);
     case KvQuant::Fp8E5M2:
       return for_head_size<E5M2>(isa, head_size, decode, pieces);
+    case KvQuant::Rot4:
+      return rot4_kernel(isa, head_size, pieces);
     case KvQuant::None:
       break;
   }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu/attention/kv_quant_cpu.h"
 #include "cpu/runtime/tile_math.h"
 
 namespace vllm_metal::cpu {
@@ -37,9 +38,16 @@ void store_span(void* dst, mlx::core::Dtype dtype, int64_t offset, const float* 
 AttentionItem sequence_item(const PagedAttentionArgs& p, int seq, int first_token, int rows, float* q,
                             const int32_t* row_lo, const int32_t* row_hi) {
   const int64_t qd = static_cast<int64_t>(rows) * p.num_heads * p.head_size;
-  const float q_scale = p.softcap > 0.0f ? p.scale : p.scale * kLog2e;
+  float q_scale = p.softcap > 0.0f ? p.scale : p.scale * kLog2e;
+  // A rotated 4-bit cache holds rotated keys: the query gets the same
+  // orthonormal rotation, 1 / sqrt(d) times the unnormalized Hadamard.
+  const bool rotate = p.kv_quant == KvQuant::Rot4;
+  if (rotate) q_scale /= std::sqrt(static_cast<float>(p.head_size));
   load_span(p.query, p.query_dtype, static_cast<int64_t>(first_token) * p.num_heads * p.head_size, q, qd,
             q_scale);
+  if (rotate) {
+    for (int64_t i = 0; i < qd; i += p.head_size) hadamard_in_place(q + i, p.head_size);
+  }
   AttentionItem a;
   a.key_cache = p.key_cache;
   a.value_cache = p.value_cache;

@@ -35,11 +35,110 @@ uint8_t minifloat(float v, uint32_t largest) {
   return static_cast<uint8_t>(sign | std::min(minifloat_magnitude<mant, bias>(v), largest));
 }
 
+// The float16 nearest x (ties to even) in one rounding: float32 rounded to odd
+// first (kept inexact in its last bit), so the float16 rounding sees the
+// float64 value's side of every float16 midpoint, as numpy's direct
+// float64 -> float16 does.
+uint16_t half_of(double x) {
+  float f = static_cast<float>(x);
+  if (std::isfinite(f) && static_cast<double>(f) != x) {
+    uint32_t b = bit_cast<uint32_t>(f);
+    if (std::fabs(static_cast<double>(f)) > std::fabs(x)) --b; // one step towards zero
+    f = bit_cast<float>(b | 1u);
+  }
+  return F16::from_float(f);
+}
+
+template <typename T>
+void hadamard_unnormalized(T* x, int d) {
+  for (int h = 1; h < d; h *= 2) {
+    for (int i = 0; i < d; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const T a = x[j];
+        const T b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+}
+
+// A Rot4 key row (kv_quant.h): the nearest of the levels of N(0, 1/d) to each
+// coordinate of the rotated unit direction, then the norm-corrected factor.
+void rot4_key_row(const float* x, int d, uint8_t* dst) {
+  double r[256];
+  for (int i = 0; i < d; ++i) r[i] = x[i];
+  hadamard_unnormalized(r, d);
+  const double inv_sqrt_d = 1.0 / std::sqrt(static_cast<double>(d));
+  double sq = 0.0;
+  for (int i = 0; i < d; ++i) {
+    r[i] *= inv_sqrt_d;
+    sq += r[i] * r[i];
+  }
+  const double norm = std::sqrt(sq);
+  double edges[15]; // midpoints of neighbouring levels of N(0, 1/d)
+  for (int i = 0; i < 15; ++i) edges[i] = (kRot4Levels[i] + kRot4Levels[i + 1]) * inv_sqrt_d / 2.0;
+  double picked = 0.0;
+  for (int i = 0; i < d; ++i) {
+    const double unit = norm > 0.0 ? r[i] / norm : 0.0;
+    int code = 0;
+    while (code < 15 && edges[code] < unit) ++code; // the first edge at or above it
+    picked += kRot4Levels[code] * kRot4Levels[code];
+    if (i % 2 == 0) {
+      dst[i / 2] = static_cast<uint8_t>(code);
+    } else {
+      dst[i / 2] |= static_cast<uint8_t>(code << 4);
+    }
+  }
+  const double norm16 = F16::to_float(half_of(norm));
+  const float factor = static_cast<float>(norm16 / std::sqrt(picked));
+  std::memcpy(dst + d / 2, &factor, sizeof(float));
+}
+
+// A Rot4 value row (kv_quant.h): codes against the float16-rounded step and
+// minimum, ties to the even code; a NaN makes the step NaN (the row reads NaN).
+void rot4_value_row(const float* x, int d, uint8_t* dst) {
+  double lo = x[0];
+  double hi = x[0];
+  bool nan = false;
+  for (int i = 0; i < d; ++i) {
+    nan |= x[i] != x[i];
+    lo = std::min(lo, static_cast<double>(x[i]));
+    hi = std::max(hi, static_cast<double>(x[i]));
+  }
+  const uint16_t minimum = half_of(nan ? std::nan("") : lo);
+  const uint16_t step = half_of(nan ? std::nan("") : (hi - lo) / 15.0);
+  const double m = F16::to_float(minimum);
+  const double s = F16::to_float(step);
+  for (int i = 0; i < d; ++i) {
+    const int code = s > 0.0 ? static_cast<int>(std::clamp(std::nearbyint((x[i] - m) / s), 0.0, 15.0)) : 0;
+    if (i % 2 == 0) {
+      dst[i / 2] = static_cast<uint8_t>(code);
+    } else {
+      dst[i / 2] |= static_cast<uint8_t>(code << 4);
+    }
+  }
+  std::memcpy(dst + d / 2, &step, sizeof(uint16_t));
+  std::memcpy(dst + d / 2 + 2, &minimum, sizeof(uint16_t));
+}
+
 } // namespace
+
+void hadamard_in_place(float* x, int d) {
+  hadamard_unnormalized(x, d);
+}
 
 void quantize_token(const float* k, const float* v, int num_kv_heads, int d, KvQuant q, uint8_t* k_dst,
                     uint8_t* v_dst) {
   const int64_t width = kv_row_width(d, q);
+  if (q == KvQuant::Rot4) {
+    if (!rot4_head_size_ok(d)) throw std::invalid_argument("quantize_token: Rot4 takes head sizes 64, 128, 256");
+    for (int h = 0; h < num_kv_heads; ++h) {
+      rot4_key_row(k + int64_t(h) * d, d, k_dst + h * width);
+      rot4_value_row(v + int64_t(h) * d, d, v_dst + h * width);
+    }
+    return;
+  }
   for (int h = 0; h < num_kv_heads; ++h) {
     quantize_head_row(k + int64_t(h) * d, d, q, k_dst + h * width);
     quantize_head_row(v + int64_t(h) * d, d, q, v_dst + h * width);

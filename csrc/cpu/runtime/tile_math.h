@@ -102,6 +102,13 @@ struct E4M3 {
   }
 };
 
+// Rows of a rotated 4-bit cache (kv_quant.h, KvQuant::Rot4): packed codes that
+// only the pieces kernel reads, widening whole head rows (decode_row.inc).
+struct R4 {
+  using storage = uint8_t;
+  static constexpr bool kScaled = false;
+};
+
 struct E5M2 {
   using storage = uint8_t;
   static constexpr bool kScaled = true;

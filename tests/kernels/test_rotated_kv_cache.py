@@ -1,0 +1,114 @@
+"""Rotated 4-bit KV caches (kv_quant 4, csrc/kv_quant.h) in kernels_v2 on the MSL
+harness: reshape_and_cache_quant writes the codes of the float64 numpy codec
+(tests/ops/rotated_kv_np.py) up to float32's near-ties, and the varlen, split-KV and
+GQA decode kernels, rotating the query in a simdgroup, match numpy float64 attention
+over the keys and values the codec decodes. The caches they read are written by the
+CPU op (tests/ops/test_rotated_kv_cache.py holds it to the codec exactly), with
+make_batch's NaN poison in every row a correct kernel must not read."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from tests.kernels.harness_run import DTYPE_NAMES, raw, run_paged_attention, run_reshape_and_cache
+from tests.ops import rotated_kv_cache_np as rot
+from tests.ops import rotated_kv_np as codec
+from tests.ops.attention_np import paged_attention_np
+from tests.ops.paged_inputs import TOLERANCE, as_numpy, make_batch
+from tests.ops.test_rotated_kv_cache import quantized
+from vllm_metal.attention.kv_quant import ROT4
+
+DTYPES = [mx.float16, mx.bfloat16, mx.float32]
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_write_kernel_matches_the_numpy_codec(kernels, ext, d, dtype):
+    rng = np.random.default_rng(d)
+    t, heads = 9, 2
+    x = rng.standard_normal((t, heads, d)).astype(np.float32)
+    x *= np.exp(rng.uniform(-6, 6, (t, heads, 1))).astype(np.float32)
+    x[2, 1] = 0.0
+    key = mx.array(x).astype(dtype)
+    value = mx.array(x[::-1].copy()).astype(dtype)
+    slots = np.array([3, 17, -1, 0, 39, -1, 8, 22, 30], dtype=np.int32)
+    width = d // 2 + 4
+    cache = np.zeros((5, 8, heads, width), dtype=np.uint8)
+    kc, vc = cache.copy(), cache.copy()
+    run_reshape_and_cache(kernels, ext, raw(key), raw(value), kc, vc, slots, DTYPE_NAMES[dtype],
+                          kv_quant=ROT4.code, orders=("reverse", "shuffled"))
+    kc, vc = kc.reshape(40, heads, width), vc.reshape(40, heads, width)
+    live = slots >= 0
+    untouched = np.setdiff1d(np.arange(40), slots[live])
+    assert not kc[untouched].any() and not vc[untouched].any()
+    k_in = as_numpy(key).astype(np.float64)[live]
+    v_in = as_numpy(value).astype(np.float64)[live]
+    index, factor = rot.key_rows(kc[slots[live]], d)
+    want = codec.encode_keys(k_in, 4)
+    # float32 rotation: a coordinate within float32's error of an edge may take
+    # the neighbouring level; nothing else differs.
+    differ = index != want.index
+    assert differ.mean() < 1e-3 and (np.abs(index.astype(int) - want.index)[differ] == 1).all()
+    clean = ~differ.any(axis=-1)
+    np.testing.assert_allclose((factor * np.sqrt(d))[clean], codec.key_factor(want, 4, True)[clean],
+                               rtol=1e-5)
+    np.testing.assert_allclose(rot.decoded_keys(kc[slots[live]], d)[clean],
+                               codec.decode_keys(want, 4, True)[clean],
+                               rtol=0, atol=1e-5 * np.abs(k_in).max())
+    got_v = rot.value_rows(vc[slots[live]], d)
+    want_v = codec.encode_values(v_in, 4)
+    np.testing.assert_allclose(got_v.step.astype(np.float64), want_v.step.astype(np.float64),
+                               rtol=1e-3)
+    np.testing.assert_array_equal(got_v.minimum, want_v.minimum)
+    assert (got_v.code != want_v.code).mean() < 1e-3
+    np.testing.assert_allclose(rot.decoded_values(vc[slots[live]], d), codec.decode_values(want_v),
+                               rtol=0, atol=np.abs(v_in).max() * 0.07)
+
+
+def run(kernels, ext, batch, route, dtype, partition_size=512, **options):
+    q = quantized(batch)
+    out, plan = run_paged_attention(kernels, ext, q, route, partition_size=partition_size,
+                                    kv_quant=ROT4.code, orders=("forward", "shuffled"), **options)
+    sinks = options.get("sinks")
+    d = batch.query.shape[2]
+    expected = paged_attention_np(
+        as_numpy(batch.query), rot.decoded_keys(np.array(q.key_cache), d),
+        rot.decoded_values(np.array(q.value_cache), d), np.array(batch.block_tables),
+        np.array(batch.seq_lens), np.array(batch.cu_seqlens_q), batch.scale,
+        sliding_window=options.get("sliding_window"), softcap=options.get("softcap"),
+        sinks=None if sinks is None else as_numpy(sinks))
+    assert np.isfinite(out).all(), "NaN in the output: a poisoned row was read"
+    np.testing.assert_allclose(out, expected, rtol=0, atol=TOLERANCE[dtype])
+    return plan
+
+
+@pytest.mark.parametrize("head_size", [64, 128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_varlen_and_split_kv(kernels, ext, head_size, dtype):
+    batch = make_batch([37, 300, 60, 21], [37, 1, 9, 3], num_heads=4, num_kv_heads=2,
+                       head_size=head_size, block_size=16, dtype=mx.float32, query_dtype=dtype,
+                       seed=5)
+    plan = run(kernels, ext, batch, "Varlen", dtype)
+    assert plan["launches"][0]["constants"][4] == ROT4.code
+    run(kernels, ext, batch, "SplitKv", dtype, partition_size=64)
+
+
+@pytest.mark.parametrize("head_size", [128, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gqa_decode(kernels, ext, head_size, dtype):
+    batch = make_batch([1, 7, 130, 515], [1, 1, 1, 1], num_heads=16, num_kv_heads=2,
+                       head_size=head_size, block_size=16, dtype=mx.float32, query_dtype=dtype,
+                       seed=6)
+    plan = run(kernels, ext, batch, "GqaDecode", dtype)
+    assert plan["launches"][0]["kernel"].startswith("paged_attention_gqa_decode_")
+    run(kernels, ext, batch, "GqaDecode", dtype, partition_size=256)
+
+
+def test_options(kernels, ext):
+    batch = make_batch([100, 40], [30, 1], num_heads=4, num_kv_heads=2, head_size=64, block_size=8,
+                       seed=8)
+    run(kernels, ext, batch, "Varlen", mx.float32, sliding_window=7)
+    run(kernels, ext, batch, "Varlen", mx.float32, softcap=5.0)
+    run(kernels, ext, batch, "Varlen", mx.float32, sinks=mx.array([-2.0, 0.0, 1.5, 4.0]))
