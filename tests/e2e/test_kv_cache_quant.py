@@ -111,6 +111,14 @@ def test_unknown_quantized_dtype_is_refused_by_name(llama_dir):
             make_llm(llama_dir, kv_cache_dtype=preset)
 
 
+def test_skip_layers_are_refused_beyond_vllm_s_boundary_layers(llama_dir):
+    # Every layer's cache has the flag's format here: a layer asked to stay in
+    # float is refused by name. (vLLM adds a turboquant run's boundary layers
+    # itself; those are coded with a warning, as the turboquant tests above run.)
+    with pytest.raises(Exception, match="--kv-cache-dtype-skip-layers 1: vllm-metal codes"):
+        make_llm(llama_dir, kv_cache_dtype="fp8", kv_cache_dtype_skip_layers=["1"])
+
+
 def test_ngram_speculation_over_a_quantized_cache(llama_dir):
     # Verification reads the drafts' keys back from the quantized cache: greedy
     # tokens equal the same cache without speculation. A draft model is refused.
