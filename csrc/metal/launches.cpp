@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernel_constants.h"
+#include "kv_quant.h"
 
 #include "metal/kernel_library.h"
 

@@ -116,15 +116,16 @@ def test_offloading_with_preemption_and_a_batch(llama_dir):
         gc.collect()
 
 
-def test_fp8_cache_offloads_its_codes_and_scales(llama_dir):
+@pytest.mark.parametrize("flag", ["fp8", "turboquant_4bit_nc"])
+def test_quantized_cache_offloads_its_codes_and_scales(llama_dir, flag):
     prefix = _prefix(llama_dir)
-    plain = make_llm(llama_dir, kv_cache_dtype="fp8", **POOL)
+    plain = make_llm(llama_dir, kv_cache_dtype=flag, **POOL)
     try:
         expected = _greedy(plain, [prefix])
     finally:
         del plain
         gc.collect()
-    llm = make_llm(llama_dir, kv_cache_dtype="fp8", kv_offloading_size=0.05, **POOL)
+    llm = make_llm(llama_dir, kv_cache_dtype=flag, kv_offloading_size=0.05, **POOL)
     try:
         _greedy(llm, [prefix])
         tokens, loaded = _after_eviction(llm, prefix)

@@ -67,7 +67,7 @@ def reshape_and_cache(
     if (key.shape[1], width) != tuple(key_cache.shape[2:]):
         raise ValueError(
             f"key [num_tokens, num_kv_heads, head_size] = {key.shape} does not match "
-            f"key_cache [..., num_kv_heads, {'head_size' if quant is None else 'row width'}]"
+            f"key_cache [..., num_kv_heads, {_row_name(quant)} = {width}]"
             f" = {key_cache.shape}")
     slot_mapping = _index("slot_mapping", slot_mapping, 1)
     if slot_mapping.shape[0] != key.shape[0]:
@@ -174,6 +174,12 @@ def _check_float(name: str, x: object, ndim: int, layout: str) -> None:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
 
 
+def _row_name(quant: KvQuant | None) -> str:
+    if quant is None:
+        return "head_size"
+    return "head_size / 2 + 4" if quant.nibbles else "head_size + 4"
+
+
 def _code(quant: KvQuant | None) -> int:
     return 0 if quant is None else quant.code
 
@@ -191,7 +197,7 @@ def _check_cache_pair(key_cache: object, value_cache: object,
             if cache.ndim != 4 or cache.dtype != kv_quant_formats.STORAGE_DTYPE:
                 raise TypeError(
                     f"{name} of a {quant.name} cache must be uint8 [num_blocks, block_size, "
-                    f"num_kv_heads, row width], got {cache.dtype} {cache.shape}")
+                    f"num_kv_heads, {_row_name(quant)}], got {cache.dtype} {cache.shape}")
     if value_cache.shape != key_cache.shape:
         raise ValueError(
             f"value_cache shape {value_cache.shape} must equal key_cache shape "
