@@ -1,15 +1,16 @@
 """Quantized KV caches: vLLM's ``--kv-cache-dtype`` names and the layout the
 native ops read and write (csrc/kv_quant.h).
 
-``turboquant_4bit_nc`` (format ``rot4``, rotated_kv.py defines it) packs two
-4-bit codes a byte: rows of head_dim / 2 + 4 bytes, keys rotated.
-
 A quantized cache is uint8 [num_blocks, block_size, num_kv_heads, head_dim + 4]:
 each (token, KV head) row holds head_dim one-byte codes and then its float32
 scale, ``max|x| / largest code``, set when the row is written. Every format
 scales per token and head, computed as the row is written: vLLM's ``fp8`` on
 CUDA scales per tensor (1.0 unless a checkpoint ships scales), which a row
 scale never does worse than, and needs no calibration.
+
+``turboquant_4bit_nc`` (format ``rot4``, rotated_kv.py defines it) packs two
+4-bit codes a byte instead: rows of head_dim / 2 + 4 bytes, keys rotated
+(csrc/kv_quant.h has the layout).
 """
 
 from __future__ import annotations

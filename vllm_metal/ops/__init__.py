@@ -43,7 +43,7 @@ def reshape_and_cache(
     key, value:   [num_tokens, num_kv_heads, head_size], cast to the cache dtype
     key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
                   (with kv_quant: uint8 [..., kv_quant.row_width(head_size)], each
-                  row its codes and float32 scale, attention.kv_quant)
+                  row its codes and what decodes them, attention.kv_quant)
     slot_mapping: int32/int64 [num_tokens]; slot = block_id * block_size + offset,
                   negative = padding, skipped
     kv_quant:     a quantized format (attention.kv_quant: "int8", "fp8_e4m3",
