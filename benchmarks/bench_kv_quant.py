@@ -24,7 +24,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine in t
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ("auto", "int8_per_token_head", "fp8", "fp8_e5m2", "turboquant_4bit_nc")
+MODES = ("auto", "int8_per_token_head", "fp8", "fp8_e5m2", "turboquant_4bit_nc",
+         "turboquant_k8v4")
 POOL = 512 * 2**20
 
 

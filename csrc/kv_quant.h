@@ -1,6 +1,6 @@
 // Quantized KV cache formats (vLLM's --kv-cache-dtype fp8, fp8_e5m2,
-// int8_per_token_head, turboquant_4bit_nc), shared by the ops, the CPU kernels
-// and the dispatch.
+// int8_per_token_head, turboquant_4bit_nc, turboquant_k8v4), shared by the ops,
+// the CPU kernels and the dispatch.
 //
 // A quantized cache is uint8 [num_blocks, block_size, num_kv_heads,
 // head_size + kKvScaleBytes]: each (token, KV head) row holds head_size
@@ -20,6 +20,10 @@
 //      the rotated query against it (a rotation keeps dot products).
 //   V: codes of 16 even steps from the row's minimum; float16 step, then
 //      float16 minimum after them; element i reads minimum + code * step.
+//
+// K8V4 (turboquant_k8v4): Fp8E4M3's key rows (head_size + 4 bytes) and Rot4's
+// value rows (head_size / 2 + 4): its K and V caches differ in their last
+// dimension.
 #pragma once
 
 namespace vllm_metal {
@@ -30,16 +34,30 @@ enum class KvQuant : int {
   Fp8E4M3 = 2, // OCP e4m3fn codes (largest 448; no infinities)
   Fp8E5M2 = 3, // OCP e5m2 codes (largest finite 57344)
   Rot4 = 4, // rotated 4-bit keys, 4-bit uniform values (see above)
+  K8V4 = 5, // e4m3 keys, Rot4's values (see above)
 };
 
-inline constexpr int kKvQuantLast = static_cast<int>(KvQuant::Rot4);
+inline constexpr int kKvQuantLast = static_cast<int>(KvQuant::K8V4);
 
 inline constexpr int kKvScaleBytes = 4;
 
-// The cache's last dimension for `head_size` elements.
-constexpr int kv_row_width(int head_size, KvQuant q) {
+// The key cache's last dimension for `head_size` elements.
+constexpr int kv_key_width(int head_size, KvQuant q) {
   return q == KvQuant::None ? head_size : q == KvQuant::Rot4 ? head_size / 2 + kKvScaleBytes
                                                              : head_size + kKvScaleBytes;
+}
+
+// The value cache's.
+constexpr int kv_value_width(int head_size, KvQuant q) {
+  return q == KvQuant::K8V4 ? head_size / 2 + kKvScaleBytes : kv_key_width(head_size, q);
+}
+
+// What a row of K (V) is coded as: K8V4 is Fp8E4M3's keys and Rot4's values.
+constexpr KvQuant kv_key_format(KvQuant q) {
+  return q == KvQuant::K8V4 ? KvQuant::Fp8E4M3 : q;
+}
+constexpr KvQuant kv_value_format(KvQuant q) {
+  return q == KvQuant::K8V4 ? KvQuant::Rot4 : q;
 }
 
 // Rot4's key levels: the minimum mean-squared-error 16-level quantizer of
@@ -53,9 +71,11 @@ inline constexpr double kRot4Levels[16] = {
     1.2562311973448297, 1.6180463860193919, 2.0690172265289424, 2.7325895709929995,
 };
 
-// Head sizes the Rot4 kernels take (a Hadamard rotation and the pieces kernel).
-constexpr bool rot4_head_size_ok(int head_size) {
-  return head_size == 64 || head_size == 128 || head_size == 256;
+// Whether the format takes this head size: formats with 4-bit rows are read
+// by the pieces kernel only (and Rot4 keys need a Hadamard rotation), so 64,
+// 128 and 256.
+constexpr bool kv_head_size_ok(int head_size, KvQuant q) {
+  return (q != KvQuant::Rot4 && q != KvQuant::K8V4) || head_size == 64 || head_size == 128 || head_size == 256;
 }
 
 // The largest code value: a row's max |x| maps onto it.

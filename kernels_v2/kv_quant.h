@@ -1,7 +1,8 @@
 // Quantized KV caches in the Metal kernels (layout: csrc/kv_quant.h).
 //
 // Function constant kv_quant: 0 float cache of the kernel's element type; 1
-// int8, 2 fp8 e4m3, 3 fp8 e5m2 codes, 4 rotated 4-bit (Rot4). A quantized
+// int8, 2 fp8 e4m3, 3 fp8 e5m2 codes, 4 rotated 4-bit (Rot4), 5 e4m3 keys with
+// Rot4's value rows (K8V4: its K and V rows differ in width). A quantized
 // cache is bytes: each head row of formats 1-3 holds HEAD_SIZE codes and then
 // its float scale, and element i reads code_value(code[i]) * scale. A Rot4 row
 // holds two 4-bit codes a byte, then 4 bytes: keys read kRot4Levels[code] *
@@ -26,10 +27,23 @@ constant int kv_quant [[function_constant(VLLM_METAL_FC_KV_QUANT)]];
 
 constant constexpr int kKvScaleBytes = 4;
 
-// Cache elements from one head row to the next.
+// Key codes are e4m3 (formats 2 and 5); value rows are Rot4's (4 and 5).
+METAL_FUNC bool kv_e4m3() {
+  return kv_quant == 2 || kv_quant == 5;
+}
+METAL_FUNC bool kv_nibble_values() {
+  return kv_quant == 4 || kv_quant == 5;
+}
+
+// Cache elements from one key head row to the next.
 METAL_FUNC int kv_row_width(int head_size) {
   if (kv_quant == 4) return head_size / 2 + kKvScaleBytes;
   return kv_quant != 0 ? head_size + kKvScaleBytes : head_size;
+}
+
+// The same for value rows.
+METAL_FUNC int kv_value_row_width(int head_size) {
+  return kv_nibble_values() ? head_size / 2 + kKvScaleBytes : kv_row_width(head_size);
 }
 
 // The Lloyd-Max levels of N(0, 1), ascending (csrc/kv_quant.h kRot4Levels).
@@ -74,7 +88,7 @@ METAL_FUNC void hadamard_simd(thread float* x, uint lane) {
 // exponent bias is 15 instead of 7 (hence * 2^8); e5m2 is an fp16's top byte.
 METAL_FUNC float kv_code_value(uchar c) {
   if (kv_quant == 1) return float(as_type<char>(c));
-  if (kv_quant == 2) return float(as_type<half>(ushort(((c & 0x80u) << 8) | ((c & 0x7fu) << 7)))) * 256.0f;
+  if (kv_e4m3()) return float(as_type<half>(ushort(((c & 0x80u) << 8) | ((c & 0x7fu) << 7)))) * 256.0f;
   return float(as_type<half>(ushort(ushort(c) << 8)));
 }
 
@@ -113,7 +127,7 @@ METAL_FUNC float kv_key_element(device const T* cache, long row, int d) {
 
 template <typename T>
 METAL_FUNC float kv_value_element(device const T* cache, long row, int d) {
-  if (kv_quant == 4) return float(kv_nibble(cache, row, d));
+  if (kv_nibble_values()) return float(kv_nibble(cache, row, d));
   return kv_key_element(cache, row, d);
 }
 
@@ -134,7 +148,7 @@ METAL_FUNC float kv_key_scale(device const T* cache, long row, int head_size) {
 
 template <typename T>
 METAL_FUNC float kv_value_scale(device const T* cache, long row, int head_size) {
-  if (kv_quant == 4) return float(kv_rot4_tail<T, half>(cache, row, head_size, 0));
+  if (kv_nibble_values()) return float(kv_rot4_tail<T, half>(cache, row, head_size, 0));
   return kv_key_scale(cache, row, head_size);
 }
 
@@ -142,7 +156,7 @@ METAL_FUNC float kv_value_scale(device const T* cache, long row, int head_size) 
 // minimum, else 0.
 template <typename T>
 METAL_FUNC float kv_value_bias(device const T* cache, long row, int head_size) {
-  return kv_quant == 4 ? float(kv_rot4_tail<T, half>(cache, row, head_size, 2)) : 0.0f;
+  return kv_nibble_values() ? float(kv_rot4_tail<T, half>(cache, row, head_size, 2)) : 0.0f;
 }
 
 // N elements of a key (value) row at element d of the row starting at `row`,
@@ -155,7 +169,7 @@ METAL_FUNC void load_key(device const T* cache, long row, int d, thread float* d
 
 template <typename T, int N>
 METAL_FUNC void load_value(device const T* cache, long row, int d, thread float* dst) {
-  if (kv_quant != 4) return load_kv<T, N>(cache, row + d, dst);
+  if (!kv_nibble_values()) return load_kv<T, N>(cache, row + d, dst);
   for (int i = 0; i < N; ++i) dst[i] = float(kv_nibble(cache, row, d + i));
 }
 
@@ -182,11 +196,11 @@ METAL_FUNC uchar kv_minifloat(float v, uint largest) {
 // The code of v = x / scale.
 METAL_FUNC uchar kv_encode(float v) {
   if (kv_quant == 1) return as_type<uchar>(char(clamp(rint(v), -127.0f, 127.0f)));
-  if (kv_quant == 2) return kv_minifloat<3, 7>(v, 0x7eu);  // 0x7f is NaN in e4m3fn
+  if (kv_e4m3()) return kv_minifloat<3, 7>(v, 0x7eu);  // 0x7f is NaN in e4m3fn
   return kv_minifloat<2, 15>(v, 0x7bu);                     // 0x7c is infinity
 }
 
 // The largest code value: a row's max |x| maps onto it.
 METAL_FUNC float kv_code_max() {
-  return kv_quant == 1 ? 127.0f : kv_quant == 2 ? 448.0f : 57344.0f;
+  return kv_quant == 1 ? 127.0f : kv_e4m3() ? 448.0f : 57344.0f;
 }

@@ -75,6 +75,8 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
   float l = 0.0f;
   const int row_width = kv_row_width(HEAD_SIZE);                 // one head of one token
   const long token_stride = long(NUM_KV_HEADS) * row_width;      // next token of a page
+  const int value_width = kv_value_row_width(HEAD_SIZE);          // the same for values
+  const long value_stride = long(NUM_KV_HEADS) * value_width;
 
   if (key_begin < key_end) {
     device const int* table = block_tables + long(seq) * params.max_blocks_per_seq;
@@ -86,6 +88,7 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
       if (lane == 0 && b < last_block) next_block = table[b + 1];  // in flight during this page
       // The page's head rows start here; a lane reads its run at + lane * ELEMS.
       const long page = (long(block) * BLOCK_SIZE * NUM_KV_HEADS + kv_head) * row_width;
+      const long value_page = (long(block) * BLOCK_SIZE * NUM_KV_HEADS + kv_head) * value_width;
       const long run = lane * ELEMS;
       const int t_end = min(key_end - b * BLOCK_SIZE, BLOCK_SIZE);
       int t = max(key_begin - b * BLOCK_SIZE, 0);
@@ -100,8 +103,9 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
           for (int i = 0; i < ELEMS; ++i) d += q[i] * k[i];
           dots[j] = d;
           k_scale[j] = kv_key_scale(key_cache, row, HEAD_SIZE);
-          v_scale[j] = kv_value_scale(value_cache, row, HEAD_SIZE);
-          v_bias[j] = kv_value_bias(value_cache, row, HEAD_SIZE);
+          const long value_row = value_page + (t + j) * value_stride;
+          v_scale[j] = kv_value_scale(value_cache, value_row, HEAD_SIZE);
+          v_bias[j] = kv_value_bias(value_cache, value_row, HEAD_SIZE);
         }
         const float4 s = finish_scores(simd_sum(dots) * k_scale, params);
         const float m_new = max(m, max(max(s.x, s.y), max(s.z, s.w)));
@@ -109,12 +113,12 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
         const float4 p = exp2(s - m_new);
         l = l * carry + ((p.x + p.y) + (p.z + p.w));
         const float4 pv = p * v_scale;
-        const float4 pb = kv_quant == 4 ? p * v_bias : float4(0.0f);
+        const float4 pb = kv_nibble_values() ? p * v_bias : float4(0.0f);
         for (int i = 0; i < ELEMS; ++i) acc[i] *= carry;
         for (int j = 0; j < 4; ++j) {
           float v[ELEMS];
-          load_value<T, ELEMS>(value_cache, page + (t + j) * token_stride, run, v);
-          if (kv_quant == 4) {
+          load_value<T, ELEMS>(value_cache, value_page + (t + j) * value_stride, run, v);
+          if (kv_nibble_values()) {
             for (int i = 0; i < ELEMS; ++i) acc[i] += pv[j] * v[i] + pb[j];
           } else {
             for (int i = 0; i < ELEMS; ++i) acc[i] += pv[j] * v[i];
@@ -124,6 +128,7 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
       }
       for (; t < t_end; ++t) {
         const long row = page + t * token_stride;
+        const long value_row = value_page + t * value_stride;
         float k[ELEMS];
         float v[ELEMS];
         load_key<T, ELEMS>(key_cache, row, run, k);
@@ -134,9 +139,9 @@ template <typename T, int NUM_HEADS, int NUM_KV_HEADS, int HEAD_SIZE, int BLOCK_
         const float carry = exp2(m - m_new);
         const float p = exp2(s - m_new);
         l = l * carry + p;
-        const float pv = p * kv_value_scale(value_cache, row, HEAD_SIZE);
-        const float pb = kv_quant == 4 ? p * kv_value_bias(value_cache, row, HEAD_SIZE) : 0.0f;
-        load_value<T, ELEMS>(value_cache, row, run, v);
+        const float pv = p * kv_value_scale(value_cache, value_row, HEAD_SIZE);
+        const float pb = kv_nibble_values() ? p * kv_value_bias(value_cache, value_row, HEAD_SIZE) : 0.0f;
+        load_value<T, ELEMS>(value_cache, value_row, run, v);
         for (int i = 0; i < ELEMS; ++i) acc[i] = acc[i] * carry + pv * v[i] + pb;
         m = m_new;
       }

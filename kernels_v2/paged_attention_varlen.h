@@ -57,6 +57,8 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
   const int kv_head = head / (params.num_heads / params.num_kv_heads);
   const int row_width = kv_row_width(HEAD_SIZE);                  // one head of one token
   const long row_stride = long(params.num_kv_heads) * row_width;  // one token of one page
+  const int value_width = kv_value_row_width(HEAD_SIZE);           // the same for values
+  const long value_stride = long(params.num_kv_heads) * value_width;
 
   float q[ELEMS];
   float acc[ELEMS];
@@ -81,8 +83,10 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
     const int t0 = max(key_begin, b * BLOCK_SIZE);
     const int t1 = min(key_end, (b + 1) * BLOCK_SIZE);
     const long page = long(table[b]) * BLOCK_SIZE * row_stride + long(kv_head) * row_width;
+    const long value_page = long(table[b]) * BLOCK_SIZE * value_stride + long(kv_head) * value_width;
     for (int t = t0; t < t1; ++t) {
       const long offset = page + long(t - b * BLOCK_SIZE) * row_stride;
+      const long value_offset = value_page + long(t - b * BLOCK_SIZE) * value_stride;
       float partial = 0.0f;
       for (int i = 0; i < ELEMS; ++i) {
         const int d = int(lane) + 32 * i;
@@ -93,11 +97,11 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
       const float carry = exp2(m - m_new);
       const float p = exp2(s - m_new);
       l = l * carry + p;
-      const float pv = p * kv_value_scale(value_cache, offset, HEAD_SIZE);
-      const float pb = kv_quant == 4 ? p * kv_value_bias(value_cache, offset, HEAD_SIZE) : 0.0f;
+      const float pv = p * kv_value_scale(value_cache, value_offset, HEAD_SIZE);
+      const float pb = kv_nibble_values() ? p * kv_value_bias(value_cache, value_offset, HEAD_SIZE) : 0.0f;
       for (int i = 0; i < ELEMS; ++i) {
         const int d = int(lane) + 32 * i;
-        acc[i] = acc[i] * carry + (d < HEAD_SIZE ? pv * kv_value_element(value_cache, offset, d) + pb : 0.0f);
+        acc[i] = acc[i] * carry + (d < HEAD_SIZE ? pv * kv_value_element(value_cache, value_offset, d) + pb : 0.0f);
       }
       m = m_new;
     }

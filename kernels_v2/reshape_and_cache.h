@@ -122,10 +122,15 @@ METAL_FUNC void write_rot4_value(device const T* x, device uchar* row, uint lane
   }
 }
 
+// A Rot4 (kv_quant 4) or K8V4 (5: e4m3 keys) pair of rows.
 template <int ELEMS, typename T>
-METAL_FUNC void write_rot4_rows(device const T* key, device const T* value, device uchar* k_row,
+METAL_FUNC void write_4bit_rows(device const T* key, device const T* value, device uchar* k_row,
                                 device uchar* v_row, uint lane) {
-  write_rot4_key<ELEMS>(key, k_row, lane);
+  if (kv_quant == 4) {
+    write_rot4_key<ELEMS>(key, k_row, lane);
+  } else {
+    write_quantized_row(key, k_row, 32 * ELEMS, lane);
+  }
   write_rot4_value<ELEMS>(value, v_row, lane);
 }
 
@@ -135,9 +140,9 @@ METAL_FUNC void write_rot4_rows(device const T* key, device const T* value, devi
 // writing one head row of K and of V. Slots as reshape_and_cache.
 //
 // Buffers: 0 key, 1 value [num_tokens, num_kv_heads, head_size] of T; 2
-// key_cache, 3 value_cache bytes [num_blocks, block_size, num_kv_heads,
-// head_size + 4] (written in place); 4 slot_mapping int [num_tokens]; 5
-// ReshapeAndCacheParams (head_size set).
+// key_cache, 3 value_cache bytes [num_blocks, block_size, num_kv_heads, row
+// width] (kv_row_width / kv_value_row_width; written in place); 4 slot_mapping
+// int [num_tokens]; 5 ReshapeAndCacheParams (head_size set).
 template <typename T>
 [[kernel]] void reshape_and_cache_quant(
     device const T* key [[buffer(0)]],
@@ -156,10 +161,11 @@ template <typename T>
   const int heads = params.row_elems / d;
   const long src = (long(token) * heads + head) * d;
   const long dst = (long(slot) * heads + head) * kv_row_width(d);
-  if (kv_quant == 4) {  // head sizes 64, 128, 256 (the op refuses others)
-    if (d == 64) write_rot4_rows<2>(key + src, value + src, key_cache + dst, value_cache + dst, lane);
-    if (d == 128) write_rot4_rows<4>(key + src, value + src, key_cache + dst, value_cache + dst, lane);
-    if (d == 256) write_rot4_rows<8>(key + src, value + src, key_cache + dst, value_cache + dst, lane);
+  const long value_dst = (long(slot) * heads + head) * kv_value_row_width(d);
+  if (kv_nibble_values()) {  // head sizes 64, 128, 256 (the op refuses others)
+    if (d == 64) write_4bit_rows<2>(key + src, value + src, key_cache + dst, value_cache + value_dst, lane);
+    if (d == 128) write_4bit_rows<4>(key + src, value + src, key_cache + dst, value_cache + value_dst, lane);
+    if (d == 256) write_4bit_rows<8>(key + src, value + src, key_cache + dst, value_cache + value_dst, lane);
     return;
   }
   write_quantized_row(key + src, key_cache + dst, d, lane);

@@ -21,8 +21,6 @@ LORA_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 # The turboquant presets without a kernel here, and why.
 _UNSERVED_PRESETS = {
-    "turboquant_k8v4": "its keys and values have rows of different widths, which the "
-                       "paged kernels do not read yet",
     "turboquant_k3v4_nc": "3-bit keys cost about 0.3 nats of next-token KL on the bundled "
                           "model, so no kernel was built for them",
     "turboquant_3bit_nc": "3-bit keys cost about 0.3 nats of next-token KL on the bundled "
@@ -70,8 +68,8 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
         raise UnsupportedConfigError(
             f"--kv-cache-dtype {cache.cache_dtype} is not supported: "
             f"{_UNSERVED_PRESETS[cache.cache_dtype]} (docs/kv-cache.md states each preset's "
-            "measured accuracy); use turboquant_4bit_nc for a cache of about 0.28x the float16 "
-            "bytes, or fp8 / int8_per_token_head for about half")
+            "measured accuracy); use turboquant_4bit_nc or turboquant_k8v4 for a cache of "
+            "about 0.28x or 0.41x the float16 bytes, or fp8 / int8_per_token_head for about half")
     if cache.cache_dtype not in (None, *KV_CACHE_DTYPES, *QUANTIZED_CACHE_DTYPES):
         raise UnsupportedConfigError(
             f"--kv-cache-dtype {cache.cache_dtype} is not supported; use one of "

@@ -127,8 +127,8 @@ ReshapeAndCachePlan plan_reshape_and_cache(KernelDtype dtype, int num_tokens, in
     if (head_size < 1 || row_elems % head_size != 0) {
       throw std::invalid_argument("a quantized cache write needs the head size (a divisor of the row)");
     }
-    if (kv_quant == static_cast<int>(KvQuant::Rot4) && !rot4_head_size_ok(head_size)) {
-      throw std::invalid_argument("a rotated 4-bit cache write takes head sizes 64, 128, 256");
+    if (!kv_head_size_ok(head_size, static_cast<KvQuant>(kv_quant))) {
+      throw std::invalid_argument("a cache of 4-bit rows takes head sizes 64, 128, 256");
     }
     // One simdgroup per (token, KV head) row.
     plan.launch = {reshape_and_cache_kernel_name(dtype, true), {u32(num_tokens), u32(row_elems / head_size), 1},

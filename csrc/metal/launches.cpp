@@ -26,7 +26,7 @@ MTL::ComputePipelineState* specialized_pipeline(mx::metal::Device& device, const
   if (!launch.specialized) return device.get_kernel(launch.kernel, kernels_library(device));
   static const bool kFalse = false;
   static const bool kTrue = true;
-  static const int kKvQuant[] = {0, 1, 2, 3, 4};  // the values MTLFCList points at (KvQuant)
+  static const int kKvQuant[] = {0, 1, 2, 3, 4, 5};  // the values MTLFCList points at (KvQuant)
   static_assert(sizeof(kKvQuant) / sizeof(int) == kKvQuantLast + 1, "one value per KvQuant");
   if (launch.kv_quant < 0 || launch.kv_quant > kKvQuantLast) throw std::invalid_argument("kv_quant must be a KvQuant");
   mx::metal::MTLFCList constants;

@@ -10,6 +10,7 @@
 #include "mlx/transforms.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops/cpu_inputs.h"
+#include "ops/kv_cache_shape.h"
 #include "ops/stack_linears.h"
 
 namespace vllm_metal {
@@ -261,20 +262,16 @@ mx::array decoder_stack(
       static_cast<int>(value_caches.size()) != layers) {
     fail("give one key and one value cache per layer (" + std::to_string(layers) + ")");
   }
-  if (quant == KvQuant::Rot4 && !rot4_head_size_ok(weights->head_dim())) {
-    fail("a rotated 4-bit cache takes head sizes 64, 128 and 256, got " + std::to_string(weights->head_dim()));
-  }
-  const mx::Shape cache_shape = key_caches[0].shape();
-  const mx::Dtype cache_type = key_caches[0].dtype();
-  for (const auto* list : {&key_caches, &value_caches}) {
-    for (const auto& c : *list) {
-      const bool dtype_ok = quant == KvQuant::None ? is_linear_float(c.dtype()) : c.dtype() == mx::uint8;
-      if (!dtype_ok || c.dtype() != cache_type || c.ndim() != 4 ||
-          c.shape() != cache_shape || c.shape(2) != weights->num_kv_heads() ||
-          c.shape(3) != kv_row_width(weights->head_dim(), quant)) {
-        fail("caches must be float32/float16/bfloat16 [num_blocks, block_size, num_kv_heads, "
-             "head_dim] (with kv_quant: uint8 [..., kv_row_width]), all of one shape and dtype");
-      }
+  for (int l = 0; l < layers; ++l) {
+    const std::string problem =
+        kv_cache_problem(key_caches[l], value_caches[l], quant, weights->num_kv_heads(), weights->head_dim());
+    if (!problem.empty()) fail("layer " + std::to_string(l) + ": " + problem);
+    if (key_caches[l].shape() != key_caches[0].shape() || value_caches[l].shape() != value_caches[0].shape() ||
+        key_caches[l].dtype() != key_caches[0].dtype()) {
+      fail("every layer's caches must have layer 0's shapes and dtype");
+    }
+    if (quant == KvQuant::None && !is_linear_float(key_caches[l].dtype())) {
+      fail("float caches must be float32, float16 or bfloat16");
     }
   }
   const int t = x.shape(1);

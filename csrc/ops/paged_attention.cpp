@@ -14,6 +14,7 @@
 #include "metal/kernel_library.h"
 #include "metal/metal_ops.h"
 #include "ops/eval_layout.h"
+#include "ops/kv_cache_shape.h"
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/utils.h"
@@ -139,26 +140,14 @@ mx::array paged_attention(
   }
   const auto quant = static_cast<KvQuant>(kv_quant);
   if (query.ndim() != 3) fail("query must be [total_q, num_heads, head_size]");
-  if (key_cache.ndim() != 4) {
-    fail("key_cache must be [num_blocks, block_size, num_kv_heads, head_size]");
-  }
-  if (value_cache.shape() != key_cache.shape() || value_cache.dtype() != key_cache.dtype()) {
-    fail("value_cache must match key_cache in shape and dtype");
-  }
   if (!is_float(query.dtype())) fail("query must be float16, bfloat16 or float32");
-  if (quant == KvQuant::None ? !is_float(key_cache.dtype()) : key_cache.dtype() != mx::uint8) {
-    fail("caches must be float16, bfloat16 or float32 (uint8 with kv_quant)");
+  if (key_cache.ndim() != 4) {
+    fail("key_cache must be [num_blocks, block_size, num_kv_heads, row width]");
   }
   const int num_heads = query.shape(1);
   const int num_kv_heads = key_cache.shape(2);
-  if (quant == KvQuant::Rot4 && !rot4_head_size_ok(query.shape(2))) {
-    fail("a rotated 4-bit cache takes head sizes 64, 128 and 256, got " + std::to_string(query.shape(2)));
-  }
-  if (kv_row_width(query.shape(2), quant) != key_cache.shape(3)) {
-    fail(quant == KvQuant::None ? "query and cache head sizes differ"
-         : quant == KvQuant::Rot4 ? "a rotated 4-bit cache is [..., head_size / 2 + 4] for the query's head_size"
-                                  : "a quantized cache is [..., head_size + 4] for the query's head_size");
-  }
+  const std::string problem = kv_cache_problem(key_cache, value_cache, quant, num_kv_heads, query.shape(2));
+  if (!problem.empty()) fail(problem);
   if (num_kv_heads == 0 || num_heads % num_kv_heads != 0) {
     fail("num_heads must be a multiple of num_kv_heads");
   }

@@ -9,6 +9,7 @@
 #include "cpu/runtime/strided_copy.h"
 #include "ops/cpu_inputs.h"
 #include "ops/eval_layout.h"
+#include "ops/kv_cache_shape.h"
 #include "metal/kernel_library.h"
 #include "metal/metal_ops.h"
 #include "mlx/allocator.h"
@@ -44,10 +45,11 @@ struct CopyArgs {
 
 void quantize_slot(const CopyArgs& a, int64_t token, int64_t slot) {
   const int64_t src = token * a.num_kv_heads * a.head_size;
-  const int64_t dst = slot * a.num_kv_heads * kv_row_width(a.head_size, a.quant);
+  const int64_t k_dst = slot * a.num_kv_heads * kv_key_width(a.head_size, a.quant);
+  const int64_t v_dst = slot * a.num_kv_heads * kv_value_width(a.head_size, a.quant);
   cpu::quantize_token(reinterpret_cast<const float*>(a.key) + src, reinterpret_cast<const float*>(a.value) + src,
-                      a.num_kv_heads, a.head_size, a.quant, reinterpret_cast<uint8_t*>(a.key_cache) + dst,
-                      reinterpret_cast<uint8_t*>(a.value_cache) + dst);
+                      a.num_kv_heads, a.head_size, a.quant, reinterpret_cast<uint8_t*>(a.key_cache) + k_dst,
+                      reinterpret_cast<uint8_t*>(a.value_cache) + v_dst);
 }
 
 void copy_rows(const CopyArgs& a) {
@@ -90,24 +92,8 @@ std::pair<mx::array, mx::array> reshape_and_cache(
   if (key.ndim() != 3 || value.shape() != key.shape()) {
     fail("key and value must both be [num_tokens, num_kv_heads, head_size]");
   }
-  if (key_cache.ndim() != 4 || value_cache.shape() != key_cache.shape() ||
-      value_cache.dtype() != key_cache.dtype()) {
-    fail("caches must be [num_blocks, block_size, num_kv_heads, head_size], same dtype");
-  }
-  if (quant == KvQuant::Rot4 && !rot4_head_size_ok(key.shape(2))) {
-    fail("a rotated 4-bit cache takes head sizes 64, 128 and 256, got " + std::to_string(key.shape(2)));
-  }
-  if (key.shape(1) != key_cache.shape(2) || kv_row_width(key.shape(2), quant) != key_cache.shape(3)) {
-    fail(quant == KvQuant::None ? "key/value heads and head size must match the cache"
-         : quant == KvQuant::Rot4
-             ? "a rotated 4-bit cache is [..., num_kv_heads, head_size / 2 + 4] for key/value's heads"
-                                  : "a quantized cache is [..., num_kv_heads, head_size + 4] for key/value's heads");
-  }
-  if (quant != KvQuant::None && key_cache.dtype() != mx::uint8) fail("a quantized cache must be uint8");
-  if (quant == KvQuant::None && !(key_cache.dtype() == mx::float16 || key_cache.dtype() == mx::bfloat16 ||
-                                  key_cache.dtype() == mx::float32)) {
-    fail("a cache must be float16, bfloat16 or float32 (or uint8 with kv_quant)");
-  }
+  const std::string problem = kv_cache_problem(key_cache, value_cache, quant, key.shape(1), key.shape(2));
+  if (!problem.empty()) fail(problem);
   if (slot_mapping.ndim() != 1 || slot_mapping.shape(0) != key.shape(0)) {
     fail("slot_mapping must be [num_tokens]");
   }

@@ -1,5 +1,5 @@
 """``--kv-cache-dtype fp8 / fp8_e4m3 / fp8_e5m2 / int8_per_token_head /
-turboquant_4bit_nc`` through vllm.LLM.
+turboquant_4bit_nc / turboquant_k8v4`` through vllm.LLM.
 
 Greedy tokens equal mlx-lm's own forward with keys and values rounded the same way
 (kv_quant_reference: the numpy codec, not our kernels), with batching, a prefix
@@ -21,9 +21,10 @@ from tests.e2e import mlx_reference
 from tests.e2e.conftest import PROMPTS, make_llm
 from tests.e2e.kv_quant_reference import rounding_kv
 from tests.family_models import cached_family_model
+from vllm_metal.attention.kv_quant import FORMATS
 
 FLAGS = {"fp8": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "int8_per_token_head": "int8",
-         "turboquant_4bit_nc": "rot4"}
+         "turboquant_4bit_nc": "rot4", "turboquant_k8v4": "k8v4"}
 MAX_TOKENS = 24
 
 
@@ -47,8 +48,9 @@ def test_greedy_matches_mlx_lm_with_the_same_rounding(llama_dir, flag):
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
         cache = runner.kv_cache.key_caches[0]
         head_dim = runner.loaded.dims.head_dim
-        width = head_dim // 2 + 4 if flag.startswith("turboquant") else head_dim + 4
-        assert cache.dtype == mx.uint8 and cache.shape[-1] == width
+        quant = FORMATS[FLAGS[flag]]
+        assert cache.dtype == mx.uint8 and cache.shape[-1] == quant.key_width(head_dim)
+        assert runner.kv_cache.value_caches[0].shape[-1] == quant.value_width(head_dim)
         assert runner.loaded.backbone.stack is not None  # the one-node stack writes and reads it
         expected = _reference(llama_dir, ids, FLAGS[flag])
         assert _greedy(llm, ids) == expected
@@ -77,7 +79,7 @@ def test_preemption_and_chunked_prefill(llama_dir, flag):
         gc.collect()
 
 
-@pytest.mark.parametrize("flag", ["fp8", "turboquant_4bit_nc"])
+@pytest.mark.parametrize("flag", ["fp8", "turboquant_4bit_nc", "turboquant_k8v4"])
 def test_bundled_model_is_reproducible_alone_and_in_a_batch(flag):
     from vllm_metal.cli.bundled import DEFAULT_MODEL
 
@@ -106,7 +108,7 @@ def test_models_the_quantized_cache_cannot_serve_are_refused(family, why):
 def test_unknown_quantized_dtype_is_refused_by_name(llama_dir):
     with pytest.raises(Exception, match="--kv-cache-dtype nvfp4 is not supported"):
         make_llm(llama_dir, kv_cache_dtype="nvfp4")
-    for preset in ("turboquant_k8v4", "turboquant_k3v4_nc", "turboquant_3bit_nc"):
+    for preset in ("turboquant_k3v4_nc", "turboquant_3bit_nc"):
         with pytest.raises(Exception, match=f"{preset} is not supported: .*kv-cache.md"):
             make_llm(llama_dir, kv_cache_dtype=preset)
 

@@ -116,7 +116,7 @@ def test_offloading_with_preemption_and_a_batch(llama_dir):
         gc.collect()
 
 
-@pytest.mark.parametrize("flag", ["fp8", "turboquant_4bit_nc"])
+@pytest.mark.parametrize("flag", ["fp8", "turboquant_4bit_nc", "turboquant_k8v4"])
 def test_quantized_cache_offloads_its_codes_and_scales(llama_dir, flag):
     prefix = _prefix(llama_dir)
     plain = make_llm(llama_dir, kv_cache_dtype=flag, **POOL)

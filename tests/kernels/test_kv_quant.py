@@ -20,8 +20,8 @@ from tests.ops.test_kv_quant import decoded, quantized_batch
 from vllm_metal.attention.kv_quant import FORMATS
 
 DTYPES = [mx.float16, mx.bfloat16, mx.float32]
-# One code a byte with a row scale (rot4 has its own file, test_rotated_kv_cache.py).
-BYTE_FORMATS = [name for name, fmt in FORMATS.items() if not fmt.nibbles]
+# One code a byte with a row scale (4-bit rows: test_rotated_kv_cache.py).
+BYTE_FORMATS = [name for name, fmt in FORMATS.items() if not fmt.packed]
 
 
 @pytest.mark.parametrize("fmt", BYTE_FORMATS)

@@ -1,12 +1,14 @@
-"""Reading a rotated 4-bit cache (``kv_quant="rot4"``, csrc/kv_quant.h) in numpy:
-the bytes the native writer leaves, unpacked into the codec's terms
-(tests/ops/rotated_kv_np.py) and decoded in float64."""
+"""Reading caches of 4-bit rows (``kv_quant="rot4"`` and ``"k8v4"``,
+csrc/kv_quant.h) in numpy: the bytes the native writer leaves, unpacked into the
+codecs' terms (tests/ops/rotated_kv_np.py, tests/ops/kv_quant_np.py) and decoded in
+float64."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from tests.ops import rotated_kv_np as codec
+from tests.ops.kv_quant_np import read_cache
 from vllm_metal.attention.rotated_kv import hadamard, lloyd_max_levels
 
 
@@ -28,10 +30,14 @@ def value_rows(cache: np.ndarray, d: int) -> codec.ValueCodes:
     return codec.ValueCodes(nibbles(cache, d), tail[..., 0], tail[..., 1])
 
 
-def decoded_keys(cache: np.ndarray, d: int) -> np.ndarray:
-    """float64 [..., d]: the keys a cache's rows stand for, rotated back. The stored
-    factor is norm / |levels picked| for the levels of N(0, 1), so it multiplies
-    those (the levels of N(0, 1/d) times sqrt(d))."""
+def decoded_keys(cache: np.ndarray, d: int, fmt: str = "rot4") -> np.ndarray:
+    """float64 [..., d]: the keys a cache's rows stand for (rot4: rotated back; its
+    stored factor is norm / |levels picked| for the levels of N(0, 1), so it
+    multiplies those, the levels of N(0, 1/d) times sqrt(d); k8v4: e4m3 codes
+    times the row's scale)."""
+    if fmt == "k8v4":
+        values, scales = read_cache(cache, d, "fp8_e4m3")
+        return values * scales[..., None].astype(np.float64)
     index, factor = key_rows(cache, d)
     unit_levels = lloyd_max_levels(d, 4) * np.sqrt(d)
     return (unit_levels[index] * factor.astype(np.float64)[..., None]) @ hadamard(d)

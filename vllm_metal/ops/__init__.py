@@ -42,8 +42,9 @@ def reshape_and_cache(
 
     key, value:   [num_tokens, num_kv_heads, head_size], cast to the cache dtype
     key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_size]
-                  (with kv_quant: uint8 [..., kv_quant.row_width(head_size)], each
-                  row its codes and what decodes them, attention.kv_quant)
+                  (with kv_quant: uint8 [..., kv_quant.key_width(head_size)] and
+                  [..., value_width(head_size)], each row its codes and what
+                  decodes them, attention.kv_quant)
     slot_mapping: int32/int64 [num_tokens]; slot = block_id * block_size + offset,
                   negative = padding, skipped
     kv_quant:     a quantized format (attention.kv_quant: "int8", "fp8_e4m3",
@@ -63,12 +64,8 @@ def reshape_and_cache(
     _check_cache_pair(key_cache, value_cache, quant)
     if value.shape != key.shape:
         raise ValueError(f"value shape {value.shape} must equal key shape {key.shape}")
-    width = key.shape[2] if quant is None else quant.row_width(key.shape[2])
-    if (key.shape[1], width) != tuple(key_cache.shape[2:]):
-        raise ValueError(
-            f"key [num_tokens, num_kv_heads, head_size] = {key.shape} does not match "
-            f"key_cache [..., num_kv_heads, {_row_name(quant)} = {width}]"
-            f" = {key_cache.shape}")
+    _check_widths(key.shape[1], key.shape[2], key_cache, value_cache, quant,
+                  f"key [num_tokens, num_kv_heads, head_size] = {key.shape}")
     slot_mapping = _index("slot_mapping", slot_mapping, 1)
     if slot_mapping.shape[0] != key.shape[0]:
         raise ValueError(
@@ -115,11 +112,8 @@ def paged_attention(
     _check_cache_pair(key_cache, value_cache, quant)
     num_heads, head_size = query.shape[1], query.shape[2]
     num_kv_heads = key_cache.shape[2]
-    width = head_size if quant is None else quant.row_width(head_size)
-    if width != key_cache.shape[3]:
-        raise ValueError(
-            f"query head_size {head_size} needs key_cache rows of {width}, got "
-            f"{key_cache.shape[3]}")
+    _check_widths(num_kv_heads, head_size, key_cache, value_cache, quant,
+                  f"query head_size {head_size}")
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(
             f"query num_heads ({num_heads}) must be a multiple of key_cache "
@@ -174,10 +168,20 @@ def _check_float(name: str, x: object, ndim: int, layout: str) -> None:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
 
 
-def _row_name(quant: KvQuant | None) -> str:
+def _check_widths(num_kv_heads: int, head_size: int, key_cache: mx.array, value_cache: mx.array,
+                  quant: KvQuant | None, what: str) -> None:
+    """ValueError unless the caches' heads and row widths are those of ``quant``."""
     if quant is None:
-        return "head_size"
-    return "head_size / 2 + 4" if quant.nibbles else "head_size + 4"
+        widths, names = (head_size, head_size), ("head_size", "head_size")
+    else:
+        widths = (quant.key_width(head_size), quant.value_width(head_size))
+        names = tuple("head_size / 2 + 4" if nib else "head_size + 4"
+                      for nib in (quant.key_nibbles, quant.value_nibbles))
+    for cache, name, width, label in zip((key_cache, value_cache), ("key", "value"), widths,
+                                         names):
+        if (num_kv_heads, width) != tuple(cache.shape[2:]):
+            raise ValueError(f"{what} does not match {name}_cache [..., num_kv_heads, {label}]: "
+                             f"needs rows of {width}, got {cache.shape}")
 
 
 def _code(quant: KvQuant | None) -> int:
@@ -197,8 +201,10 @@ def _check_cache_pair(key_cache: object, value_cache: object,
             if cache.ndim != 4 or cache.dtype != kv_quant_formats.STORAGE_DTYPE:
                 raise TypeError(
                     f"{name} of a {quant.name} cache must be uint8 [num_blocks, block_size, "
-                    f"num_kv_heads, {_row_name(quant)}], got {cache.dtype} {cache.shape}")
-    if value_cache.shape != key_cache.shape:
+                    f"num_kv_heads, row width], got {cache.dtype} {cache.shape}")
+    if value_cache.shape[:3] != key_cache.shape[:3] or (
+            value_cache.shape != key_cache.shape
+            and (quant is None or quant.key_nibbles == quant.value_nibbles)):
         raise ValueError(
             f"value_cache shape {value_cache.shape} must equal key_cache shape "
             f"{key_cache.shape}")

@@ -44,13 +44,20 @@ def reshape_and_cache_ref(
     return write(key_cache, key), write(value_cache, value)
 
 
-def rot4_rows_ref(rows: mx.array, head_size: int, keys: bool) -> mx.array:
-    """uint8 [..., head_size / 2 + 4] rows of a rotated 4-bit cache (kv_quant
-    "rot4", csrc/kv_quant.h) -> float32 [..., head_size]: keys the levels of N(0, 1)
-    picked times the row's factor, rotated back by the Hadamard matrix; values
-    minimum + code * step."""
+def kv_rows_ref(rows: mx.array, head_size: int, kv_quant: str, keys: bool) -> mx.array:
+    """uint8 rows of a cache in format ``kv_quant`` (csrc/kv_quant.h) -> float32
+    [..., head_size], for the formats with 4-bit rows:
+    - "rot4" keys [..., head_size / 2 + 4]: the levels of N(0, 1) picked times the
+      row's factor, rotated back by the Hadamard matrix;
+    - "k8v4" keys [..., head_size + 4]: e4m3 codes times the row's float32 scale;
+    - values of both [..., head_size / 2 + 4]: minimum + code * step."""
     from vllm_metal.attention.rotated_kv import hadamard, lloyd_max_levels
 
+    if kv_quant not in ("rot4", "k8v4"):
+        raise NotImplementedError(f"kv_rows_ref reads rot4 and k8v4 rows, not {kv_quant}")
+    if keys and kv_quant == "k8v4":
+        scale = mx.view(rows[..., head_size:head_size + 4], mx.float32)  # [..., 1]
+        return mx.from_fp8(rows[..., :head_size], dtype=mx.float32) * scale
     half = head_size // 2
     packed = rows[..., :half].astype(mx.uint32)
     codes = mx.stack([packed & 15, packed >> 4], axis=-1).reshape(*rows.shape[:-1], head_size)
@@ -82,15 +89,13 @@ def paged_attention_ref(
     Per sequence: gather its pages into dense K/V [ctx, H_kv, D], repeat them
     for the H / H_kv query heads of each group, mask causally (and to the last
     ``sliding_window`` positions), soft-cap, softmax with an optional sink
-    column, then weight V. kv_quant "rot4": the caches are decoded first
-    (rot4_rows_ref); other formats have no reference here.
+    column, then weight V. kv_quant "rot4" / "k8v4": the caches are decoded
+    first (kv_rows_ref); other formats have no reference here.
     """
     total_q, num_heads, head_size = query.shape
-    if kv_quant == "rot4":
-        key_cache = rot4_rows_ref(key_cache, head_size, keys=True)
-        value_cache = rot4_rows_ref(value_cache, head_size, keys=False)
-    elif kv_quant is not None:
-        raise NotImplementedError(f"paged_attention_ref reads float or rot4 caches, not {kv_quant}")
+    if kv_quant is not None:
+        key_cache = kv_rows_ref(key_cache, head_size, kv_quant, keys=True)
+        value_cache = kv_rows_ref(value_cache, head_size, kv_quant, keys=False)
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_heads // num_kv_heads
     lens = seq_lens.tolist()

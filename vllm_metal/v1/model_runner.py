@@ -17,7 +17,7 @@ from vllm.v1.outputs import (EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, 
 
 from vllm_metal import envs
 from vllm_metal.attention.caches.paged_kv_cache import PagedKVCache
-from vllm_metal.attention.kv_quant import (ROT4_HEAD_SIZES, STORAGE_DTYPE, KvQuant,
+from vllm_metal.attention.kv_quant import (PACKED_HEAD_SIZES, STORAGE_DTYPE, KvQuant,
                                            from_cache_dtype)
 from vllm_metal.attention.caches.state_pages import (GdnStateShape, block_size_for_states,
                                                     half_page_floats)
@@ -162,11 +162,11 @@ class MetalModelRunner:
             if method not in CACHELESS_METHODS:
                 raise ValueError(f"{flag}: the {method} drafter keeps a float cache of its own; "
                                  "use --kv-cache-dtype auto or ngram speculation")
-        if self.kv_quant.nibbles:
+        if self.kv_quant.packed:
             head_dim = self.loaded.dims.head_dim
-            if head_dim not in ROT4_HEAD_SIZES:
-                raise ValueError(f"{flag}: {arch} has head size {head_dim}; rotated 4-bit caches "
-                                 f"take {', '.join(map(str, ROT4_HEAD_SIZES))}; use fp8 or "
+            if head_dim not in PACKED_HEAD_SIZES:
+                raise ValueError(f"{flag}: {arch} has head size {head_dim}; caches of 4-bit rows "
+                                 f"take {', '.join(map(str, PACKED_HEAD_SIZES))}; use fp8 or "
                                  "int8_per_token_head")
         self._check_skip_layers(flag)
 
@@ -256,10 +256,11 @@ class MetalModelRunner:
             common["page_size_padded"] = PagedKVCache.bytes_per_block(
                 1, self.block_size, dims.num_kv_heads, dims.head_dim, self.kv_dtype,
                 quant=self.kv_quant)
-            if self.kv_quant.nibbles:
+            if self.kv_quant.packed:
                 # Fewer bytes than head_size uint8 elements: the packed K and V
                 # rows' size is the cell vLLM counts.
-                common["state_content_bytes"] = 2 * self.kv_quant.row_width(dims.head_dim)
+                common["state_content_bytes"] = (self.kv_quant.key_width(dims.head_dim)
+                                                 + self.kv_quant.value_width(dims.head_dim))
         cache = self.vllm_config.cache_config
         specs: dict[str, KVCacheSpec] = {}
         for i, entry in enumerate(self.loaded.adapter.entries):

@@ -399,22 +399,23 @@ AttentionItemFn for_head_size(Isa isa, int head_size, bool decode, bool pieces) 
   }
 }
 
-// A rotated 4-bit cache: the pieces kernel only (its rows are widened whole,
-// the other kernels' element decoders do not read them).
-template <int D>
-AttentionItemFn rot4_pieces(Isa isa) {
+// Caches with 4-bit rows (Rot4, K8V4's values): the pieces kernel only (it
+// widens those rows whole; the other kernels' element decoders do not read them).
+template <typename KV, int D>
+AttentionItemFn pieces_only(Isa isa) {
 #if VLLM_METAL_X86_DISPATCH
-  if (isa == Isa::Avx512) return &avx512_attention::DecodeRow<R4, D>::run;
-  if (isa == Isa::Avx2) return &avx2_attention::DecodeRow<R4, D>::run;
+  if (isa == Isa::Avx512) return &avx512_attention::DecodeRow<KV, D>::run;
+  if (isa == Isa::Avx2) return &avx2_attention::DecodeRow<KV, D>::run;
 #endif
-  return &generic_attention::DecodeRow<R4, D>::run;
+  return &generic_attention::DecodeRow<KV, D>::run;
 }
 
-AttentionItemFn rot4_kernel(Isa isa, int head_size, bool pieces) {
-  if (pieces && head_size == 64) return rot4_pieces<64>(isa);
-  if (pieces && head_size == 128) return rot4_pieces<128>(isa);
-  if (pieces && head_size == 256) return rot4_pieces<256>(isa);
-  throw std::invalid_argument("paged_attention: a rotated 4-bit cache is read by the pieces kernel only "
+template <typename KV>
+AttentionItemFn pieces_only(Isa isa, int head_size, bool pieces) {
+  if (pieces && head_size == 64) return pieces_only<KV, 64>(isa);
+  if (pieces && head_size == 128) return pieces_only<KV, 128>(isa);
+  if (pieces && head_size == 256) return pieces_only<KV, 256>(isa);
+  throw std::invalid_argument("paged_attention: a cache of 4-bit rows is read by the pieces kernel only "
                               "(head sizes 64, 128, 256), got head size " + std::to_string(head_size));
 }
 
@@ -431,7 +432,9 @@ AttentionItemFn select(mlx::core::Dtype kv_dtype, KvQuant quant, int head_size, 
     case KvQuant::Fp8E5M2:
       return for_head_size<E5M2>(isa, head_size, decode, pieces);
     case KvQuant::Rot4:
-      return rot4_kernel(isa, head_size, pieces);
+      return pieces_only<R4>(isa, head_size, pieces);
+    case KvQuant::K8V4:
+      return pieces_only<K8V4>(isa, head_size, pieces);
     case KvQuant::None:
       break;
   }

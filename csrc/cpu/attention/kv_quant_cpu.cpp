@@ -130,18 +130,22 @@ void hadamard_in_place(float* x, int d) {
 
 void quantize_token(const float* k, const float* v, int num_kv_heads, int d, KvQuant q, uint8_t* k_dst,
                     uint8_t* v_dst) {
-  const int64_t width = kv_row_width(d, q);
-  if (q == KvQuant::Rot4) {
-    if (!rot4_head_size_ok(d)) throw std::invalid_argument("quantize_token: Rot4 takes head sizes 64, 128, 256");
-    for (int h = 0; h < num_kv_heads; ++h) {
-      rot4_key_row(k + int64_t(h) * d, d, k_dst + h * width);
-      rot4_value_row(v + int64_t(h) * d, d, v_dst + h * width);
-    }
-    return;
-  }
+  if (!kv_head_size_ok(d, q)) throw std::invalid_argument("quantize_token: 4-bit rows take head sizes 64, 128, 256");
+  const int64_t k_width = kv_key_width(d, q);
+  const int64_t v_width = kv_value_width(d, q);
+  const KvQuant kq = kv_key_format(q);
+  const KvQuant vq = kv_value_format(q);
   for (int h = 0; h < num_kv_heads; ++h) {
-    quantize_head_row(k + int64_t(h) * d, d, q, k_dst + h * width);
-    quantize_head_row(v + int64_t(h) * d, d, q, v_dst + h * width);
+    if (kq == KvQuant::Rot4) {
+      rot4_key_row(k + int64_t(h) * d, d, k_dst + h * k_width);
+    } else {
+      quantize_head_row(k + int64_t(h) * d, d, kq, k_dst + h * k_width);
+    }
+    if (vq == KvQuant::Rot4) {
+      rot4_value_row(v + int64_t(h) * d, d, v_dst + h * v_width);
+    } else {
+      quantize_head_row(v + int64_t(h) * d, d, vq, v_dst + h * v_width);
+    }
   }
 }
 

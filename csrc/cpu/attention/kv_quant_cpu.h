@@ -16,8 +16,9 @@ void quantize_head_row(const float* x, int d, KvQuant q, uint8_t* dst);
 
 // One token's K and V rows [num_kv_heads, d] (float32) into the cache rows of
 // its slot: k_dst / v_dst point at the slot's first head row, rows
-// kv_row_width(d, q) bytes apart. KvQuant::Rot4 codes each row as kv_quant.h
-// says, in float64 (the numpy codec's arithmetic, so the codes match it).
+// kv_key_width(d, q) / kv_value_width(d, q) bytes apart. Rot4 rows (K8V4's
+// values too) are coded as kv_quant.h says, in float64 (the numpy codec's
+// arithmetic, so the codes match it).
 void quantize_token(const float* k, const float* v, int num_kv_heads, int d, KvQuant q, uint8_t* k_dst,
                     uint8_t* v_dst);
 

@@ -120,15 +120,16 @@ void write_cache_as(const StackArgs& a, int layer, const float* k, const float* 
 // Quantized caches: each (token, head) row becomes codes and its scale.
 void write_quantized_cache(const StackArgs& a, int layer, const float* k, const float* v) {
   const int64_t row = int64_t(a.num_kv_heads) * a.head_dim;
-  const int64_t width = int64_t(a.num_kv_heads) * kv_row_width(a.head_dim, a.kv_quant);
+  const int64_t k_width = int64_t(a.num_kv_heads) * kv_key_width(a.head_dim, a.kv_quant);
+  const int64_t v_width = int64_t(a.num_kv_heads) * kv_value_width(a.head_dim, a.kv_quant);
   auto* kc = static_cast<uint8_t*>(a.key_caches[layer]);
   auto* vc = static_cast<uint8_t*>(a.value_caches[layer]);
   const int32_t* slot_mapping = a.slot_mappings[a.layer_groups[layer]];
   for (int64_t i = 0; i < a.t; ++i) {
     const int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
-    quantize_token(k + i * row, v + i * row, a.num_kv_heads, a.head_dim, a.kv_quant, kc + slot * width,
-                   vc + slot * width);
+    quantize_token(k + i * row, v + i * row, a.num_kv_heads, a.head_dim, a.kv_quant, kc + slot * k_width,
+                   vc + slot * v_width);
   }
 }
 

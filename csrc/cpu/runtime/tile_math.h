@@ -119,6 +119,10 @@ struct E5M2 {
   }
 };
 
+// turboquant_k8v4 (KvQuant::K8V4): E4M3's key rows, R4's value rows; read by
+// the pieces kernel only (decode_row.inc widens the value rows whole).
+struct K8V4 : E4M3 {};
+
 // OCP microscaling (MXFP4) block scale: 2^(e - 127), read-only. e = 0 is
 // 2^-127 (a float denormal); e = 255 overflows to inf, as MLX decodes it.
 struct E8M0 {

@@ -24,8 +24,8 @@ class PagedKVCache:
     in ``key_caches``, and ``value_caches`` holds None.
 
     ``quant``: a quantized format (attention.kv_quant): K and V are uint8
-    [num_blocks, block_size, num_kv_heads, head_dim + 4], each row its codes and
-    scale; ``dtype`` is then uint8.
+    [num_blocks, block_size, num_kv_heads, quant.key_width / value_width], each
+    row its codes and what decodes them; ``dtype`` is then uint8.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int,
@@ -35,8 +35,9 @@ class PagedKVCache:
                  quant: KvQuant | None = None) -> None:
         if quant is not None and latent:
             raise ValueError("a latent (MLA) cache cannot be quantized")
-        width = head_dim if quant is None else quant.row_width(head_dim)
-        shape = (num_blocks, block_size, num_kv_heads, width)
+        shape = (num_blocks, block_size, num_kv_heads,
+                 head_dim if quant is None else quant.key_width(head_dim))
+        value_shape = (*shape[:3], head_dim if quant is None else quant.value_width(head_dim))
         dtype = dtype if quant is None else STORAGE_DTYPE
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -50,7 +51,7 @@ class PagedKVCache:
         if latent:
             self.value_caches: list[mx.array | None] = [None] * len(self.tensor_of)
         else:
-            values = {t: mx.zeros(shape, dtype=dtype) for t in keys}
+            values = {t: mx.zeros(value_shape, dtype=dtype) for t in keys}
             self.value_caches = [values[t] for t in self.tensor_of]
         mx.eval(self._lists())
 
@@ -59,10 +60,10 @@ class PagedKVCache:
                         head_dim: int, dtype: mx.Dtype, latent: bool = False,
                         quant: KvQuant | None = None) -> int:
         if quant is not None:
-            row = quant.row_width(head_dim) * STORAGE_DTYPE.size
+            rows = (quant.key_width(head_dim) + quant.value_width(head_dim)) * STORAGE_DTYPE.size
         else:
-            row = head_dim * dtype.size
-        return (1 if latent else 2) * num_layers * block_size * num_kv_heads * row
+            rows = (1 if latent else 2) * head_dim * dtype.size
+        return num_layers * block_size * num_kv_heads * rows
 
     def _lists(self) -> list[list[mx.array]]:
         return [self.key_caches] if self.latent else [self.key_caches, self.value_caches]

@@ -1,0 +1,43 @@
+#include "ops/kv_cache_shape.h"
+
+namespace vllm_metal {
+
+namespace mx = mlx::core;
+
+namespace {
+
+std::string shape_text(const mx::array& a) {
+  std::string s = "(";
+  for (int i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + ")";
+}
+
+} // namespace
+
+std::string kv_cache_problem(const mx::array& key_cache, const mx::array& value_cache, KvQuant quant,
+                             int num_kv_heads, int head_size) {
+  if (key_cache.ndim() != 4 || value_cache.ndim() != 4) {
+    return "key_cache and value_cache must be [num_blocks, block_size, num_kv_heads, row width]";
+  }
+  if (value_cache.dtype() != key_cache.dtype()) return "key_cache and value_cache must have one dtype";
+  const auto t = key_cache.dtype();
+  if (quant == KvQuant::None ? !(t == mx::float16 || t == mx::bfloat16 || t == mx::float32) : t != mx::uint8) {
+    return "caches must be float16, bfloat16 or float32 (uint8 with kv_quant)";
+  }
+  if (!kv_head_size_ok(head_size, quant)) {
+    return "a cache of 4-bit rows takes head sizes 64, 128 and 256, got " + std::to_string(head_size);
+  }
+  const int kw = kv_key_width(head_size, quant);
+  const int vw = kv_value_width(head_size, quant);
+  if (key_cache.shape(0) != value_cache.shape(0) || key_cache.shape(1) != value_cache.shape(1) ||
+      key_cache.shape(2) != num_kv_heads || value_cache.shape(2) != num_kv_heads || key_cache.shape(3) != kw ||
+      value_cache.shape(3) != vw) {
+    return "expected key_cache [num_blocks, block_size, " + std::to_string(num_kv_heads) + ", " +
+        std::to_string(kw) + "] and value_cache [..., " + std::to_string(num_kv_heads) + ", " +
+        std::to_string(vw) + "] for head size " + std::to_string(head_size) + " in this format, got " +
+        shape_text(key_cache) + " and " + shape_text(value_cache);
+  }
+  return "";
+}
+
+} // namespace vllm_metal
