@@ -16,7 +16,7 @@ from tests.kernels.harness_run import DTYPE_NAMES, raw, run_paged_attention, run
 from tests.ops.attention_np import paged_attention_np
 from tests.ops.kv_quant_np import quantize, read_cache
 from tests.ops.paged_inputs import TOLERANCE, as_numpy, make_batch
-from tests.ops.test_kv_quant import decoded, quantized_batch
+from tests.ops.test_kv_quant import PACKED, decoded, quantized_batch
 from vllm_metal.attention.kv_quant import FORMATS
 
 DTYPES = [mx.float16, mx.bfloat16, mx.float32]
@@ -63,7 +63,8 @@ def run(kernels, ext, batch, fmt, route, dtype, partition_size=512, **options):
     sinks = options.get("sinks")
     d = batch.query.shape[2]
     expected = paged_attention_np(
-        as_numpy(batch.query), decoded(np.array(kc), d, fmt), decoded(np.array(vc), d, fmt),
+        as_numpy(batch.query), decoded(np.array(kc), d, fmt),
+        decoded(np.array(vc), d, fmt, keys=False),
         np.array(batch.block_tables), np.array(batch.seq_lens), np.array(batch.cu_seqlens_q),
         batch.scale, sliding_window=options.get("sliding_window"), softcap=options.get("softcap"),
         sinks=None if sinks is None else as_numpy(sinks))
@@ -92,7 +93,7 @@ def test_gqa_decode(kernels, ext, fmt, dtype):
     run(kernels, ext, batch, fmt, "GqaDecode", dtype, partition_size=256)
 
 
-@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3"])
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", *PACKED])
 def test_options(kernels, ext, fmt):
     batch = make_batch([100, 40], [30, 1], num_heads=4, num_kv_heads=2, head_size=64, block_size=8,
                        seed=8)

@@ -14,13 +14,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.kernels.harness_run import DTYPE_NAMES, raw, run_paged_attention, run_reshape_and_cache
+from tests.kernels.harness_run import DTYPE_NAMES, raw, run_reshape_and_cache
 from tests.ops import rotated_kv_cache_np as rot
 from tests.ops import rotated_kv_np as codec
-from tests.ops.attention_np import paged_attention_np
 from tests.ops.kv_quant_np import quantize, read_cache
-from tests.ops.paged_inputs import TOLERANCE, as_numpy, make_batch
-from tests.ops.test_rotated_kv_cache import FMTS, quantized
+from tests.ops.paged_inputs import as_numpy, make_batch
+from tests.kernels.test_kv_quant import run
+from tests.ops.test_rotated_kv_cache import FMTS
 from vllm_metal.attention.kv_quant import FORMATS
 
 DTYPES = [mx.float16, mx.bfloat16, mx.float32]
@@ -82,24 +82,6 @@ def check_values(vc: np.ndarray, v_in: np.ndarray, d: int) -> None:
                                rtol=0, atol=np.abs(v_in).max() * 0.07)
 
 
-def run(kernels, ext, batch, fmt, route, dtype, partition_size=512, **options):
-    q = quantized(batch, fmt)
-    out, plan = run_paged_attention(kernels, ext, q, route, partition_size=partition_size,
-                                    kv_quant=FORMATS[fmt].code, orders=("forward", "shuffled"),
-                                    **options)
-    sinks = options.get("sinks")
-    d = batch.query.shape[2]
-    expected = paged_attention_np(
-        as_numpy(batch.query), rot.decoded_keys(np.array(q.key_cache), d, fmt),
-        rot.decoded_values(np.array(q.value_cache), d), np.array(batch.block_tables),
-        np.array(batch.seq_lens), np.array(batch.cu_seqlens_q), batch.scale,
-        sliding_window=options.get("sliding_window"), softcap=options.get("softcap"),
-        sinks=None if sinks is None else as_numpy(sinks))
-    assert np.isfinite(out).all(), "NaN in the output: a poisoned row was read"
-    np.testing.assert_allclose(out, expected, rtol=0, atol=TOLERANCE[dtype])
-    return plan
-
-
 # (route, head size, the batch's decode rows only, the second call's partition).
 ROUTES = [("Varlen", 64, False, None), ("Varlen", 128, False, None),
           ("Varlen", 256, False, None), ("SplitKv", 128, False, 64),
@@ -120,12 +102,3 @@ def test_routes(kernels, ext, fmt, route, head_size, decode, partition, dtype):
         assert plan["launches"][0]["kernel"].startswith("paged_attention_gqa_decode_")
     if partition:
         run(kernels, ext, batch, fmt, route, dtype, partition_size=partition)
-
-
-@pytest.mark.parametrize("fmt", FMTS)
-def test_options(kernels, ext, fmt):
-    batch = make_batch([100, 40], [30, 1], num_heads=4, num_kv_heads=2, head_size=64, block_size=8,
-                       seed=8)
-    run(kernels, ext, batch, fmt, "Varlen", mx.float32, sliding_window=7)
-    run(kernels, ext, batch, fmt, "Varlen", mx.float32, softcap=5.0)
-    run(kernels, ext, batch, fmt, "Varlen", mx.float32, sinks=mx.array([-2.0, 0.0, 1.5, 4.0]))

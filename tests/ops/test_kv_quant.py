@@ -1,7 +1,9 @@
 """Quantized KV caches (``--kv-cache-dtype fp8 / fp8_e5m2 / int8_per_token_head``):
 the codes and scales reshape_and_cache writes against the independent numpy codec
 (kv_quant_np), and paged attention over such caches against numpy float64
-attention over the decoded values, on every ISA, head-size kernel and route.
+attention over the decoded values, on every ISA, head-size kernel and route. The
+helpers here also write and decode the formats of 4-bit rows (rot4, k8v4), whose
+own tests are in test_rotated_kv_cache.py.
 
 make_batch poisons every cache row a correct kernel must not read with NaN; a
 quantized row holding a NaN gets a NaN scale, so an over-read still shows."""
@@ -12,27 +14,34 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from tests.ops import rotated_kv_cache_np as rot
 from tests.ops.attention_np import paged_attention_np
 from tests.ops.isa import cpu_isa
 from tests.ops.kv_quant_np import code_values, quantize, read_cache
 from tests.ops.paged_inputs import as_numpy, forced, make_batch
 from vllm_metal import ops
+from vllm_metal.attention import kv_quant
 
 FORMATS = ["int8", "fp8_e4m3", "fp8_e5m2"]
+PACKED = ["rot4", "k8v4"]  # 4-bit rows
 
 
 def write(keys: np.ndarray, values: np.ndarray, fmt: str, slots=None):
-    """float32 [T, H, D] rows -> the op's uint8 caches [T, 1, H, D + 4] (slot i = row i)."""
+    """float32 [T, H, D] rows -> the op's uint8 caches [T, 1, H, width] (slot i = row i)."""
     t, h, d = keys.shape
-    empty = mx.zeros((t, 1, h, d + 4), dtype=mx.uint8)
+    quant = kv_quant.FORMATS[fmt]
+    kc = mx.zeros((t, 1, h, quant.key_width(d)), dtype=mx.uint8)
+    vc = mx.zeros((t, 1, h, quant.value_width(d)), dtype=mx.uint8)
     slots = mx.arange(t, dtype=mx.int32) if slots is None else slots
-    kc, vc = ops.reshape_and_cache(mx.array(keys), mx.array(values), empty, mx.array(empty),
-                                   slots, kv_quant=fmt)
+    kc, vc = ops.reshape_and_cache(mx.array(keys), mx.array(values), kc, vc, slots, kv_quant=fmt)
     mx.eval(kc, vc)
     return np.array(kc), np.array(vc)
 
 
-def decoded(cache: np.ndarray, d: int, fmt: str) -> np.ndarray:
+def decoded(cache: np.ndarray, d: int, fmt: str, keys: bool = True) -> np.ndarray:
+    """float64 [..., d]: what a cache of rows in ``fmt`` reads back."""
+    if fmt in PACKED:
+        return rot.decoded_keys(cache, d, fmt) if keys else rot.decoded_values(cache, d)
     values, scales = read_cache(cache, d, fmt)
     return values * scales[..., None].astype(np.float64)
 
@@ -96,7 +105,7 @@ def quantized_batch(batch, fmt):
     keys = np.array(batch.key_cache).reshape(rows, h, d)
     values = np.array(batch.value_cache).reshape(rows, h, d)
     kc, vc = write(keys, values, fmt)
-    return mx.array(kc.reshape(nb, bs, h, d + 4)), mx.array(vc.reshape(nb, bs, h, d + 4))
+    return mx.array(kc.reshape(nb, bs, h, -1)), mx.array(vc.reshape(nb, bs, h, -1))
 
 
 def check(batch, fmt, **options):
@@ -106,9 +115,10 @@ def check(batch, fmt, **options):
                               batch.cu_seqlens_q, batch.scale, kv_quant=fmt, **options)
     sinks = options.pop("sinks", None)
     expected = paged_attention_np(
-        as_numpy(batch.query), decoded(np.array(kc), d, fmt), decoded(np.array(vc), d, fmt),
-        np.array(batch.block_tables), np.array(batch.seq_lens), np.array(batch.cu_seqlens_q),
-        batch.scale, sinks=None if sinks is None else as_numpy(sinks), **options)
+        as_numpy(batch.query), decoded(np.array(kc), d, fmt),
+        decoded(np.array(vc), d, fmt, keys=False), np.array(batch.block_tables),
+        np.array(batch.seq_lens), np.array(batch.cu_seqlens_q), batch.scale,
+        sinks=None if sinks is None else as_numpy(sinks), **options)
     actual = as_numpy(out)
     assert np.isfinite(actual).all(), "output has NaN: the kernel read poisoned rows"
     np.testing.assert_allclose(actual, expected, rtol=0, atol=3e-5)
@@ -128,7 +138,7 @@ def test_attention_over_quantized_caches(isa, fmt, head_size):
             check(batch, fmt)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS + PACKED)
 def test_decode_routes_and_options(fmt):
     batch = make_batch([5, 120, 333], [1, 1, 1], num_heads=8, num_kv_heads=2, seed=3)
     with forced("GqaDecode", 37):

@@ -19,29 +19,24 @@ import pytest
 from tests.ops import rotated_kv_cache_np as rot
 from tests.ops import rotated_kv_np as codec
 from tests.ops.attention_np import paged_attention_np
+from tests.ops import test_kv_quant as kv_quant_ops
 from tests.ops.kv_quant_np import quantize, read_cache
+from tests.ops.test_kv_quant import PACKED, check
 from tests.ops.isa import cpu_isa
 from tests.ops.paged_inputs import PagedBatch, as_numpy, forced, make_batch
 from tests.ops.test_attention_invariance import call
 from vllm_metal import ops
-from vllm_metal.attention.kv_quant import FORMATS
 from vllm_metal.ops.reference import kv_rows_ref, paged_attention_ref
 from vllm_metal.attention.rotated_kv import hadamard, lloyd_max_levels
 
 
-FMTS = ["rot4", "k8v4"]
+FMTS = PACKED
 
 
 def write(keys: np.ndarray, values: np.ndarray, fmt: str = "rot4", slots=None):
     """float32 [T, H, D] rows -> the op's uint8 caches [T, H, width] (slot i = row i)."""
-    t, h, d = keys.shape
-    quant = FORMATS[fmt]
-    kc = mx.zeros((t, 1, h, quant.key_width(d)), dtype=mx.uint8)
-    vc = mx.zeros((t, 1, h, quant.value_width(d)), dtype=mx.uint8)
-    slots = mx.arange(t, dtype=mx.int32) if slots is None else slots
-    kc, vc = ops.reshape_and_cache(mx.array(keys), mx.array(values), kc, vc, slots, kv_quant=fmt)
-    mx.eval(kc, vc)
-    return np.array(kc)[:, 0], np.array(vc)[:, 0]
+    kc, vc = kv_quant_ops.write(keys, values, fmt, slots)
+    return kc[:, 0], vc[:, 0]
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
@@ -123,27 +118,9 @@ def test_nan_rows_read_back_as_nan_and_padding_is_skipped(fmt):
 
 def quantized(batch: PagedBatch, fmt: str = "rot4") -> PagedBatch:
     """The batch with its float32 caches written through the op in format ``fmt``."""
-    nb, bs, h, d = batch.key_cache.shape
-    kc, vc = write(np.array(batch.key_cache).reshape(nb * bs, h, d),
-                   np.array(batch.value_cache).reshape(nb * bs, h, d), fmt)
-    return PagedBatch(batch.query, mx.array(kc.reshape(nb, bs, h, -1)),
-                      mx.array(vc.reshape(nb, bs, h, -1)), batch.block_tables, batch.seq_lens,
+    kc, vc = kv_quant_ops.quantized_batch(batch, fmt)
+    return PagedBatch(batch.query, kc, vc, batch.block_tables, batch.seq_lens,
                       batch.cu_seqlens_q, batch.scale)
-
-
-def check(batch: PagedBatch, fmt: str, **options):
-    q = quantized(batch, fmt)
-    d = batch.query.shape[2]
-    out = ops.paged_attention(*q.args(), kv_quant=fmt, **options)
-    sinks = options.pop("sinks", None)
-    expected = paged_attention_np(
-        as_numpy(batch.query), rot.decoded_keys(np.array(q.key_cache), d, fmt),
-        rot.decoded_values(np.array(q.value_cache), d), np.array(batch.block_tables),
-        np.array(batch.seq_lens), np.array(batch.cu_seqlens_q), batch.scale,
-        sinks=None if sinks is None else as_numpy(sinks), **options)
-    actual = as_numpy(out)
-    assert np.isfinite(actual).all(), "output has NaN: the kernel read poisoned rows"
-    np.testing.assert_allclose(actual, expected, rtol=0, atol=3e-5)
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
@@ -158,16 +135,6 @@ def test_attention_over_4_bit_caches(isa, head_size, fmt):
             check(batch, fmt)
             with forced("SplitKv", 37):
                 check(batch, fmt)
-
-
-@pytest.mark.parametrize("fmt", FMTS)
-def test_decode_routes_and_options(fmt):
-    batch = make_batch([5, 120, 333], [1, 1, 1], num_heads=8, num_kv_heads=2, seed=3)
-    with forced("GqaDecode", 37):
-        check(batch, fmt)
-    check(batch, fmt, sliding_window=50)
-    check(batch, fmt, softcap=5.0)
-    check(batch, fmt, sinks=mx.array(np.linspace(-1, 1, 8).astype(np.float32)))
 
 
 @pytest.mark.parametrize("fmt", FMTS)
