@@ -19,13 +19,9 @@ if TYPE_CHECKING:
 LORA_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
-# The turboquant presets without a kernel here, and why.
-_UNSERVED_PRESETS = {
-    "turboquant_k3v4_nc": "3-bit keys cost about 0.3 nats of next-token KL on the bundled "
-                          "model, so no kernel was built for them",
-    "turboquant_3bit_nc": "3-bit keys cost about 0.3 nats of next-token KL on the bundled "
-                          "model, so no kernel was built for them",
-}
+# Why the turboquant presets without a kernel here (the 3-bit ones) have none.
+_UNSERVED_REASON = ("3-bit keys cost about 0.3 nats of next-token KL on the bundled model, so "
+                    "no kernel was built for them")
 
 
 class UnsupportedConfigError(ValueError):
@@ -67,7 +63,7 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
     if cache.cache_dtype in ROTATED_PRESETS and cache.cache_dtype not in QUANTIZED_CACHE_DTYPES:
         raise UnsupportedConfigError(
             f"--kv-cache-dtype {cache.cache_dtype} is not supported: "
-            f"{_UNSERVED_PRESETS[cache.cache_dtype]} (docs/kv-cache.md states each preset's "
+            f"{_UNSERVED_REASON} (docs/kv-cache.md states each preset's "
             "measured accuracy); use turboquant_4bit_nc or turboquant_k8v4 for a cache of "
             "about 0.28x or 0.41x the float16 bytes, or fp8 / int8_per_token_head for about half")
     if cache.cache_dtype not in (None, *KV_CACHE_DTYPES, *QUANTIZED_CACHE_DTYPES):

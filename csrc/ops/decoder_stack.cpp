@@ -270,9 +270,6 @@ mx::array decoder_stack(
         key_caches[l].dtype() != key_caches[0].dtype()) {
       fail("every layer's caches must have layer 0's shapes and dtype");
     }
-    if (quant == KvQuant::None && !is_linear_float(key_caches[l].dtype())) {
-      fail("float caches must be float32, float16 or bfloat16");
-    }
   }
   const int t = x.shape(1);
   const int groups = static_cast<int>(slot_mappings.size());

@@ -1,5 +1,7 @@
 #include "ops/kv_cache_shape.h"
 
+#include "ops/cpu_inputs.h"
+
 namespace vllm_metal {
 
 namespace mx = mlx::core;
@@ -20,8 +22,7 @@ std::string kv_cache_problem(const mx::array& key_cache, const mx::array& value_
     return "key_cache and value_cache must be [num_blocks, block_size, num_kv_heads, row width]";
   }
   if (value_cache.dtype() != key_cache.dtype()) return "key_cache and value_cache must have one dtype";
-  const auto t = key_cache.dtype();
-  if (quant == KvQuant::None ? !(t == mx::float16 || t == mx::bfloat16 || t == mx::float32) : t != mx::uint8) {
+  if (quant == KvQuant::None ? !is_linear_float(key_cache.dtype()) : key_cache.dtype() != mx::uint8) {
     return "caches must be float16, bfloat16 or float32 (uint8 with kv_quant)";
   }
   if (!kv_head_size_ok(head_size, quant)) {

@@ -48,7 +48,7 @@ def reshape_and_cache(
     slot_mapping: int32/int64 [num_tokens]; slot = block_id * block_size + offset,
                   negative = padding, skipped
     kv_quant:     a quantized format (attention.kv_quant: "int8", "fp8_e4m3",
-                  "fp8_e5m2", "rot4") or None for a float cache
+                  "fp8_e5m2", "rot4", "k8v4") or None for a float cache
     Returns (key_cache, value_cache) after the write.
 
     The caches are not copied: the returned arrays share the input caches'
@@ -202,12 +202,11 @@ def _check_cache_pair(key_cache: object, value_cache: object,
                 raise TypeError(
                     f"{name} of a {quant.name} cache must be uint8 [num_blocks, block_size, "
                     f"num_kv_heads, row width], got {cache.dtype} {cache.shape}")
-    if value_cache.shape[:3] != key_cache.shape[:3] or (
-            value_cache.shape != key_cache.shape
-            and (quant is None or quant.key_nibbles == quant.value_nibbles)):
+    # Row widths may differ (k8v4); _check_widths holds each to its format.
+    if value_cache.shape[:3] != key_cache.shape[:3]:
         raise ValueError(
-            f"value_cache shape {value_cache.shape} must equal key_cache shape "
-            f"{key_cache.shape}")
+            f"value_cache shape {value_cache.shape} must match key_cache shape "
+            f"{key_cache.shape} in blocks, block size and heads")
     if value_cache.dtype != key_cache.dtype:
         raise TypeError(
             f"value_cache dtype {value_cache.dtype} must equal key_cache dtype "
