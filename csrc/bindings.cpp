@@ -59,12 +59,15 @@ NB_MODULE(_ext, m) {
       "slot_mapping"_a,
       nb::kw_only(),
       "kv_quant"_a = 0,
+      "key_columns"_a = false,
       "stream"_a = nb::none(),
       R"(Write K/V rows [num_tokens, num_kv_heads, head_size] into paged caches
 [num_blocks, block_size, num_kv_heads, head_size] at slot_mapping [num_tokens]
 (negative = skip). Returns (key_cache, value_cache); they share the input
 caches' buffers, so the write is in place. kv_quant 1/2/3 (int8, fp8 e4m3,
-fp8 e5m2): uint8 caches [..., head_size + 4], each row codes then fp32 scale.)");
+fp8 e5m2): uint8 caches [..., head_size + 4], each row codes then fp32 scale.
+key_columns (float caches, CPU): key_cache [num_blocks, num_kv_heads,
+head_size, block_size].)");
 
   m.def(
       "paged_attention",
@@ -81,12 +84,15 @@ fp8 e5m2): uint8 caches [..., head_size + 4], each row codes then fp32 scale.)")
       "sinks"_a = nb::none(),
       nb::kw_only(),
       "kv_quant"_a = 0,
+      "key_columns"_a = false,
       "stream"_a = nb::none(),
       R"(Varlen causal attention through block tables. query [total_q, num_heads,
 head_size]; caches [num_blocks, block_size, num_kv_heads, head_size] (kv_quant
 1/2/3: uint8 [..., head_size + 4] as reshape_and_cache writes them);
 block_tables int32 [num_seqs, max_blocks]; seq_lens int32 [num_seqs];
-cu_seqlens_q int32 [num_seqs + 1]; sinks float [num_heads] or None.
+cu_seqlens_q int32 [num_seqs + 1]; sinks float [num_heads] or None;
+key_columns (float caches at head sizes 64/128/256, CPU): key_cache
+[num_blocks, num_kv_heads, head_size, block_size].
 Returns [total_q, num_heads, head_size] in query's dtype.)");
 
   m.def(
@@ -370,6 +376,7 @@ module); filled (L ints per module, nonzero where the slot's adapter targets it)
       "lora_rows"_a = nb::none(),
       nb::kw_only(),
       "kv_quant"_a = 0,
+      "key_columns"_a = false,
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
 [1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,
@@ -377,7 +384,8 @@ num_kv_heads, head_dim], row-contiguous, one key and one value per layer;
 slot_mappings int32 [T] and block_tables int32 [S, max_blocks] per KV cache
 group, layer_groups the group of each layer. lora (a DecoderStackLora of these
 weights) and lora_rows (int [T], each row's adapter slot, -1 none): LoRA updates
-added after the projections it names (none by default).
+added after the projections it names (none by default). key_columns: key
+caches [num_blocks, num_kv_heads, head_dim, block_size] (paged_attention's).
 Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
 

@@ -48,6 +48,10 @@ class Backend(ABC):
     # The sampler picks tokens with the CPU kernels (ops.sampling) instead of MLX
     # ops and Gumbel-max.
     sampling_kernels: ClassVar[bool]
+    # Float KV caches keep each page's keys as columns where the attention ops
+    # take them so (ops.paged_attention's key_columns; PagedKVCache decides per
+    # cache).
+    key_columns: ClassVar[bool]
 
     # -- the process: worker and platform -----------------------------------
 

@@ -247,6 +247,7 @@ mx::array decoder_stack(
     std::shared_ptr<DecoderStackLora> lora,
     const std::optional<mx::array>& lora_rows,
     int kv_quant,
+    bool key_columns,
     mx::StreamOrDevice s) {
   if (!weights) fail("weights must be given");
   if (kv_quant < 0 || kv_quant > kKvQuantLast) {
@@ -264,7 +265,8 @@ mx::array decoder_stack(
   }
   for (int l = 0; l < layers; ++l) {
     const std::string problem =
-        kv_cache_problem(key_caches[l], value_caches[l], quant, weights->num_kv_heads(), weights->head_dim());
+        kv_cache_problem(key_caches[l], value_caches[l], quant, weights->num_kv_heads(), weights->head_dim(),
+                         key_columns);
     if (!problem.empty()) fail("layer " + std::to_string(l) + ": " + problem);
     if (key_caches[l].shape() != key_caches[0].shape() || value_caches[l].shape() != value_caches[0].shape() ||
         key_caches[l].dtype() != key_caches[0].dtype()) {
@@ -329,7 +331,7 @@ mx::array decoder_stack(
   if (lora) inputs.push_back(as_int32(*lora_rows, stream));
   return mx::array(x.shape(), mx::float32,
                    std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches),
-                                                  layer_groups, std::move(lora), quant),
+                                                  layer_groups, std::move(lora), quant, key_columns),
                    std::move(inputs));
 }
 
@@ -355,9 +357,11 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   a.head_dim = weights_->head_dim();
   const std::vector<mx::array>& caches = *caches_;
   const mx::array& cache0 = caches[0];
-  a.num_blocks = cache0.shape(0);
-  a.block_size = cache0.shape(1);
+  const mx::array& value0 = caches[layers];  // rows in every layout: block size
+  a.num_blocks = value0.shape(0);
+  a.block_size = value0.shape(1);
   a.kv_quant = kv_quant_;
+  a.key_columns = key_columns_;
   if (kv_quant_ == KvQuant::None) a.kv_type = elem_of(cache0.dtype());
   a.positions = in[1].view.data<int32_t>();
   a.seq_lens = in[2].view.data<int32_t>();
@@ -394,7 +398,8 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
 bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
   if (weights_ != o.weights_ || caches_->size() != o.caches_->size() ||
-      layer_groups_ != o.layer_groups_ || lora_ != o.lora_ || kv_quant_ != o.kv_quant_) {
+      layer_groups_ != o.layer_groups_ || lora_ != o.lora_ || kv_quant_ != o.kv_quant_ ||
+      key_columns_ != o.key_columns_) {
     return false;
   }
   for (size_t i = 0; i < caches_->size(); ++i) {

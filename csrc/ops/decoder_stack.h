@@ -102,6 +102,8 @@ class DecoderStackWeights {
  * lora_rows      with lora: integer [T], each row's adapter slot (-1: none)
  * kv_quant       a KvQuant: with one, the caches are uint8 [num_blocks,
  *                block_size, num_kv_heads, head_dim + 4] (kv_quant.h)
+ * key_columns    float caches: key caches [num_blocks, num_kv_heads,
+ *                head_dim, block_size] (ops/paged_attention.h)
  * returns        hidden_out [1, T, hidden] (after the final norm).
  *
  * The new keys and values are written into the caches' own buffers, which are
@@ -128,6 +130,7 @@ mlx::core::array decoder_stack(
     std::shared_ptr<DecoderStackLora> lora = nullptr,
     const std::optional<mlx::core::array>& lora_rows = std::nullopt,
     int kv_quant = 0,
+    bool key_columns = false,
     mlx::core::StreamOrDevice s = {});
 
 class DecoderStack : public CpuOnlyPrimitive {
@@ -136,13 +139,14 @@ class DecoderStack : public CpuOnlyPrimitive {
   // lora: as decoder_stack's; with it, lora_rows is the node's last input.
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
                std::vector<mlx::core::array> caches, std::vector<int> layer_groups,
-               std::shared_ptr<const DecoderStackLora> lora, KvQuant kv_quant)
+               std::shared_ptr<const DecoderStackLora> lora, KvQuant kv_quant, bool key_columns)
       : CpuOnlyPrimitive(stream, "the model runs module by module"),
         weights_(std::move(weights)),
         caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))),
         layer_groups_(std::move(layer_groups)),
         lora_(std::move(lora)),
-        kv_quant_(kv_quant) {}
+        kv_quant_(kv_quant),
+        key_columns_(key_columns) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -162,6 +166,7 @@ class DecoderStack : public CpuOnlyPrimitive {
   std::vector<int> layer_groups_;
   std::shared_ptr<const DecoderStackLora> lora_;
   KvQuant kv_quant_;
+  bool key_columns_;
 };
 
 } // namespace vllm_metal

@@ -17,7 +17,7 @@ std::string shape_text(const mx::array& a) {
 } // namespace
 
 std::string kv_cache_problem(const mx::array& key_cache, const mx::array& value_cache, KvQuant quant,
-                             int num_kv_heads, int head_size) {
+                             int num_kv_heads, int head_size, bool key_columns) {
   if (key_cache.ndim() != 4 || value_cache.ndim() != 4) {
     return "key_cache and value_cache must be [num_blocks, block_size, num_kv_heads, row width]";
   }
@@ -27,6 +27,21 @@ std::string kv_cache_problem(const mx::array& key_cache, const mx::array& value_
   }
   if (!kv_head_size_ok(head_size, quant)) {
     return "a cache of 4-bit rows takes head sizes 64, 128 and 256, got " + std::to_string(head_size);
+  }
+  if (key_columns) {
+    if (quant != KvQuant::None) return "key columns hold float caches only, not kv_quant " +
+        std::to_string(static_cast<int>(quant));
+    if (head_size != 64 && head_size != 128 && head_size != 256) {
+      return "key columns take head sizes 64, 128 and 256, got " + std::to_string(head_size);
+    }
+    if (value_cache.shape(2) != num_kv_heads || value_cache.shape(3) != head_size ||
+        key_cache.shape(0) != value_cache.shape(0) || key_cache.shape(1) != num_kv_heads ||
+        key_cache.shape(2) != head_size || key_cache.shape(3) != value_cache.shape(1)) {
+      return "expected key_cache [num_blocks, " + std::to_string(num_kv_heads) + ", " + std::to_string(head_size) +
+          ", block_size] (key columns) and value_cache [num_blocks, block_size, " + std::to_string(num_kv_heads) +
+          ", " + std::to_string(head_size) + "], got " + shape_text(key_cache) + " and " + shape_text(value_cache);
+    }
+    return "";
   }
   const int kw = kv_key_width(head_size, quant);
   const int vw = kv_value_width(head_size, quant);

@@ -66,16 +66,17 @@ dispatch::KernelDtype kernel_dtype(mx::Dtype t) {
   return dispatch::KernelDtype::Unsupported;
 }
 
-// The kernel shape of a call: a quantized cache (bytes) runs the query's
-// element type with the kv_quant function constant.
-dispatch::PagedProblem shape_problem(const mx::array& q, const mx::array& kc, KvQuant quant) {
+// The kernel shape of a call (vc: the value cache, whose rows give the block
+// size and KV heads in every layout): a quantized cache (bytes) runs the
+// query's element type with the kv_quant function constant.
+dispatch::PagedProblem shape_problem(const mx::array& q, const mx::array& vc, KvQuant quant) {
   dispatch::PagedProblem p;
   p.num_heads = q.shape(1);
-  p.num_kv_heads = kc.shape(2);
+  p.num_kv_heads = vc.shape(2);
   p.head_size = q.shape(2);
-  p.block_size = kc.shape(1);
+  p.block_size = vc.shape(1);
   p.query_dtype = kernel_dtype(q.dtype());
-  p.cache_dtype = quant == KvQuant::None ? kernel_dtype(kc.dtype()) : p.query_dtype;
+  p.cache_dtype = quant == KvQuant::None ? kernel_dtype(vc.dtype()) : p.query_dtype;
   p.kv_quant = static_cast<int>(quant);
   return p;
 }
@@ -113,11 +114,12 @@ std::optional<HostLengths> host_lengths(const mx::array& seq_lens, const mx::arr
 // The GPU runs the op only with the Metal kernels loaded and a shape they
 // cover (row-contiguous caches, one dtype); anything else runs on the CPU. A
 // cache not yet evaluated passes the layout test here; eval_gpu tests it again.
+// Key columns are the CPU backend's layout: the Metal kernels read rows.
 bool runs_on_gpu(const mx::Stream& s, const mx::array& q, const mx::array& kc, const mx::array& vc,
-                 KvQuant quant) {
-  if (s.device != mx::Device::gpu || !metal::kernels_configured()) return false;
+                 KvQuant quant, bool key_columns) {
+  if (s.device != mx::Device::gpu || !metal::kernels_configured() || key_columns) return false;
   if (!kc.flags().row_contiguous || !vc.flags().row_contiguous) return false;
-  return dispatch::metal_supports(shape_problem(q, kc, quant));
+  return dispatch::metal_supports(shape_problem(q, vc, quant));
 }
 
 } // namespace
@@ -134,6 +136,7 @@ mx::array paged_attention(
     std::optional<float> softcap,
     const std::optional<mx::array>& sinks,
     int kv_quant,
+    bool key_columns,
     mx::StreamOrDevice s) {
   if (kv_quant < 0 || kv_quant > kKvQuantLast) {
     fail("kv_quant must be a KvQuant (0-" + std::to_string(kKvQuantLast) + ")");
@@ -141,12 +144,13 @@ mx::array paged_attention(
   const auto quant = static_cast<KvQuant>(kv_quant);
   if (query.ndim() != 3) fail("query must be [total_q, num_heads, head_size]");
   if (!is_float(query.dtype())) fail("query must be float16, bfloat16 or float32");
-  if (key_cache.ndim() != 4) {
-    fail("key_cache must be [num_blocks, block_size, num_kv_heads, row width]");
+  if (value_cache.ndim() != 4) {
+    fail("value_cache must be [num_blocks, block_size, num_kv_heads, row width]");
   }
   const int num_heads = query.shape(1);
-  const int num_kv_heads = key_cache.shape(2);
-  const std::string problem = kv_cache_problem(key_cache, value_cache, quant, num_kv_heads, query.shape(2));
+  const int num_kv_heads = value_cache.shape(2);
+  const std::string problem =
+      kv_cache_problem(key_cache, value_cache, quant, num_kv_heads, query.shape(2), key_columns);
   if (!problem.empty()) fail(problem);
   if (num_kv_heads == 0 || num_heads % num_kv_heads != 0) {
     fail("num_heads must be a multiple of num_kv_heads");
@@ -165,9 +169,9 @@ mx::array paged_attention(
   auto stream = mx::to_stream(s);
   std::optional<HostLengths> lengths;
   if (stream.device == mx::Device::gpu) {
-    if (runs_on_gpu(stream, query, key_cache, value_cache, quant)) {
+    if (runs_on_gpu(stream, query, key_cache, value_cache, quant, key_columns)) {
       lengths = host_lengths(seq_lens, cu_seqlens_q, query.shape(0),
-                             static_cast<int64_t>(block_tables.shape(1)) * key_cache.shape(1));
+                             static_cast<int64_t>(block_tables.shape(1)) * value_cache.shape(1));
     } else {
       stream = mx::default_stream(mx::Device::cpu);  // fallback: never fail on a shape
     }
@@ -191,7 +195,7 @@ mx::array paged_attention(
       query.dtype(),
       std::make_shared<PagedAttention>(
           stream, scale, sliding_window.value_or(0), softcap.value_or(0.0f), sinks.has_value(),
-          quant, std::move(lengths)),
+          quant, key_columns, std::move(lengths)),
       std::move(inputs));
 }
 
@@ -220,6 +224,7 @@ void PagedAttention::eval_cpu(
   args.value_cache = vc.data<void>();
   args.kv_dtype = kc.dtype();
   args.kv_quant = kv_quant_;
+  args.key_columns = key_columns_;
   args.block_tables = inputs[3].data<int32_t>();
   args.seq_lens = inputs[4].data<int32_t>();
   args.cu_seqlens_q = inputs[5].data<int32_t>();
@@ -228,9 +233,9 @@ void PagedAttention::eval_cpu(
   args.total_q = q.shape(0);
   args.num_heads = q.shape(1);
   args.head_size = q.shape(2);
-  args.num_blocks = kc.shape(0);
-  args.block_size = kc.shape(1);
-  args.num_kv_heads = kc.shape(2);
+  args.num_blocks = vc.shape(0);
+  args.block_size = vc.shape(1);
+  args.num_kv_heads = vc.shape(2);
   args.num_seqs = inputs[3].shape(0);
   args.max_blocks_per_seq = inputs[3].shape(1);
   args.scale = scale_;
@@ -256,9 +261,9 @@ void PagedAttention::eval_gpu(
   // it was built: a cache not yet evaluated then shows up as row-contiguous.
   require_row_contiguous("paged_attention", inputs,
                          {"query", "key_cache", "value_cache", "block_tables", "seq_lens", "cu_seqlens_q", "sinks"});
+  if (key_columns_) throw std::invalid_argument("paged_attention: key columns are read on the CPU only");
   const auto& q = inputs[0];
-  const auto& kc = inputs[1];
-  dispatch::PagedProblem problem = shape_problem(q, kc, kv_quant_);
+  dispatch::PagedProblem problem = shape_problem(q, inputs[2], kv_quant_);
   const int num_seqs = inputs[3].shape(0);
   if (host_lengths_) {
     problem.seq_lens = host_lengths_->seq_lens;
@@ -290,8 +295,8 @@ void PagedAttention::eval_gpu(
 
 bool PagedAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const PagedAttention&>(other);
-  return kv_quant_ == o.kv_quant_ && scale_ == o.scale_ && sliding_window_ == o.sliding_window_ &&
-      softcap_ == o.softcap_ && has_sinks_ == o.has_sinks_;
+  return kv_quant_ == o.kv_quant_ && key_columns_ == o.key_columns_ && scale_ == o.scale_ &&
+      sliding_window_ == o.sliding_window_ && softcap_ == o.softcap_ && has_sinks_ == o.has_sinks_;
 }
 
 std::vector<mx::Shape> PagedAttention::output_shapes(const std::vector<mx::array>& inputs) {

@@ -26,6 +26,9 @@ namespace vllm_metal {
  *   kv_quant      a KvQuant: with one, the caches are uint8 [num_blocks,
  *                 block_size, num_kv_heads, head_size + 4] of codes and scales
  *                 (kv_quant.h), read on the CPU
+ *   key_columns   float caches at head sizes 64 / 128 / 256, CPU only: key_cache
+ *                 is [num_blocks, num_kv_heads, head_size, block_size] (each
+ *                 page's keys as columns; value_cache keeps rows)
  *   returns       [total_q, num_heads, head_size] in query's dtype
  *
  * Query row j of sequence i sits at position seq_lens[i] - q_len_i + j and
@@ -44,6 +47,7 @@ mlx::core::array paged_attention(
     std::optional<float> softcap = std::nullopt,
     const std::optional<mlx::core::array>& sinks = std::nullopt,
     int kv_quant = 0,
+    bool key_columns = false,
     mlx::core::StreamOrDevice s = {});
 
 // Sequence and query lengths read on the host when the op is built (GPU
@@ -63,9 +67,11 @@ class PagedAttention : public mlx::core::Primitive {
       float softcap,
       bool has_sinks,
       KvQuant kv_quant,
+      bool key_columns,
       std::optional<HostLengths> host_lengths = std::nullopt)
       : mlx::core::Primitive(stream),
         kv_quant_(kv_quant),
+        key_columns_(key_columns),
         scale_(scale),
         sliding_window_(sliding_window),
         softcap_(softcap),
@@ -88,6 +94,7 @@ class PagedAttention : public mlx::core::Primitive {
 
  private:
   KvQuant kv_quant_;
+  bool key_columns_;
   float scale_;
   int sliding_window_; // 0 = off
   float softcap_; // 0 = off

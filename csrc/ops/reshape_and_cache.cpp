@@ -41,7 +41,21 @@ struct CopyArgs {
   KvQuant quant;
   int num_kv_heads;
   int head_size;
+  // Float caches: key pages as columns [num_kv_heads * head_size][block_size].
+  bool key_columns;
+  int64_t block_size;
 };
+
+// Token `token`'s key row into column page slot / block_size at lane
+// slot % block_size (elements of `bytes` bytes).
+template <size_t bytes>
+void write_key_columns(const CopyArgs& a, int64_t token, int64_t slot) {
+  const int64_t n = static_cast<int64_t>(a.num_kv_heads) * a.head_size;
+  const int64_t off = slot % a.block_size;
+  const char* src = a.key + token * n * bytes;
+  char* dst = a.key_cache + ((slot - off) * n + off) * bytes;
+  for (int64_t e = 0; e < n; ++e) std::memcpy(dst + e * a.block_size * bytes, src + e * bytes, bytes);
+}
 
 void quantize_slot(const CopyArgs& a, int64_t token, int64_t slot) {
   const int64_t src = token * a.num_kv_heads * a.head_size;
@@ -70,7 +84,15 @@ void copy_rows(const CopyArgs& a) {
       quantize_slot(a, i, slot);
       continue;
     }
-    std::memcpy(a.key_cache + slot * a.row_bytes, a.key + i * a.row_bytes, a.row_bytes);
+    if (a.key_columns) {
+      if (a.row_bytes == static_cast<size_t>(a.num_kv_heads) * a.head_size * 2) {
+        write_key_columns<2>(a, i, slot);
+      } else {
+        write_key_columns<4>(a, i, slot);
+      }
+    } else {
+      std::memcpy(a.key_cache + slot * a.row_bytes, a.key + i * a.row_bytes, a.row_bytes);
+    }
     std::memcpy(a.value_cache + slot * a.row_bytes, a.value + i * a.row_bytes, a.row_bytes);
   }
 }
@@ -84,6 +106,7 @@ std::pair<mx::array, mx::array> reshape_and_cache(
     const mx::array& value_cache,
     const mx::array& slot_mapping,
     int kv_quant,
+    bool key_columns,
     mx::StreamOrDevice s) {
   if (kv_quant < 0 || kv_quant > kKvQuantLast) {
     fail("kv_quant must be a KvQuant (0-" + std::to_string(kKvQuantLast) + ")");
@@ -92,7 +115,8 @@ std::pair<mx::array, mx::array> reshape_and_cache(
   if (key.ndim() != 3 || value.shape() != key.shape()) {
     fail("key and value must both be [num_tokens, num_kv_heads, head_size]");
   }
-  const std::string problem = kv_cache_problem(key_cache, value_cache, quant, key.shape(1), key.shape(2));
+  const std::string problem =
+      kv_cache_problem(key_cache, value_cache, quant, key.shape(1), key.shape(2), key_columns);
   if (!problem.empty()) fail(problem);
   if (slot_mapping.ndim() != 1 || slot_mapping.shape(0) != key.shape(0)) {
     fail("slot_mapping must be [num_tokens]");
@@ -107,7 +131,7 @@ std::pair<mx::array, mx::array> reshape_and_cache(
   auto kernel_float = [](mx::Dtype t) { return t == mx::float16 || t == mx::bfloat16 || t == mx::float32; };
   // A quantized write keeps the model's K/V dtype (the kernel reads it); the CPU
   // quantizes float32 rows.
-  const bool gpu_ok = metal::kernels_configured() && key_cache.flags().row_contiguous &&
+  const bool gpu_ok = metal::kernels_configured() && !key_columns && key_cache.flags().row_contiguous &&
       value_cache.flags().row_contiguous &&
       (quant == KvQuant::None ? kernel_float(key_cache.dtype()) : kernel_float(key.dtype()));
   if (stream.device == mx::Device::gpu && !gpu_ok) stream = mx::default_stream(mx::Device::cpu);
@@ -128,7 +152,7 @@ std::pair<mx::array, mx::array> reshape_and_cache(
   auto outs = mx::array::make_arrays(
       {key_cache.shape(), value_cache.shape()},
       {dtype, dtype},
-      std::make_shared<ReshapeAndCache>(stream, quant),
+      std::make_shared<ReshapeAndCache>(stream, quant, key_columns),
       inputs);
   return {outs[0], outs[1]};
 }
@@ -148,11 +172,13 @@ void ReshapeAndCache::eval_cpu(
   args.value_cache = outputs[1].data<char>();
   args.slots = inputs[4].data<int32_t>();
   args.num_tokens = key.shape(0);
-  args.num_slots = static_cast<int64_t>(inputs[2].shape(0)) * inputs[2].shape(1);
+  args.num_slots = static_cast<int64_t>(inputs[3].shape(0)) * inputs[3].shape(1);
   args.row_bytes = static_cast<size_t>(key.shape(1)) * key.shape(2) * key.itemsize();
   args.quant = quant_;
   args.num_kv_heads = key.shape(1);
   args.head_size = key.shape(2);
+  args.key_columns = key_columns_;
+  args.block_size = inputs[3].shape(1);
 
   const char* key_src = inputs[2].data<char>();
   const char* value_src = inputs[3].data<char>();
@@ -174,6 +200,7 @@ void ReshapeAndCache::eval_gpu(
 #if VLLM_METAL_APPLE()
   // The kernel writes the caches in place as row-contiguous: checked now, as the
   // flags read when the op was built describe a cache not yet evaluated as such.
+  if (key_columns_) throw std::invalid_argument("reshape_and_cache: key columns are written on the CPU only");
   require_row_contiguous("reshape_and_cache", inputs, {"key", "value", "key_cache", "value_cache", "slot_mapping"});
   metal::reshape_and_cache_gpu(stream(), inputs, outputs, static_cast<int>(quant_));
 #else

@@ -21,6 +21,8 @@ namespace vllm_metal {
  *   kv_quant        a KvQuant: with one, the caches are uint8 [num_blocks,
  *                   block_size, num_kv_heads, head_size + 4] and each row is
  *                   written as codes and its scale (kv_quant.h), on the CPU
+ *   key_columns     float caches, CPU only: key_cache is [num_blocks,
+ *                   num_kv_heads, head_size, block_size] (paged_attention.h)
  *   returns         (key_cache, value_cache) after the write
  *
  * The returned arrays share the input caches' buffers (no copy: caches are
@@ -36,11 +38,13 @@ std::pair<mlx::core::array, mlx::core::array> reshape_and_cache(
     const mlx::core::array& value_cache,
     const mlx::core::array& slot_mapping,
     int kv_quant = 0,
+    bool key_columns = false,
     mlx::core::StreamOrDevice s = {});
 
 class ReshapeAndCache : public mlx::core::Primitive {
  public:
-  ReshapeAndCache(mlx::core::Stream stream, KvQuant quant) : mlx::core::Primitive(stream), quant_(quant) {}
+  ReshapeAndCache(mlx::core::Stream stream, KvQuant quant, bool key_columns)
+      : mlx::core::Primitive(stream), quant_(quant), key_columns_(key_columns) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -53,13 +57,15 @@ class ReshapeAndCache : public mlx::core::Primitive {
     return "ReshapeAndCache";
   }
   bool is_equivalent(const mlx::core::Primitive& other) const override {
-    return quant_ == static_cast<const ReshapeAndCache&>(other).quant_;
+    const auto& o = static_cast<const ReshapeAndCache&>(other);
+    return quant_ == o.quant_ && key_columns_ == o.key_columns_;
   }
   std::vector<mlx::core::Shape> output_shapes(
       const std::vector<mlx::core::array>& inputs) override;
 
  private:
   KvQuant quant_;
+  bool key_columns_;
 };
 
 } // namespace vllm_metal

@@ -16,6 +16,7 @@ from vllm_metal.cpu.backend import CpuBackend
 from vllm_metal.cpu.decoder_stack import (
     _LAYOUTS, Unsupported, _build, plan_decoder_stack,
 )
+from vllm_metal.ops.reference import key_columns_as_rows
 from vllm_metal.v1.model_lifecycle import load_model
 
 pytestmark = pytest.mark.usefixtures("exact_arithmetic")
@@ -46,23 +47,26 @@ def _meta(seqs: list[tuple[int, int, int]]) -> AttentionMetadata:
     return AttentionMetadata(i32(positions), i32(cu), i32(lens), [i32(tables)], [i32(slots)])
 
 
-def _run(loaded, steps, seed: int, cache_dtype=mx.float32):
+def _run(loaded, steps, seed: int, cache_dtype=mx.float32, key_columns=False):
     d = loaded.dims
-    caches = lambda: [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim), dtype=cache_dtype)  # noqa: E731
-                      for _ in range(d.num_layers)]
-    kc, vc = caches(), caches()
+    shape = (4, BLOCK, d.num_kv_heads, d.head_dim)
+    key_shape = (4, d.num_kv_heads, d.head_dim, BLOCK) if key_columns else shape
+    kc = [mx.zeros(key_shape, dtype=cache_dtype) for _ in range(d.num_layers)]
+    vc = [mx.zeros(shape, dtype=cache_dtype) for _ in range(d.num_layers)]
     rng = np.random.default_rng(seed)
     outs = []
     for seqs in steps:
         meta = _meta(seqs)
         ids = mx.array(rng.integers(0, d.vocab_size, (1, int(meta.positions.shape[0]))),
                        dtype=mx.int32)
-        ctx = ForwardContext(meta, kc, vc)
+        ctx = ForwardContext(meta, kc, vc, key_columns=key_columns)
         with forward_context(ctx):
             h = loaded.backbone(ids)
         mx.eval(h, ctx.key_caches, ctx.value_caches)
         kc, vc = ctx.key_caches, ctx.value_caches
         outs.append(np.array(h))
+    if key_columns:
+        kc = [key_columns_as_rows(k) for k in kc]
     as_np = lambda c: np.array(mx.stack(c).astype(mx.float32))  # noqa: E731
     return outs, as_np(kc), as_np(vc)
 
@@ -90,6 +94,28 @@ def test_stack_matches_the_module_path(family, kwargs):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
     np.testing.assert_allclose(got_k, want_k, rtol=2e-4, atol=2e-5)
     np.testing.assert_allclose(got_v, want_v, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("kwargs,dtype", [({}, mx.float32),
+                                          ({"quantize_bits": 4, "group_size": 32}, mx.float16)])
+def test_key_columns_in_the_stack_and_the_module_path(kwargs, dtype):
+    # The CPU backend's key layout: the stack writes and reads key columns as the
+    # per-layer ops do, and both hold the keys the row layout holds.
+    loaded = load_cpu(str(cached_tiny_model("llama", **kwargs)))
+    got, got_k, got_v = _run(loaded, STEPS, seed=2, cache_dtype=dtype, key_columns=True)
+    want, want_k, want_v = _run(module_path(loaded), STEPS, seed=2, cache_dtype=dtype,
+                                key_columns=True)
+    rows, rows_k, rows_v = _run(loaded, STEPS, seed=2, cache_dtype=dtype)
+    for g, w, r in zip(got, want, rows):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+        np.testing.assert_allclose(g, r, rtol=2e-4, atol=2e-4)
+    np.testing.assert_allclose(got_k, want_k, rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(got_v, want_v, rtol=2e-4, atol=2e-5)
+    # Across layouts the scores' sums run in another order: a float16 cache may
+    # round a later step's key or value to the neighbouring half.
+    ulp = 2e-5 if dtype == mx.float32 else 1e-3
+    np.testing.assert_allclose(got_k, rows_k, rtol=2e-4, atol=ulp)
+    np.testing.assert_allclose(got_v, rows_v, rtol=2e-4, atol=ulp)
 
 
 def test_yarn_with_prescaled_input_keeps_the_module_path():

@@ -13,6 +13,7 @@ from tests.ops.isa import cpu_isa
 from tests.ops.paged_inputs import PagedBatch, make_batch
 from vllm_metal import ops
 from vllm_metal.native import get_ops
+from vllm_metal.ops.reference import rows_as_key_columns
 
 
 @pytest.fixture
@@ -64,14 +65,19 @@ def with_sinks(options, heads):
     return options
 
 
+@pytest.mark.parametrize("layout", ["rows", "key-columns"])
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
 @pytest.mark.parametrize("options", OPTIONS, ids=["causal", "window", "softcap", "sinks"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[2]}x{c[3]}x{c[4]}-bs{c[5]}")
-def test_a_row_is_the_same_in_any_call(force_route, isa, options, case):
+def test_a_row_is_the_same_in_any_call(force_route, layout, isa, options, case):
     seq_lens, q_lens, heads, kv_heads, head_size, block_size, dtype = case
     options = with_sinks(options, heads)
     batch = make_batch(seq_lens, q_lens, num_heads=heads, num_kv_heads=kv_heads,
                        head_size=head_size, block_size=block_size, dtype=dtype, seed=3)
+    if layout == "key-columns":
+        # The CPU backend's key pages (ops.paged_attention key_columns).
+        batch = PagedBatch(batch.query, rows_as_key_columns(batch.key_cache), *batch.args()[2:])
+        options = {**options, "key_columns": True}
     everyone = list(range(len(seq_lens)))
     with cpu_isa(isa):
         # Each row of each sequence alone: the answer every other call must give.
@@ -103,12 +109,17 @@ def test_a_row_is_the_same_in_any_call(force_route, isa, options, case):
                       "second chunk")
 
 
+@pytest.mark.parametrize("layout", ["rows", "key-columns"])
 @pytest.mark.parametrize("partition", [64, 75, 300, 4096])
-def test_decode_rows_are_the_same_under_every_partition(force_route, partition):
+def test_decode_rows_are_the_same_under_every_partition(force_route, partition, layout):
     batch = make_batch([3000, 129, 700], [1, 1, 1], num_heads=9, num_kv_heads=3, head_size=64,
                        dtype=mx.float16, seed=5)
-    alone = [call(batch, [s], [(0, 1)], {}) for s in range(3)]
+    options = {}
+    if layout == "key-columns":
+        batch = PagedBatch(batch.query, rows_as_key_columns(batch.key_cache), *batch.args()[2:])
+        options = {"key_columns": True}
+    alone = [call(batch, [s], [(0, 1)], options) for s in range(3)]
     force_route("GqaDecode", partition)
-    together = call(batch, [0, 1, 2], [(0, 1)] * 3, {})
+    together = call(batch, [0, 1, 2], [(0, 1)] * 3, options)
     for s in range(3):
         assert np.array_equal(together[s], alone[s][0]), f"seq {s}"

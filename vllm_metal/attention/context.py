@@ -65,6 +65,8 @@ class ForwardContext:
     states: dict[int, GdnStateShape] = field(default_factory=dict)
     # The caches' quantized format (attention.kv_quant), or None: float caches.
     kv_quant: KvQuant | None = None
+    # Key caches [num_blocks, num_kv_heads, head_dim, block_size] (PagedKVCache.key_columns).
+    key_columns: bool = False
     # id(keys handed back by write) -> (entry, keys): layers that reuse another
     # layer's K/V (Gemma 4's shared-KV layers) attend with no cache of their own.
     _written: dict[int, tuple[int, mx.array]] = field(default_factory=dict)
@@ -74,7 +76,8 @@ class ForwardContext:
         k, v = _rows(keys, "keys", entry), _rows(values, "values", entry)
         self.key_caches[entry], self.value_caches[entry] = ops.reshape_and_cache(
             k, v, self.key_caches[entry], self.value_caches[entry],
-            self.metadata.slot_mapping[self.group_of(entry)], kv_quant=self.kv_quant)
+            self.metadata.slot_mapping[self.group_of(entry)], kv_quant=self.kv_quant,
+            key_columns=self.key_columns)
         self._written[id(keys)] = (entry, keys)
 
     def write_latent(self, entry: int, latent: mx.array, k_pe: mx.array) -> None:
@@ -140,7 +143,8 @@ class ForwardContext:
         out = ops.paged_attention(
             q, self.key_caches[entry], self.value_caches[entry],
             meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale,
-            sliding_window=window, softcap=softcap, sinks=sinks, kv_quant=self.kv_quant)
+            sliding_window=window, softcap=softcap, sinks=sinks, kv_quant=self.kv_quant,
+            key_columns=self.key_columns)
         return out[:, :, None, :]
 
 

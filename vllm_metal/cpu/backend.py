@@ -54,6 +54,9 @@ class CpuBackend(Backend):
     # One kernel draws with temperature, min-p, top-k and top-p (docs/architecture.md,
     # "One engine step"): MLX's CPU backend runs Gumbel-max in scalar nodes.
     sampling_kernels = True
+    # The CPU attention kernel scores a vector of keys per load from key columns,
+    # with no lane reduction per key (docs/kv-cache.md, "Key pages").
+    key_columns = True
 
     def device_memory_bytes(self) -> int:
         return system_memory_bytes()

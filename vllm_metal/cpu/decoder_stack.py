@@ -119,7 +119,8 @@ class DecoderStackPlan:
         return get_ops().decoder_stack(
             self.weights, x, ctx.key_caches, ctx.value_caches, meta.positions,
             meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, groups,
-            *(lora or ()), kv_quant=0 if ctx.kv_quant is None else ctx.kv_quant.code)
+            *(lora or ()), kv_quant=0 if ctx.kv_quant is None else ctx.kv_quant.code,
+            key_columns=ctx.key_columns)
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
         return x.dtype == mx.float32 and (ctx.kv_quant is not None

@@ -20,7 +20,7 @@ LAYOUT_KEY = "vllm_metal_layout"
 # by MetalOffloadingSpec (secondary_tiers decides which).
 VLLM_SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec", SPEC_NAME)
 # Bumped when the bytes of an offloaded block change meaning on this platform.
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: the CPU backend keeps float key pages as columns
 
 
 def route_kv_transfer(vllm_config: VllmConfig) -> None:

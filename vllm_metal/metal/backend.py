@@ -36,6 +36,8 @@ class MetalBackend(Backend):
     # Gumbel-max and argpartition run well on the GPU; the CPU kernels would
     # pull the logits to the CPU stream.
     sampling_kernels = False
+    # The Metal kernels split a key row's dimensions across a simdgroup's lanes.
+    key_columns = False
 
     def device_memory_bytes(self) -> int:
         # Metal's recommended working set: what the GPU may keep resident.

@@ -37,6 +37,7 @@ def reshape_and_cache(
     value_cache: mx.array,
     slot_mapping: mx.array,
     kv_quant: KvQuant | str | None = None,
+    key_columns: bool = False,
 ) -> tuple[mx.array, mx.array]:
     """Write this step's K/V rows into the paged caches, in place.
 
@@ -49,6 +50,8 @@ def reshape_and_cache(
                   negative = padding, skipped
     kv_quant:     a quantized format (attention.kv_quant: "int8", "fp8_e4m3",
                   "fp8_e5m2", "rot4", "k8v4") or None for a float cache
+    key_columns:  float caches, CPU: key_cache is [num_blocks, num_kv_heads,
+                  head_size, block_size] (see paged_attention)
     Returns (key_cache, value_cache) after the write.
 
     The caches are not copied: the returned arrays share the input caches'
@@ -61,11 +64,11 @@ def reshape_and_cache(
     _check_float("key", key, 3, "[num_tokens, num_kv_heads, head_size]")
     _check_float("value", value, 3, "[num_tokens, num_kv_heads, head_size]")
     quant = kv_quant_formats.resolve(kv_quant)
-    _check_cache_pair(key_cache, value_cache, quant)
+    _check_cache_pair(key_cache, value_cache, quant, key_columns)
     if value.shape != key.shape:
         raise ValueError(f"value shape {value.shape} must equal key shape {key.shape}")
     _check_widths(key.shape[1], key.shape[2], key_cache, value_cache, quant,
-                  f"key [num_tokens, num_kv_heads, head_size] = {key.shape}")
+                  f"key [num_tokens, num_kv_heads, head_size] = {key.shape}", key_columns)
     slot_mapping = _index("slot_mapping", slot_mapping, 1)
     if slot_mapping.shape[0] != key.shape[0]:
         raise ValueError(
@@ -73,7 +76,7 @@ def reshape_and_cache(
             f"{key.shape[0]} tokens")
     return get_ops().reshape_and_cache(
         key, value, key_cache, value_cache, slot_mapping, kv_quant=_code(quant),
-        stream=_stream())
+        key_columns=bool(key_columns), stream=_stream())
 
 
 def paged_attention(
@@ -88,6 +91,7 @@ def paged_attention(
     softcap: float | None = None,
     sinks: mx.array | None = None,
     kv_quant: KvQuant | str | None = None,
+    key_columns: bool = False,
 ) -> mx.array:
     """Causal attention of a packed varlen batch through block tables.
 
@@ -102,6 +106,12 @@ def paged_attention(
     softcap:      scores become c * tanh(s / c)
     sinks:        [num_heads] float, one extra logit per head in the softmax
                   denominator (contributes nothing to the output)
+    key_columns:  the CPU backend's key layout for float caches at head sizes
+                  64, 128 and 256: key_cache is [num_blocks, num_kv_heads,
+                  head_size, block_size], each page's keys as columns, so one
+                  vector load holds a dimension of consecutive keys (the CPU
+                  kernel then needs no lane reduction per key); value_cache
+                  keeps rows. The Metal kernels read rows only.
     Returns [total_q, num_heads, head_size] in query's dtype.
 
     Query row j of sequence i sits at position seq_lens[i] - q_len_i + j and
@@ -109,11 +119,11 @@ def paged_attention(
     """
     _check_float("query", query, 3, "[total_q, num_heads, head_size]")
     quant = kv_quant_formats.resolve(kv_quant)
-    _check_cache_pair(key_cache, value_cache, quant)
+    _check_cache_pair(key_cache, value_cache, quant, key_columns)
     num_heads, head_size = query.shape[1], query.shape[2]
-    num_kv_heads = key_cache.shape[2]
+    num_kv_heads = value_cache.shape[2]
     _check_widths(num_kv_heads, head_size, key_cache, value_cache, quant,
-                  f"query head_size {head_size}")
+                  f"query head_size {head_size}", key_columns)
     if num_kv_heads == 0 or num_heads % num_kv_heads:
         raise ValueError(
             f"query num_heads ({num_heads}) must be a multiple of key_cache "
@@ -149,7 +159,8 @@ def paged_attention(
         sinks = sinks.astype(mx.float32)
     return get_ops().paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale,
-        sliding_window, softcap, sinks, kv_quant=_code(quant), stream=_stream())
+        sliding_window, softcap, sinks, kv_quant=_code(quant), key_columns=bool(key_columns),
+        stream=_stream())
 
 
 def _stream() -> mx.DeviceType | None:
@@ -168,20 +179,35 @@ def _check_float(name: str, x: object, ndim: int, layout: str) -> None:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
 
 
+KEY_COLUMN_HEAD_SIZES = (64, 128, 256)
+
+
+def _key_rows_shape(key_cache: mx.array, key_columns: bool) -> tuple[int, ...]:
+    """key_cache's shape in the row layout's order [blocks, block_size, heads, width]."""
+    if not key_columns:
+        return tuple(key_cache.shape)
+    blocks, heads, width, block_size = key_cache.shape
+    return (blocks, block_size, heads, width)
+
+
 def _check_widths(num_kv_heads: int, head_size: int, key_cache: mx.array, value_cache: mx.array,
-                  quant: KvQuant | None, what: str) -> None:
+                  quant: KvQuant | None, what: str, key_columns: bool = False) -> None:
     """ValueError unless the caches' heads and row widths are those of ``quant``."""
+    if key_columns and head_size not in KEY_COLUMN_HEAD_SIZES:
+        raise ValueError(f"{what}: key columns take head sizes {KEY_COLUMN_HEAD_SIZES}")
     if quant is None:
         widths, names = (head_size, head_size), ("head_size", "head_size")
     else:
         widths = (quant.key_width(head_size), quant.value_width(head_size))
         names = tuple("head_size / 2 + 4" if nib else "head_size + 4"
                       for nib in (quant.key_nibbles, quant.value_nibbles))
-    for cache, name, width, label in zip((key_cache, value_cache), ("key", "value"), widths,
-                                         names):
-        if (num_kv_heads, width) != tuple(cache.shape[2:]):
-            raise ValueError(f"{what} does not match {name}_cache [..., num_kv_heads, {label}]: "
-                             f"needs rows of {width}, got {cache.shape}")
+    shapes = (_key_rows_shape(key_cache, key_columns), tuple(value_cache.shape))
+    for shape, name, width, label in zip(shapes, ("key", "value"), widths, names):
+        if (num_kv_heads, width) != shape[2:]:
+            layout = (f"[..., num_kv_heads, {label}]" if name == "value" or not key_columns
+                      else f"[num_blocks, num_kv_heads, {label}, block_size]")
+            raise ValueError(f"{what} does not match {name}_cache {layout}: "
+                             f"needs rows of {width} for {num_kv_heads} heads, got {shape}")
 
 
 def _code(quant: KvQuant | None) -> int:
@@ -189,8 +215,10 @@ def _code(quant: KvQuant | None) -> int:
 
 
 def _check_cache_pair(key_cache: object, value_cache: object,
-                      quant: KvQuant | None = None) -> None:
+                      quant: KvQuant | None = None, key_columns: bool = False) -> None:
     layout = "[num_blocks, block_size, num_kv_heads, head_size]"
+    if key_columns and quant is not None:
+        raise ValueError(f"key columns hold float caches only, not a {quant.name} cache")
     if quant is None:
         _check_float("key_cache", key_cache, 4, layout)
         _check_float("value_cache", value_cache, 4, layout)
@@ -203,10 +231,12 @@ def _check_cache_pair(key_cache: object, value_cache: object,
                     f"{name} of a {quant.name} cache must be uint8 [num_blocks, block_size, "
                     f"num_kv_heads, row width], got {cache.dtype} {cache.shape}")
     # Row widths may differ (k8v4); _check_widths holds each to its format.
-    if value_cache.shape[:3] != key_cache.shape[:3]:
+    if value_cache.shape[:3] != _key_rows_shape(key_cache, key_columns)[:3]:
         raise ValueError(
             f"value_cache shape {value_cache.shape} must match key_cache shape "
-            f"{key_cache.shape} in blocks, block size and heads")
+            f"{key_cache.shape} in blocks, block size and heads"
+            + (" (key columns: [num_blocks, num_kv_heads, head_size, block_size])"
+               if key_columns else ""))
     if value_cache.dtype != key_cache.dtype:
         raise TypeError(
             f"value_cache dtype {value_cache.dtype} must equal key_cache dtype "

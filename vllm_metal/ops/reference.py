@@ -18,13 +18,19 @@ def reshape_and_cache_ref(
     key_cache: mx.array,
     value_cache: mx.array,
     slot_mapping: mx.array,
+    key_columns: bool = False,
 ) -> tuple[mx.array, mx.array]:
     """New caches with key/value rows [num_tokens, H_kv, D] written at their slots.
 
-    Caches are [num_blocks, block_size, H_kv, D]; slot = block * block_size +
+    Caches are [num_blocks, block_size, H_kv, D] (with key_columns the key
+    cache is [num_blocks, H_kv, D, block_size]); slot = block * block_size +
     offset; negative slots are skipped. Unlike the native op this returns new
     arrays and leaves the inputs untouched.
     """
+    if key_columns:
+        keys, values = reshape_and_cache_ref(
+            key, value, key_columns_as_rows(key_cache), value_cache, slot_mapping)
+        return rows_as_key_columns(keys), values
     num_blocks, block_size, num_kv_heads, head_size = key_cache.shape
     slots = slot_mapping.tolist()
     rows = [i for i, slot in enumerate(slots) if slot >= 0]
@@ -42,6 +48,16 @@ def reshape_and_cache_ref(
         return flat.reshape(cache.shape)
 
     return write(key_cache, key), write(value_cache, value)
+
+
+def key_columns_as_rows(key_cache: mx.array) -> mx.array:
+    """Key columns [num_blocks, H_kv, D, block_size] -> rows [num_blocks, block_size, H_kv, D]."""
+    return key_cache.transpose(0, 3, 1, 2)
+
+
+def rows_as_key_columns(key_cache: mx.array) -> mx.array:
+    """Rows [num_blocks, block_size, H_kv, D] -> key columns [num_blocks, H_kv, D, block_size]."""
+    return mx.contiguous(key_cache.transpose(0, 2, 3, 1))
 
 
 def kv_rows_ref(rows: mx.array, head_size: int, kv_quant: str, keys: bool) -> mx.array:
@@ -83,6 +99,7 @@ def paged_attention_ref(
     softcap: float | None = None,
     sinks: mx.array | None = None,
     kv_quant: str | None = None,
+    key_columns: bool = False,
 ) -> mx.array:
     """Attention of query [total_q, H, D] over paged caches; returns [total_q, H, D].
 
@@ -90,9 +107,12 @@ def paged_attention_ref(
     for the H / H_kv query heads of each group, mask causally (and to the last
     ``sliding_window`` positions), soft-cap, softmax with an optional sink
     column, then weight V. kv_quant "rot4" / "k8v4": the caches are decoded
-    first (kv_rows_ref); other formats have no reference here.
+    first (kv_rows_ref); other formats have no reference here. key_columns: the
+    key cache is [num_blocks, H_kv, D, block_size].
     """
     total_q, num_heads, head_size = query.shape
+    if key_columns:
+        key_cache = key_columns_as_rows(key_cache)
     if kv_quant is not None:
         key_cache = kv_rows_ref(key_cache, head_size, kv_quant, keys=True)
         value_cache = kv_rows_ref(value_cache, head_size, kv_quant, keys=False)

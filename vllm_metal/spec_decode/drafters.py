@@ -87,9 +87,11 @@ class DraftModelDrafter:
     accepted and the one it sampled), then k - 1 single-token steps.
     """
 
-    def __init__(self, vllm_config: VllmConfig, model: LoadedModel, vocab_size: int) -> None:
+    def __init__(self, vllm_config: VllmConfig, model: LoadedModel, vocab_size: int,
+                 key_columns: bool = False) -> None:
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.model = model
+        self.key_columns = key_columns  # the backend's (PagedKVCache)
         self.vocab_size = vocab_size
         self.cache: PagedKVCache | None = None
         self.group = 0
@@ -105,7 +107,8 @@ class DraftModelDrafter:
                          group: int) -> PagedKVCache:
         d = self.model.dims
         self.cache = PagedKVCache(d.num_layers, num_blocks, block_size, d.num_kv_heads,
-                                  d.head_dim, kv_dtype, latent=d.latent)
+                                  d.head_dim, kv_dtype, latent=d.latent,
+                                  key_columns=self.key_columns)
         self.group = group
         return self.cache
 
@@ -201,5 +204,5 @@ def make_drafter(vllm_config: VllmConfig, backend: Backend, dtype: mx.Dtype,
         if any(e.state is not None for e in model.adapter.entries):
             raise ValueError(f"--speculative-config: the draft model {path} has recurrent "
                              "layers; use an attention-only draft")
-        return DraftModelDrafter(vllm_config, model, vocab_size)
+        return DraftModelDrafter(vllm_config, model, vocab_size, key_columns=backend.key_columns)
     raise ValueError(f"--speculative-config method {spec.method!r} has no drafter")

@@ -319,7 +319,7 @@ class MetalModelRunner:
         self.kv_cache = PagedKVCache(dims.num_layers, kv_cache_config.num_blocks, self.block_size,
                                      dims.num_kv_heads, dims.head_dim, self.kv_dtype,
                                      tensor_of=tensor_of, groups=groups, latent=dims.latent,
-                                     quant=self.kv_quant)
+                                     quant=self.kv_quant, key_columns=self.backend.key_columns)
         self.input_batch.set_num_groups(len(kv_cache_config.kv_cache_groups))
         self._state_groups = {g: group.kv_cache_spec.block_size
                               for g, group in enumerate(kv_cache_config.kv_cache_groups)
@@ -333,7 +333,8 @@ class MetalModelRunner:
         logger.info("KV cache: %d blocks of %d tokens, %s, %.1f MiB, %d group(s), committed%s",
                     kv_cache_config.num_blocks, self.block_size,
                     (self.kv_quant.description if self.kv_quant
-                     else str(self.kv_dtype).removeprefix("mlx.core.")),
+                     else str(self.kv_dtype).removeprefix("mlx.core.")
+                     + (" (keys as columns)" if self.kv_cache.key_columns else "")),
                     self.kv_cache.nbytes / 2**20,
                     len(kv_cache_config.kv_cache_groups),
                     f" ({huge / 2**20:.0f} MiB on huge pages)" if huge else "")
@@ -375,7 +376,7 @@ class MetalModelRunner:
         dims = self.loaded.dims
         cache = PagedKVCache(dims.num_layers, blocks + 1, self.block_size,
                              dims.num_kv_heads, dims.head_dim, self.kv_dtype, latent=dims.latent,
-                             quant=self.kv_quant)
+                             quant=self.kv_quant, key_columns=self.backend.key_columns)
         step = _synthetic_prefill(np.array([num_tokens], dtype=np.int32), blocks, self.block_size)
         arrays, scratch = self.forward_peak(step, cache)
         del cache

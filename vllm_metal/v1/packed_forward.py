@@ -38,7 +38,7 @@ def packed_forward(model: LoadedModel, step: StepInputs, cache: PagedKVCache,
         meta.has_state = mx.array(
             (step.positions[step.cu_seqlens_q[:-1]] > 0).astype(np.int32))
     ctx = ForwardContext(meta, cache.key_caches, cache.value_caches, cache.groups,
-                         states or {}, kv_quant=cache.quant)
+                         states or {}, kv_quant=cache.quant, key_columns=cache.key_columns)
     with forward_context(ctx):
         if input_ids is None:
             input_ids = mx.array(step.input_ids)

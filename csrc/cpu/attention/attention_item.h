@@ -22,6 +22,9 @@ struct AttentionItem {
   const void* key_cache;
   const void* value_cache;
   const int32_t* block_table; // this sequence's row of block_tables
+  // Float caches, pieces kernel only: key pages as columns, [num_blocks,
+  // num_kv_heads, head_size, block_size] (value pages stay rows).
+  bool key_columns = false;
   int num_blocks;
   int block_size;
   int num_kv_heads;

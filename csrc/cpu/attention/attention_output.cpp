@@ -51,6 +51,7 @@ AttentionItem sequence_item(const PagedAttentionArgs& p, int seq, int first_toke
   AttentionItem a;
   a.key_cache = p.key_cache;
   a.value_cache = p.value_cache;
+  a.key_columns = p.key_columns;
   a.block_table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
   a.num_blocks = p.num_blocks;
   a.block_size = p.block_size;

@@ -280,6 +280,10 @@ void run_paged_attention_cpu(const PagedAttentionArgs& args, const dispatch::Pag
   // The route only decides how the keys are shared among the threads; the
   // pieces kernel's arithmetic is the same whichever it is.
   if (run_paged_pieces(args, d.route == dispatch::PagedRoute::Varlen ? 0 : d.partition_size, pool)) return;
+  if (args.key_columns) {
+    throw std::invalid_argument("paged_attention: key columns are read by the pieces kernel only "
+                                "(float caches, head sizes 64, 128, 256)");
+  }
   switch (d.route) {
     case dispatch::PagedRoute::GqaDecode:
       gqa_decode_cpu(args, d.partition_size, pool);

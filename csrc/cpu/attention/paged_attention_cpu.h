@@ -16,6 +16,9 @@ struct PagedAttentionArgs {
   mlx::core::Dtype query_dtype = mlx::core::float32; // also the output dtype
   const void* key_cache; // [num_blocks, block_size, num_kv_heads, head_size]
   const void* value_cache; // same shape and dtype as key_cache
+  // Float caches at head sizes 64 / 128 / 256 only: key_cache is
+  // [num_blocks, num_kv_heads, head_size, block_size] (read by the pieces kernel).
+  bool key_columns = false;
   mlx::core::Dtype kv_dtype = mlx::core::float32; // uint8 when quantized
   KvQuant kv_quant = KvQuant::None; // quantized: rows of head_size + kKvScaleBytes bytes
   const int32_t* block_tables; // [num_seqs, max_blocks_per_seq]

@@ -105,7 +105,15 @@ void write_cache_as(const StackArgs& a, int layer, const float* k, const float* 
   for (int64_t i = 0; i < a.t; ++i) {
     const int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
-    if constexpr (std::is_same_v<T, F32>) {
+    if (a.key_columns) {
+      // Key columns: element j of the row is lane slot % block_size of column j.
+      const int64_t off = slot % a.block_size;
+      ST* kp = kc + (slot - off) * row + off;
+      for (int64_t j = 0; j < row; ++j) {
+        kp[j * a.block_size] = T::from_float(k[i * row + j]);
+        vc[slot * row + j] = T::from_float(v[i * row + j]);
+      }
+    } else if constexpr (std::is_same_v<T, F32>) {
       std::memcpy(kc + slot * row, k + i * row, row * sizeof(float));
       std::memcpy(vc + slot * row, v + i * row, row * sizeof(float));
     } else {
@@ -354,6 +362,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
                                        : mlx::core::float16;
   if (a.kv_quant != KvQuant::None) pa.kv_dtype = mlx::core::uint8;
   pa.kv_quant = a.kv_quant;
+  pa.key_columns = a.key_columns;
   pa.seq_lens = a.seq_lens;
   pa.cu_seqlens_q = a.cu_seqlens_q;
   pa.sinks = nullptr;

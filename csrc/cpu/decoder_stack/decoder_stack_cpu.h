@@ -120,6 +120,7 @@ struct StackArgs {
   int block_size;
   Elem kv_type = Elem::F32;    // of every layer's caches (unless quantized)
   KvQuant kv_quant = KvQuant::None; // quantized caches: uint8 rows (kv_quant.h)
+  bool key_columns = false; // float key caches [num_blocks, num_kv_heads, head_dim, block_size]
   const int32_t* positions;    // [t]
   const int32_t* seq_lens;     // [num_seqs]
   const int32_t* cu_seqlens_q; // [num_seqs + 1]

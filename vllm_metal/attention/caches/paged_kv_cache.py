@@ -9,10 +9,12 @@ import mlx.core as mx
 import numpy as np
 
 from vllm_metal.attention.kv_quant import STORAGE_DTYPE, KvQuant
+from vllm_metal.ops import KEY_COLUMN_HEAD_SIZES
 
 
 class PagedKVCache:
-    """Per KV entry (layer) K and V of shape [num_blocks, block_size, num_kv_heads, head_dim].
+    """Per KV entry (layer) K and V of shape [num_blocks, block_size, num_kv_heads, head_dim]
+    (K as key columns where ``key_columns``, below).
 
     Block ids come from vLLM's block manager; block 0 is its null block. With
     vLLM's hybrid cache, entries of different KV cache groups share one buffer
@@ -26,18 +28,27 @@ class PagedKVCache:
     ``quant``: a quantized format (attention.kv_quant): K and V are uint8
     [num_blocks, block_size, num_kv_heads, quant.key_width / value_width], each
     row its codes and what decodes them; ``dtype`` is then uint8.
+
+    ``key_columns``: the backend's attention reads key columns (Backend.key_columns).
+    Float caches at the head sizes the op takes them for then hold K as
+    [num_blocks, num_kv_heads, head_dim, block_size] (the same bytes per block;
+    ``self.key_columns`` says whether this cache does); the others keep rows.
     """
 
     def __init__(self, num_layers: int, num_blocks: int, block_size: int,
                  num_kv_heads: int, head_dim: int, dtype: mx.Dtype, *,
                  tensor_of: Sequence[int] | None = None,
                  groups: Sequence[int] | None = None, latent: bool = False,
-                 quant: KvQuant | None = None) -> None:
+                 quant: KvQuant | None = None, key_columns: bool = False) -> None:
         if quant is not None and latent:
             raise ValueError("a latent (MLA) cache cannot be quantized")
         shape = (num_blocks, block_size, num_kv_heads,
                  head_dim if quant is None else quant.key_width(head_dim))
         value_shape = (*shape[:3], head_dim if quant is None else quant.value_width(head_dim))
+        self.key_columns = (key_columns and quant is None and not latent
+                            and head_dim in KEY_COLUMN_HEAD_SIZES)
+        if self.key_columns:
+            shape = (num_blocks, num_kv_heads, head_dim, block_size)
         dtype = dtype if quant is None else STORAGE_DTYPE
         self.num_blocks = num_blocks
         self.block_size = block_size
