@@ -95,3 +95,24 @@ def test_without_the_stack_the_module_path(monkeypatch):
     loaded = load_model(str(cached_tiny_model("llama")), mx.float32, CpuBackend())
     assert loaded.backbone.stack is None
     assert "linear/embedding/expert layers on the fast CPU path" in loaded.backbone.summary
+
+
+def test_kv_cache_keys_are_columns_where_the_cpu_kernel_reads_them():
+    from vllm_metal.attention.kv_quant import resolve
+
+    assert CpuBackend.key_columns
+    for head_dim in (64, 128, 256):
+        cache = PagedKVCache(2, 5, 16, 3, head_dim, mx.float16, key_columns=True)
+        assert cache.key_columns
+        assert cache.key_caches[0].shape == (5, 3, head_dim, 16)
+        assert cache.value_caches[0].shape == (5, 16, 3, head_dim)
+        # A block has the bytes of a row-layout block: the budget is unchanged.
+        assert cache.nbytes == 5 * PagedKVCache.bytes_per_block(2, 16, 3, head_dim, mx.float16)
+    # Head sizes the pieces kernel does not take, quantized rows and MLA latents keep rows.
+    for kwargs in ({"head_dim": 80}, {"quant": resolve("int8")}, {"latent": True}):
+        args = {"head_dim": 64, **kwargs}
+        head_dim = args.pop("head_dim")
+        cache = PagedKVCache(2, 5, 16, 1 if "latent" in args else 3, head_dim, mx.float16,
+                             key_columns=True, **args)
+        assert not cache.key_columns
+        assert cache.key_caches[0].shape[1] == 16
