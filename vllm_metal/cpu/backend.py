@@ -55,7 +55,7 @@ class CpuBackend(Backend):
     # "One engine step"): MLX's CPU backend runs Gumbel-max in scalar nodes.
     sampling_kernels = True
     # The CPU attention kernel scores a vector of keys per load from key columns,
-    # with no lane reduction per key (docs/kv-cache.md, "Key pages").
+    # with no lane reduction per key (docs/architecture.md, "KV cache and memory").
     key_columns = True
 
     def device_memory_bytes(self) -> int:
