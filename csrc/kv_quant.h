@@ -74,8 +74,14 @@ inline constexpr double kRot4Levels[16] = {
 // Whether the format takes this head size: formats with 4-bit rows are read
 // by the pieces kernel only (and Rot4 keys need a Hadamard rotation), so 64,
 // 128 and 256.
+// The head sizes the CPU pieces kernel takes: the only reader of 4-bit rows
+// and of key columns.
+constexpr bool pieces_head_size(int head_size) {
+  return head_size == 64 || head_size == 128 || head_size == 256;
+}
+
 constexpr bool kv_head_size_ok(int head_size, KvQuant q) {
-  return (q != KvQuant::Rot4 && q != KvQuant::K8V4) || head_size == 64 || head_size == 128 || head_size == 256;
+  return (q != KvQuant::Rot4 && q != KvQuant::K8V4) || pieces_head_size(head_size);
 }
 
 // The largest code value: a row's max |x| maps onto it.

@@ -31,7 +31,7 @@ std::string kv_cache_problem(const mx::array& key_cache, const mx::array& value_
   if (key_columns) {
     if (quant != KvQuant::None) return "key columns hold float caches only, not kv_quant " +
         std::to_string(static_cast<int>(quant));
-    if (head_size != 64 && head_size != 128 && head_size != 256) {
+    if (!pieces_head_size(head_size)) {
       return "key columns take head sizes 64, 128 and 256, got " + std::to_string(head_size);
     }
     if (value_cache.shape(2) != num_kv_heads || value_cache.shape(3) != head_size ||

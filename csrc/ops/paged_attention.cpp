@@ -261,7 +261,6 @@ void PagedAttention::eval_gpu(
   // it was built: a cache not yet evaluated then shows up as row-contiguous.
   require_row_contiguous("paged_attention", inputs,
                          {"query", "key_cache", "value_cache", "block_tables", "seq_lens", "cu_seqlens_q", "sinks"});
-  if (key_columns_) throw std::invalid_argument("paged_attention: key columns are read on the CPU only");
   const auto& q = inputs[0];
   dispatch::PagedProblem problem = shape_problem(q, inputs[2], kv_quant_);
   const int num_seqs = inputs[3].shape(0);

@@ -85,11 +85,8 @@ void copy_rows(const CopyArgs& a) {
       continue;
     }
     if (a.key_columns) {
-      if (a.row_bytes == static_cast<size_t>(a.num_kv_heads) * a.head_size * 2) {
-        write_key_columns<2>(a, i, slot);
-      } else {
-        write_key_columns<4>(a, i, slot);
-      }
+      const size_t item = a.row_bytes / (static_cast<size_t>(a.num_kv_heads) * a.head_size);
+      item == 2 ? write_key_columns<2>(a, i, slot) : write_key_columns<4>(a, i, slot);
     } else {
       std::memcpy(a.key_cache + slot * a.row_bytes, a.key + i * a.row_bytes, a.row_bytes);
     }
@@ -200,7 +197,6 @@ void ReshapeAndCache::eval_gpu(
 #if VLLM_METAL_APPLE()
   // The kernel writes the caches in place as row-contiguous: checked now, as the
   // flags read when the op was built describe a cache not yet evaluated as such.
-  if (key_columns_) throw std::invalid_argument("reshape_and_cache: key columns are written on the CPU only");
   require_row_contiguous("reshape_and_cache", inputs, {"key", "value", "key_cache", "value_cache", "slot_mapping"});
   metal::reshape_and_cache_gpu(stream(), inputs, outputs, static_cast<int>(quant_));
 #else

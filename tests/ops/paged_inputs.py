@@ -87,6 +87,14 @@ def make_batch(
     return batch
 
 
+def as_key_columns(batch: PagedBatch) -> PagedBatch:
+    """The batch with its key cache stored as columns (ops.paged_attention's
+    key_columns): the same keys, [num_blocks, num_kv_heads, head_size, block_size]."""
+    from vllm_metal.ops.reference import rows_as_key_columns
+
+    return PagedBatch(batch.query, rows_as_key_columns(batch.key_cache), *batch.args()[2:])
+
+
 def as_numpy(x: mx.array) -> np.ndarray:
     """float64 (or int64) numpy copy of an MLX array, exact for every float dtype."""
     if mx.issubdtype(x.dtype, mx.floating):

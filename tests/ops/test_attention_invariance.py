@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from tests.ops.isa import cpu_isa
-from tests.ops.paged_inputs import PagedBatch, make_batch
+from tests.ops.paged_inputs import PagedBatch, as_key_columns, make_batch
 from vllm_metal import ops
 from vllm_metal.native import get_ops
-from vllm_metal.ops.reference import rows_as_key_columns
 
 
 @pytest.fixture
@@ -76,7 +75,7 @@ def test_a_row_is_the_same_in_any_call(force_route, layout, isa, options, case):
                        head_size=head_size, block_size=block_size, dtype=dtype, seed=3)
     if layout == "key-columns":
         # The CPU backend's key pages (ops.paged_attention key_columns).
-        batch = PagedBatch(batch.query, rows_as_key_columns(batch.key_cache), *batch.args()[2:])
+        batch = as_key_columns(batch)
         options = {**options, "key_columns": True}
     everyone = list(range(len(seq_lens)))
     with cpu_isa(isa):
@@ -116,7 +115,7 @@ def test_decode_rows_are_the_same_under_every_partition(force_route, partition, 
                        dtype=mx.float16, seed=5)
     options = {}
     if layout == "key-columns":
-        batch = PagedBatch(batch.query, rows_as_key_columns(batch.key_cache), *batch.args()[2:])
+        batch = as_key_columns(batch)
         options = {"key_columns": True}
     alone = [call(batch, [s], [(0, 1)], options) for s in range(3)]
     force_route("GqaDecode", partition)

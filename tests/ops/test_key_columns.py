@@ -12,16 +12,11 @@ import pytest
 
 from tests.ops.attention_np import paged_attention_np, reshape_and_cache_np
 from tests.ops.isa import cpu_isa
-from tests.ops.paged_inputs import TOLERANCE, PagedBatch, as_numpy, forced, make_batch
+from tests.ops.paged_inputs import (TOLERANCE, PagedBatch, as_key_columns, as_numpy, forced,
+                                    make_batch)
 from vllm_metal import ops
 from vllm_metal.ops.reference import (key_columns_as_rows, paged_attention_ref,
                                       reshape_and_cache_ref, rows_as_key_columns)
-
-
-def columns(batch: PagedBatch) -> PagedBatch:
-    """The batch with its key cache stored as columns (the same keys)."""
-    return PagedBatch(batch.query, rows_as_key_columns(batch.key_cache), batch.value_cache,
-                      batch.block_tables, batch.seq_lens, batch.cu_seqlens_q, batch.scale)
 
 
 def expected(batch: PagedBatch, **options) -> np.ndarray:
@@ -36,7 +31,7 @@ def expected(batch: PagedBatch, **options) -> np.ndarray:
 
 
 def check(batch: PagedBatch, dtype=mx.float32, **options) -> None:
-    got = ops.paged_attention(*columns(batch).args(), key_columns=True, **options)
+    got = ops.paged_attention(*as_key_columns(batch).args(), key_columns=True, **options)
     assert got.dtype == batch.query.dtype
     np.testing.assert_allclose(as_numpy(got), expected(batch, **options), rtol=0,
                                atol=TOLERANCE[dtype])
@@ -85,7 +80,7 @@ def test_half_precision_caches_and_options(dtype, options):
 
 def test_the_pure_mlx_reference_agrees():
     batch = make_batch([90, 33], [4, 1], num_heads=4, num_kv_heads=2, head_size=64, seed=9)
-    col = columns(batch)
+    col = as_key_columns(batch)
     np.testing.assert_array_equal(as_numpy(key_columns_as_rows(col.key_cache)),
                                   as_numpy(batch.key_cache))
     want = paged_attention_ref(*col.args(), key_columns=True)
@@ -148,7 +143,7 @@ def test_write_then_attend_equals_the_row_layout():
 
 def test_key_columns_are_validated():
     batch = make_batch([8], [1], head_size=64)
-    col = columns(batch)
+    col = as_key_columns(batch)
     args = col.args()[3:]
     with pytest.raises(ValueError, match="float caches only"):
         ops.paged_attention(batch.query, col.key_cache, col.value_cache, *args,
@@ -158,8 +153,8 @@ def test_key_columns_are_validated():
         ops.paged_attention(*batch.args(), key_columns=True)
     odd = make_batch([8], [1], head_size=80)
     with pytest.raises(ValueError, match="key columns take head sizes"):
-        ops.paged_attention(*columns(odd).args(), key_columns=True)
+        ops.paged_attention(*as_key_columns(odd).args(), key_columns=True)
     with pytest.raises(ValueError, match="key columns take head sizes"):
         ops.reshape_and_cache(mx.zeros((1, 2, 80)), mx.zeros((1, 2, 80)),
-                              columns(odd).key_cache, odd.value_cache, mx.array([0]),
+                              as_key_columns(odd).key_cache, odd.value_cache, mx.array([0]),
                               key_columns=True)

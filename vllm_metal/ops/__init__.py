@@ -179,7 +179,8 @@ def _check_float(name: str, x: object, ndim: int, layout: str) -> None:
         raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
 
 
-KEY_COLUMN_HEAD_SIZES = (64, 128, 256)
+# The CPU pieces kernel reads key columns, as it alone reads 4-bit rows.
+KEY_COLUMN_HEAD_SIZES = kv_quant_formats.PACKED_HEAD_SIZES
 
 
 def _key_rows_shape(key_cache: mx.array, key_columns: bool) -> tuple[int, ...]:
