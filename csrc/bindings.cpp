@@ -10,6 +10,7 @@
 #include <nanobind/stl/variant.h>
 
 #include "constants.h"
+#include "cpu/linear/linear_q8.h"
 #include "cpu/runtime/scratch.h"
 #include "debug.h"
 #include "host_info.h"
@@ -424,6 +425,9 @@ y's buffer holds the result when nothing else holds y.)");
         "Address of an evaluated array's first element (huge-page advice; tests).");
   m.def("cpu_isa", &vllm_metal::cpu_isa,
         "Instruction set the CPU kernels use: 'avx512', 'avx2' or 'generic'.");
+  m.def("cpu_amx", &vllm_metal::cpu_amx,
+        "Whether int8-activation matmuls of 16 rows or more use AMX tiles "
+        "(VLLM_METAL_CPU_AMX, the CPU, the active ISA).");
   m.def("cpu_threads", &vllm_metal::cpu_threads,
         "Threads of the CPU kernel pool (VLLM_METAL_CPU_THREADS; 0 = all).");
   m.def("scratch_bytes", &vllm_metal::cpu::scratch_bytes, "reset"_a = false,
@@ -439,6 +443,9 @@ y's buffer holds the result when nothing else holds y.)");
   debug.attr("STACK_LAYER_FLOATS") = vllm_metal::kStackLayerFloats;
   debug.def("set_cpu_isa", &vllm_metal::set_cpu_isa, "name"_a,
             "Use a narrower instruction set than detected.");
+  debug.attr("AMX_MIN_ROWS") = vllm_metal::cpu::kQ8AmxMinRows;
+  debug.def("set_cpu_amx", &vllm_metal::set_cpu_amx, "on"_a,
+            "Turn the int8 matmuls' AMX tiles off or back on (ValueError where there are none).");
   debug.def("pool_run", &vllm_metal::pool_run, "sleep_us"_a,
             "One pool job whose item i sleeps sleep_us[i] us: (runs per item, blocked joins).");
   debug.def("require_row_contiguous", &vllm_metal::require_row_contiguous, "op"_a, "inputs"_a, "names"_a,

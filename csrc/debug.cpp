@@ -13,6 +13,10 @@ void set_cpu_isa(const std::string& name) {
   cpu::set_active_isa(cpu::parse_isa(name));
 }
 
+void set_cpu_amx(bool on) {
+  cpu::set_amx_active(on);
+}
+
 std::pair<std::vector<int>, long> pool_run(const std::vector<int>& sleep_us) {
   auto& pool = cpu::ThreadPool::instance();
   std::vector<std::atomic<int>> runs(sleep_us.size());

@@ -11,6 +11,8 @@ namespace vllm_metal {
 // Force a (not wider than detected) instruction set, so tests can check every
 // variant on one machine: "avx512", "avx2" or "generic".
 void set_cpu_isa(const std::string& name);
+// Turn the int8 matmuls' AMX tiles off or back on (raises where the CPU has none).
+void set_cpu_amx(bool on);
 
 // Runs one pool job of len(sleep_us) items, item i sleeping sleep_us[i]
 // microseconds; returns how often each item ran and how many joins blocked

@@ -19,6 +19,10 @@ std::string cpu_isa() {
   return cpu::isa_name(cpu::active_isa());
 }
 
+bool cpu_amx() {
+  return cpu::amx_active();
+}
+
 int cpu_threads() {
   return cpu::ThreadPool::instance().size();
 }

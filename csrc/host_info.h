@@ -16,6 +16,9 @@ std::uintptr_t data_ptr(const mlx::core::array& a);
 // Name of the instruction set the CPU kernels dispatch to.
 std::string cpu_isa();
 
+// Whether the int8-activation matmuls use AMX tiles (cpu::amx_active).
+bool cpu_amx();
+
 // Threads the CPU kernel pool uses (including the calling thread).
 int cpu_threads();
 

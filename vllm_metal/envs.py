@@ -102,6 +102,12 @@ VARIABLES: dict[str, EnvVar] = {
         "prefill and batched decode, ~1.5x single-stream, the trade llama.cpp makes), and "
         "its KV cache is float16; 1: the same; 0: fp32 activations and the model's dtype "
         "in the KV cache, mlx-lm's arithmetic up to summation order."),
+    # Also read by the extension (csrc/cpu/runtime/isa.cpp) when it first multiplies.
+    "VLLM_METAL_CPU_AMX": EnvVar(
+        "1", _bool,
+        "1: on x86 CPUs with AMX-INT8 (Sapphire Rapids on), int8-activation matmuls of "
+        "16 rows or more (prefill, batched decode) multiply on AMX tiles, the same bits "
+        "as AVX512-VNNI; 0: VNNI only (A/B)."),
     "VLLM_METAL_CPU_KV_CACHE_DTYPE": EnvVar(
         "auto", _cache_dtype,
         "CPU backend: float16 or bfloat16 stores keys and values in half precision while "

@@ -68,12 +68,16 @@ def _platform() -> str:
     return name
 
 
+def _isa(ops) -> str:
+    return ops.cpu_isa() + (" with AMX tiles" if ops.cpu_amx() else "")
+
+
 def _extension() -> str:
     from vllm_metal.native import get_ops
 
     ops = get_ops()
     return (f"built against mlx {ops.mlx_build_version}, kernels_v2 stamp "
-            f"{ops.kernels_hash[:12]}; CPU ISA {ops.cpu_isa()}, {ops.cpu_threads()} threads; "
+            f"{ops.kernels_hash[:12]}; CPU ISA {_isa(ops)}, {ops.cpu_threads()} threads; "
             f"{kernels_loaded()}")
 
 

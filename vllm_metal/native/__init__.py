@@ -126,6 +126,7 @@ def get_ops() -> ModuleType:
         logger.info("Native paged-attention Metal kernels loaded (%s, %d GPU cores)", how,
                     ext.gpu_core_count())
     else:
-        logger.info("Native paged-attention CPU kernels loaded (%s, %d threads)",
-                    ext.cpu_isa(), ext.cpu_threads())
+        logger.info("Native paged-attention CPU kernels loaded (%s%s, %d threads)",
+                    ext.cpu_isa(), " with AMX tiles" if ext.cpu_amx() else "",
+                    ext.cpu_threads())
     return ext

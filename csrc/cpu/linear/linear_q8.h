@@ -24,10 +24,11 @@
 
 namespace vllm_metal::cpu {
 
-// Rows of x quantized for one (bits, group_size). Within each chunk of
-// kChunk4 columns (4 bits) the even columns come first, then the odd ones,
-// the order a packed byte's (low, high) nibbles meet them in; 8-bit chunks
-// keep x's order. Rows are zero-padded to whole chunks.
+// Rows of x quantized for one (bits, group_size). For 4 bits, within each
+// 32-column block the even columns come first, then the odd ones, the order a
+// packed byte's (low, high) nibbles meet them in, and each block's 32 bytes
+// are one row of an AMX tile; 8-bit rows keep x's order. Rows are zero-padded
+// to whole chunks (kChunk4 / kChunk8 columns).
 struct Q8Acts {
   int64_t m = 0;
   int64_t k = 0;
@@ -46,8 +47,8 @@ constexpr int kChunk8 = 64;  // of 8-bit codes
 // Position of column c of x within a quantized row.
 inline int64_t q8_position(int64_t c, int bits) {
   if (bits != 4) return c;
-  const int64_t base = c / kChunk4 * kChunk4, r = c % kChunk4;
-  return base + (r & 1) * (kChunk4 / 2) + r / 2;
+  const int64_t base = c / kQ8Block * kQ8Block, r = c % kQ8Block;
+  return base + (r & 1) * (kQ8Block / 2) + r / 2;
 }
 
 Q8Acts quantize_acts(const LinearIO& io, int64_t k, int bits, int group_size);
@@ -76,6 +77,12 @@ struct Q8Kernels {
   void (*gemm)(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
                int64_t n1, float* y, int64_t ldy, void* scratch);
 };
+
+// Calls with fewer rows of x take the VNNI kernel even where AMX tiles are on:
+// widening each tile's codes (and the rows' A tiles) costs as much as AMX
+// saves at 16-48 rows (0.8-1.2x on SmolLM2's and TinyLlama's shapes,
+// benchmarks/bench_amx.py); at 64, 1.3x.
+constexpr int64_t kQ8AmxMinRows = 64;
 
 // Output columns per GEMM tile (one 512-bit vector of int32 lanes).
 constexpr int kQ8TileCols = kQuantTileRows;

@@ -1,6 +1,7 @@
 // int8-activation quantized matmul kernels for AVX-512 with VNNI, VBMI and
 // GFNI (vpdpbusd: code bytes x activation bytes, 4 products summed per int32
-// lane). See linear_q8.h for the arithmetic.
+// lane), and, where the CPU has AMX-INT8, tdpbsud for blocks of 16 rows. See
+// linear_q8.h for the arithmetic.
 #include "cpu/linear/linear_q8.h"
 
 #if VLLM_METAL_X86_DISPATCH
@@ -8,17 +9,20 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "cpu/runtime/isa.h"
 #include "cpu/runtime/tile_math.h"
 
 #if defined(__clang__)
-#pragma clang attribute push(                                                                   \
-    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c"))), \
+#pragma clang attribute push(                                                               \
+    __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx512vbmi,gfni,"   \
+                          "amx-tile,amx-int8,avx2,fma,f16c"))),                                  \
     apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx512vbmi,gfni,avx2,fma,f16c")
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,avx512vbmi,gfni,amx-tile,amx-int8")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 
 namespace vllm_metal::cpu::vnni {
@@ -73,12 +77,11 @@ VLLM_METAL_INLINE int32_t load_i32(const int8_t* p) {
 void quantize_row(const float* x, int64_t k, int64_t kp, int bits, int group_size, int8_t* q,
                   float* d, float* xsum) {
   // Natural order first (the 4-bit layout is a byte permute of it).
-  alignas(64) int8_t nat[kChunk4];
-  const int64_t chunk = bits == 4 ? kChunk4 : kChunk8;
+  alignas(64) int8_t nat[kChunk8];
   const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-  for (int64_t c0 = 0; c0 < kp; c0 += chunk) {
+  for (int64_t c0 = 0; c0 < kp; c0 += kChunk8) {
     int8_t* dst = bits == 4 ? nat : q + c0;
-    for (int64_t b0 = c0; b0 < c0 + chunk; b0 += kQ8Block) {
+    for (int64_t b0 = c0; b0 < c0 + kChunk8; b0 += kQ8Block) {
       const __m512 v0 = _mm512_maskz_loadu_ps(mask16(k - b0), x + b0);
       const __m512 v1 = _mm512_maskz_loadu_ps(mask16(k - b0 - 16), x + b0 + 16);
       const float amax = _mm512_reduce_max_ps(
@@ -93,17 +96,14 @@ void quantize_row(const float* x, int64_t k, int64_t kp, int bits, int group_siz
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + (b0 - c0) + 16), q1);
     }
     if (bits == 4) {
-      // Even columns of the chunk, then the odd ones.
-      alignas(64) static const uint8_t even[64] = {
+      // Each block's even columns, then its odd ones (q8_position).
+      alignas(64) static const uint8_t order[64] = {
           0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+          1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
           32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62,
-          64, 66, 68, 70, 72, 74, 76, 78, 80, 82, 84, 86, 88, 90, 92, 94,
-          96, 98, 100, 102, 104, 106, 108, 110, 112, 114, 116, 118, 120, 122, 124, 126};
-      const __m512i lo = _mm512_load_si512(nat), hi = _mm512_load_si512(nat + 64);
-      const __m512i ie = _mm512_load_si512(even);
-      const __m512i io = _mm512_add_epi8(ie, _mm512_set1_epi8(1));
-      _mm512_storeu_si512(q + c0, _mm512_permutex2var_epi8(lo, ie, hi));
-      _mm512_storeu_si512(q + c0 + 64, _mm512_permutex2var_epi8(lo, io, hi));
+          33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+      _mm512_storeu_si512(q + c0, _mm512_permutexvar_epi8(_mm512_load_si512(order),
+                                                          _mm512_load_si512(nat)));
     }
   }
   for (int64_t g = 0; g < k / group_size; ++g) {
@@ -300,12 +300,13 @@ VLLM_METAL_INLINE void gemm_tile(const Tile<typename S::storage>& t, const Q8Act
         if constexpr (BITS == 4) {
           const __m512i lo = _mm512_and_si512(wv, nib);
           const __m512i hi = high_nibbles(wv);
-          // Word wi holds columns 8 wi .. 8 wi + 7: evens at pos, odds at pos + 64.
-          const int64_t pos = wi / 16 * kChunk4 + (wi % 16) * 4;
+          // Word wi holds columns 8 wi .. 8 wi + 7 of block wi / 4: evens at pos,
+          // odds at pos + 16.
+          const int64_t pos = wi / 4 * kQ8Block + (wi % 4) * 4;
           for (int i = 0; i < MR; ++i) {
             dot[c][i] = _mm512_dpbusd_epi32(dot[c][i], lo, _mm512_set1_epi32(load_i32(q[i] + pos)));
             dot[c][i] =
-                _mm512_dpbusd_epi32(dot[c][i], hi, _mm512_set1_epi32(load_i32(q[i] + pos + 64)));
+                _mm512_dpbusd_epi32(dot[c][i], hi, _mm512_set1_epi32(load_i32(q[i] + pos + 16)));
           }
         } else {
           for (int i = 0; i < MR; ++i) {
@@ -354,11 +355,210 @@ void gemm_rows(const Tile<typename S::storage>& t, const Q8Acts& a, int64_t r0, 
   }
 }
 
+// --- AMX: 16 rows at a time ----------------------------------------------
+//
+// One 32-column block of 16 rows against one tile of W is one tdpbsud (A: the
+// rows' 32 activation bytes, signed; B: the block's codes as 8 rows of 16 x 4
+// bytes, unsigned), the same exact int32 dots as the vpdpbusd chains above.
+// The float steps after it are gemm_tile's, in its order, so each output has
+// the same bits whichever kernel computes its row (rows past the last multiple
+// of 16 take gemm_tile). What AMX saves is the dot products: the 16 x 16 x 32
+// products of a block cost one tile instruction against 128 vpdpbusd, leaving
+// the three float steps per row and block.
+
+constexpr int kAmxRows = 16;
+// One block's codes as a B tile: 8 rows of 64 bytes.
+constexpr int kAmxCodeBytes = kQ8Block * kQ8TileCols;
+// Rows whose activations a panel keeps in L2 while the call's tiles pass over
+// them (W's codes are widened once per tile and panel).
+constexpr int64_t kAmxPanelBytes = 1 << 20;
+
+// The palette-1 tile configuration: tmm0 / tmm1 the dots of two blocks in
+// flight, tmm2 / tmm4 their activations, tmm3 / tmm5 their codes.
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+AmxConfig amx_config() {
+  AmxConfig c;
+  for (int t : {0, 1}) {
+    c.rows[t] = kAmxRows;
+    c.colsb[t] = kQ8TileCols * 4;
+  }
+  for (int t : {2, 4}) {
+    c.rows[t] = kAmxRows;
+    c.colsb[t] = kQ8Block;
+  }
+  for (int t : {3, 5}) {
+    c.rows[t] = kQ8Block / 4;
+    c.colsb[t] = kQ8TileCols * 4;
+  }
+  return c;
+}
+
+// A tile's codes as B tiles, block after block. For 4 bits, block b's words
+// 4b .. 4b + 3 give B rows 0-3 as their low nibbles (the block's even columns)
+// and rows 4-7 as their high nibbles (its odd columns), the order q8_position
+// gives the activations; 8-bit words are B rows as they stand.
+template <int BITS>
+void amx_codes(const uint32_t* words, int64_t blocks, bool stream, uint8_t* out) {
+  constexpr int words_per_block = kQ8Block * BITS / 32;
+  const __m512i nib = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < blocks; ++b) {
+    uint8_t* dst = out + b * kAmxCodeBytes;
+    for (int j = 0; j < words_per_block; ++j) {
+      const uint32_t* src = words + (b * words_per_block + j) * kQ8TileCols;
+      if (stream) prefetch_l2(src, kPrefetchCodes);
+      const __m512i wv = _mm512_loadu_si512(src);
+      if constexpr (BITS == 4) {
+        _mm512_storeu_si512(dst + j * 64, _mm512_and_si512(wv, nib));
+        _mm512_storeu_si512(dst + (words_per_block + j) * 64, high_nibbles(wv));
+      } else {
+        _mm512_storeu_si512(dst + j * 64, wv);
+      }
+    }
+  }
+}
+
+// Rows [r0, r0 + 16 n) of a's activations as A tiles, 16 rows by 16 rows and
+// block after block ([n][blocks][16][32] bytes): each tile load is then 512
+// contiguous bytes, one stream for the prefetcher, where in a's rows it is 16
+// lines kp bytes apart (the A loads were the kernel's hottest stall).
+void amx_acts(const Q8Acts& a, int64_t r0, int64_t r1, int8_t* out) {
+  const int64_t blocks = a.k / kQ8Block;
+  for (int64_t r = r0; r < r1; r += kAmxRows) {
+    for (int i = 0; i < kAmxRows; ++i) {
+      const int8_t* src = a.q.get() + (r + i) * a.kp;
+      int8_t* dst = out + (r - r0) * blocks * kQ8Block + i * kQ8Block;
+      for (int64_t b = 0; b < blocks; ++b) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + b * kAmxRows * kQ8Block),
+                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + b * kQ8Block)));
+      }
+    }
+  }
+}
+
+// Block b's dots of 16 rows (their A tiles from amx_acts) into tile slot b % 2
+// (the configuration loaded). Tile numbers are immediates, hence two slots spelled out.
+VLLM_METAL_INLINE void amx_issue(const int8_t* acts, const uint8_t* codes, int64_t b) {
+  const int8_t* qa = acts + b * kAmxRows * kQ8Block;
+  const uint8_t* cb = codes + b * kAmxCodeBytes;
+  if (b & 1) {
+    _tile_zero(1);
+    _tile_loadd(4, qa, kQ8Block);
+    _tile_loadd(5, cb, kQ8TileCols * 4);
+    _tile_dpbsud(1, 4, 5);
+  } else {
+    _tile_zero(0);
+    _tile_loadd(2, qa, kQ8Block);
+    _tile_loadd(3, cb, kQ8TileCols * 4);
+    _tile_dpbsud(0, 2, 3);
+  }
+}
+
+// Rows [i0, i1) of a (a multiple of 16 of them; acts their A tiles) against one
+// tile whose codes amx_codes laid out: y[(i - i0) * ldy + j] for j < cols.
+template <typename S>
+void amx_rows(const Tile<typename S::storage>& t, const uint8_t* codes, const int8_t* acts,
+              const Q8Acts& a, int64_t i0, int64_t i1, int cols, float* y, int64_t ldy,
+              float zero_point) {
+  const int64_t gs = a.group_size, groups = a.k / gs;
+  const int64_t blocks_per_group = gs / kQ8Block, blocks = a.k / kQ8Block;
+  const int64_t dstride = a.kp / kQ8Block;
+  const __m512 neg_zero_point = _mm512_set1_ps(-zero_point);
+  alignas(64) int32_t dots[kAmxRows * kQ8TileCols];
+  for (int64_t r = i0; r < i1; r += kAmxRows) {
+    const int8_t* q = acts + (r - i0) * blocks * kQ8Block;
+    const float* d = a.d.get() + r * dstride;
+    const float* xs = a.xsum.get() + r * groups;
+    __m512 acc[kAmxRows];
+    for (auto& v : acc) v = _mm512_setzero_ps();
+    amx_issue(q, codes, 0);
+    for (int64_t g = 0, b = 0; g < groups; ++g) {
+      const __m512 sv = load_scales<S>(t.scales + g * kQ8TileCols, kQ8TileCols);
+      for (int64_t end = b + blocks_per_group; b < end; ++b) {
+        // The next block multiplies while this one's dots are scaled.
+        if (b + 1 < blocks) amx_issue(q, codes, b + 1);
+        if (b & 1) {
+          _tile_stored(1, dots, kQ8TileCols * 4);
+        } else {
+          _tile_stored(0, dots, kQ8TileCols * 4);
+        }
+        for (int i = 0; i < kAmxRows; ++i) {
+          const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(dots + i * kQ8TileCols));
+          acc[i] = _mm512_fmadd_ps(dot, _mm512_mul_ps(sv, _mm512_set1_ps(d[i * dstride + b])),
+                                   acc[i]);
+        }
+      }
+      const __m512 bv = t.biases ? load_scales<S>(t.biases + g * kQ8TileCols, kQ8TileCols)
+                                 : _mm512_mul_ps(sv, neg_zero_point);
+      for (int i = 0; i < kAmxRows; ++i) {
+        acc[i] = _mm512_fmadd_ps(bv, _mm512_set1_ps(xs[i * groups + g]), acc[i]);
+      }
+    }
+    for (int i = 0; i < kAmxRows; ++i) {
+      _mm512_mask_storeu_ps(y + (r - i0 + i) * ldy, mask16(cols), acc[i]);
+    }
+  }
+}
+
+// Rows [r0, r1) (a multiple of 16 of them) of the call, by panels of rows.
+template <int BITS, typename S>
+void gemm_amx(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
+              int64_t n1, float* y, int64_t ldy, void* scratch) {
+  using ST = typename S::storage;
+  const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
+  const int64_t blocks = w.k / kQ8Block;
+  const int64_t panel =
+      std::max<int64_t>(kAmxRows, kAmxPanelBytes / a.kp / kAmxRows * kAmxRows);
+  thread_local std::vector<uint8_t> codes;
+  thread_local std::vector<int8_t> acts;
+  if (codes.size() < static_cast<size_t>(blocks * kAmxCodeBytes)) {
+    codes.resize(blocks * kAmxCodeBytes);
+  }
+  const auto panel_bytes = static_cast<size_t>(std::min(panel, r1 - r0) * blocks * kQ8Block);
+  if (acts.size() < panel_bytes) acts.resize(panel_bytes);
+  const AmxConfig config = amx_config();
+  _tile_loadconfig(&config);
+  for (int64_t p0 = r0; p0 < r1; p0 += panel) {
+    const int64_t p1 = std::min(r1, p0 + panel);
+    amx_acts(a, p0, p1, acts.data());
+    for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
+      const int cols = static_cast<int>(std::min<int64_t>(kQ8TileCols, n1 - t0));
+      float* yt = y + (p0 - r0) * ldy + (t0 - n0);
+      if (w.tiled && t0 + kQ8TileCols <= w.n) {
+        const Tile<ST> t{w.w + t0 * wpr, static_cast<const ST*>(w.scales) + t0 * groups,
+                         w.biases ? static_cast<const ST*>(w.biases) + t0 * groups : nullptr};
+        amx_codes<BITS>(t.words, blocks, p0 == r0, codes.data());
+        amx_rows<S>(t, codes.data(), acts.data(), a, p0, p1, cols, yt, ldy, w.zero_point);
+      } else {
+        const Tile<float> t =
+            repack<S>(w, t0, static_cast<int>(std::min<int64_t>(kQ8TileCols, w.n - t0)), scratch);
+        amx_codes<BITS>(t.words, blocks, false, codes.data());
+        amx_rows<F32>(t, codes.data(), acts.data(), a, p0, p1, cols, yt, ldy, w.zero_point);
+      }
+    }
+  }
+  // Tile state left configured costs every context switch an 8 KiB save.
+  _tile_release();
+}
+
 template <int BITS, typename S>
 void gemm_bits(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
                int64_t n1, float* y, int64_t ldy, void* scratch) {
   using ST = typename S::storage;
   const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
+  if (r1 - r0 >= kQ8AmxMinRows && amx_active()) {
+    const int64_t whole = r0 + (r1 - r0) / kAmxRows * kAmxRows;
+    gemm_amx<BITS, S>(w, a, r0, whole, n0, n1, y, ldy, scratch);
+    y += (whole - r0) * ldy;
+    r0 = whole;
+    if (r0 == r1) return;
+  }
   for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
     const int cols = static_cast<int>(std::min<int64_t>(kQ8TileCols, n1 - t0));
     float* yt = y + (t0 - n0);

@@ -1,7 +1,18 @@
 #include "cpu/runtime/isa.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <cctype>
+#include <string>
 #include <stdexcept>
+
+#if VLLM_METAL_X86_DISPATCH
+#include <cpuid.h>
+#endif
+#if VLLM_METAL_X86_DISPATCH && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace vllm_metal::cpu {
 
@@ -26,6 +37,37 @@ Isa probe_isa() {
 
 std::atomic<int> g_active{-1};
 
+bool probe_amx() {
+#if VLLM_METAL_X86_DISPATCH && defined(__linux__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  constexpr unsigned kAmxTile = 1u << 24, kAmxInt8 = 1u << 25;
+  if ((d & kAmxTile) == 0 || (d & kAmxInt8) == 0) return false;
+  // Linux hands out the 8 KiB tile state only on request (once per process, for
+  // every thread); without it the first tile instruction raises SIGILL.
+  constexpr long kReqXcompPerm = 0x1023, kXfeatureTileData = 18;
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureTileData) == 0;
+#else
+  return false;
+#endif
+}
+
+// VLLM_METAL_CPU_AMX with the values vllm_metal/envs.py accepts (it refuses
+// others at startup): unset means on.
+bool amx_env_allows() {
+  const char* raw = std::getenv("VLLM_METAL_CPU_AMX");
+  if (raw == nullptr) return true;
+  std::string v;
+  for (const char* p = raw; *p; ++p) {
+    if (!std::isspace(static_cast<unsigned char>(*p))) {
+      v += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
+    }
+  }
+  return !(v.empty() || v == "0" || v == "false" || v == "no" || v == "off");
+}
+
+std::atomic<bool> g_amx_on{true};
+
 } // namespace
 
 Isa detected_isa() {
@@ -45,6 +87,24 @@ void set_active_isa(Isa isa) {
         " (widest available: " + isa_name(detected_isa()) + ")");
   }
   g_active.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+bool amx_available() {
+  static const bool ok = probe_amx();
+  return ok;
+}
+
+bool amx_active() {
+  static const bool allowed = amx_env_allows();
+  return allowed && g_amx_on.load(std::memory_order_relaxed) && amx_available() &&
+      active_isa() == Isa::Avx512;
+}
+
+void set_amx_active(bool on) {
+  if (on && !amx_available()) {
+    throw std::invalid_argument("amx: this CPU or OS offers no AMX-INT8 tiles");
+  }
+  g_amx_on.store(on, std::memory_order_relaxed);
 }
 
 Isa parse_isa(const std::string& name) {
