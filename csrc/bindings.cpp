@@ -426,7 +426,7 @@ y's buffer holds the result when nothing else holds y.)");
   m.def("cpu_isa", &vllm_metal::cpu_isa,
         "Instruction set the CPU kernels use: 'avx512', 'avx2' or 'generic'.");
   m.def("cpu_amx", &vllm_metal::cpu_amx,
-        "Whether int8-activation matmuls of 16 rows or more use AMX tiles "
+        "Whether int8-activation matmuls of debug.AMX_MIN_ROWS rows or more use AMX tiles "
         "(VLLM_METAL_CPU_AMX, the CPU, the active ISA).");
   m.def("cpu_threads", &vllm_metal::cpu_threads,
         "Threads of the CPU kernel pool (VLLM_METAL_CPU_THREADS; 0 = all).");

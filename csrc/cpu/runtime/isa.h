@@ -31,6 +31,8 @@ void set_active_isa(Isa isa);
 
 Isa parse_isa(const std::string& name);
 
+const char* isa_name(Isa isa);
+
 // AMX tiles for the int8-activation matmuls (linear_q8.h): this CPU has
 // AMX-TILE and AMX-INT8 and Linux granted the process the tile state
 // (arch_prctl ARCH_REQ_XCOMP_PERM), cached after the first call.
@@ -41,6 +43,5 @@ bool amx_active();
 // Turn AMX off or back on (tests, A/B); raises std::invalid_argument when turning
 // it on where amx_available() is false.
 void set_amx_active(bool on);
-const char* isa_name(Isa isa);
 
 } // namespace vllm_metal::cpu
