@@ -506,12 +506,34 @@ void amx_rows(const Tile<typename S::storage>& t, const uint8_t* codes, const in
   }
 }
 
+// Each 16-column tile of W's columns [n0, n1): f(tile, scale type, t0, cols,
+// in_place). A tiled W's whole tiles are read in place (they follow each other in
+// memory, so the kernels' prefetches run ahead into the next one); the rest are
+// repacked into scratch with fp32 scales.
+template <typename S, typename F>
+VLLM_METAL_INLINE void for_tiles(const QuantMatrix& w, int64_t n0, int64_t n1, void* scratch,
+                                 F&& f) {
+  using ST = typename S::storage;
+  const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
+  for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
+    const int cols = static_cast<int>(std::min<int64_t>(kQ8TileCols, n1 - t0));
+    if (w.tiled && t0 + kQ8TileCols <= w.n) {
+      const Tile<ST> t{w.w + t0 * wpr, static_cast<const ST*>(w.scales) + t0 * groups,
+                       w.biases ? static_cast<const ST*>(w.biases) + t0 * groups : nullptr};
+      f(t, S{}, t0, cols, true);
+    } else {
+      const Tile<float> t =
+          repack<S>(w, t0, static_cast<int>(std::min<int64_t>(kQ8TileCols, w.n - t0)), scratch);
+      if (!w.tiled && t0 + kQ8TileCols < n1) prefetch_tile<S>(w, t0 + kQ8TileCols);
+      f(t, F32{}, t0, cols, false);
+    }
+  }
+}
+
 // Rows [r0, r1) (a multiple of 16 of them) of the call, by panels of rows.
 template <int BITS, typename S>
 void gemm_amx(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
               int64_t n1, float* y, int64_t ldy, void* scratch) {
-  using ST = typename S::storage;
-  const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
   const int64_t blocks = w.k / kQ8Block;
   const int64_t panel =
       std::max<int64_t>(kAmxRows, kAmxPanelBytes / a.kp / kAmxRows * kAmxRows);
@@ -527,21 +549,13 @@ void gemm_amx(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int
   for (int64_t p0 = r0; p0 < r1; p0 += panel) {
     const int64_t p1 = std::min(r1, p0 + panel);
     amx_acts(a, p0, p1, acts.data());
-    for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
-      const int cols = static_cast<int>(std::min<int64_t>(kQ8TileCols, n1 - t0));
-      float* yt = y + (p0 - r0) * ldy + (t0 - n0);
-      if (w.tiled && t0 + kQ8TileCols <= w.n) {
-        const Tile<ST> t{w.w + t0 * wpr, static_cast<const ST*>(w.scales) + t0 * groups,
-                         w.biases ? static_cast<const ST*>(w.biases) + t0 * groups : nullptr};
-        amx_codes<BITS>(t.words, blocks, p0 == r0, codes.data());
-        amx_rows<S>(t, codes.data(), acts.data(), a, p0, p1, cols, yt, ldy, w.zero_point);
-      } else {
-        const Tile<float> t =
-            repack<S>(w, t0, static_cast<int>(std::min<int64_t>(kQ8TileCols, w.n - t0)), scratch);
-        amx_codes<BITS>(t.words, blocks, false, codes.data());
-        amx_rows<F32>(t, codes.data(), acts.data(), a, p0, p1, cols, yt, ldy, w.zero_point);
-      }
-    }
+    for_tiles<S>(w, n0, n1, scratch, [&](const auto& t, auto s, int64_t t0, int cols,
+                                         bool in_place) {
+      // W streams from memory in the first panel only.
+      amx_codes<BITS>(t.words, blocks, in_place && p0 == r0, codes.data());
+      amx_rows<decltype(s)>(t, codes.data(), acts.data(), a, p0, p1, cols,
+                            y + (p0 - r0) * ldy + (t0 - n0), ldy, w.zero_point);
+    });
   }
   // Tile state left configured costs every context switch an 8 KiB save.
   _tile_release();
@@ -550,8 +564,6 @@ void gemm_amx(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int
 template <int BITS, typename S>
 void gemm_bits(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0,
                int64_t n1, float* y, int64_t ldy, void* scratch) {
-  using ST = typename S::storage;
-  const int64_t wpr = w.k * w.bits / 32, groups = w.k / w.group_size;
   if (r1 - r0 >= kQ8AmxMinRows && amx_active()) {
     const int64_t whole = r0 + (r1 - r0) / kAmxRows * kAmxRows;
     gemm_amx<BITS, S>(w, a, r0, whole, n0, n1, y, ldy, scratch);
@@ -559,22 +571,10 @@ void gemm_bits(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, in
     r0 = whole;
     if (r0 == r1) return;
   }
-  for (int64_t t0 = n0; t0 < n1; t0 += kQ8TileCols) {
-    const int cols = static_cast<int>(std::min<int64_t>(kQ8TileCols, n1 - t0));
-    float* yt = y + (t0 - n0);
-    if (w.tiled && t0 + kQ8TileCols <= w.n) {
-      // In place; the tiles follow each other in memory, so the kernel's
-      // prefetches run ahead into the next one.
-      const Tile<ST> t{w.w + t0 * wpr, static_cast<const ST*>(w.scales) + t0 * groups,
-                       w.biases ? static_cast<const ST*>(w.biases) + t0 * groups : nullptr};
-      gemm_rows<BITS, S>(t, a, r0, r1, cols, yt, ldy, w.zero_point, true);
-    } else {
-      const Tile<float> t =
-          repack<S>(w, t0, static_cast<int>(std::min<int64_t>(kQ8TileCols, w.n - t0)), scratch);
-      if (!w.tiled && t0 + kQ8TileCols < n1) prefetch_tile<S>(w, t0 + kQ8TileCols);
-      gemm_rows<BITS, F32>(t, a, r0, r1, cols, yt, ldy, w.zero_point, false);
-    }
-  }
+  for_tiles<S>(w, n0, n1, scratch, [&](const auto& t, auto s, int64_t t0, int cols,
+                                       bool in_place) {
+    gemm_rows<BITS, decltype(s)>(t, a, r0, r1, cols, y + (t0 - n0), ldy, w.zero_point, in_place);
+  });
 }
 
 void gemm(const QuantMatrix& w, const Q8Acts& a, int64_t r0, int64_t r1, int64_t n0, int64_t n1,
