@@ -2,8 +2,9 @@
 
 Prints markdown tables (pasted into docs/benchmarks.md, "CPU kernels"):
 
-1. machine limits measured here: DRAM read bandwidth (numpy sums over 2 GiB,
-   1 and 2 threads) and fp32 matmul GFLOP/s (numpy's BLAS, 2048^3);
+1. machine limits measured here: DRAM read bandwidth (the suite's numpy maxima
+   over 2 GiB, 1 and 2 threads, median of the rounds) and fp32 matmul GFLOP/s
+   (numpy's BLAS, 2048^3);
 2. quantized matmul (4-bit, group 32, fp32 scales: the bundled SmolLM2 GGUF
    as loaded) at SmolLM2's shapes for M = 1, 4, 16, 256 rows, ours vs
    ``mx.quantized_matmul``; dense fp32 / bf16-weight matmul at two shapes;
@@ -26,11 +27,11 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
 import numpy as np
 
+from benchmarks.suite.machine import read_bandwidth
 from vllm_metal.native import get_ops
 
 # (K, N): q/o, k/v, gate/up, down projections and the tied lm_head of SmolLM2-135M.
@@ -65,17 +66,6 @@ def start_table(description: str, columns: list[str], rounds: int = 7) -> int:
 
 # -- machine limits ------------------------------------------------------------
 
-def read_bandwidth(threads: int, data: np.ndarray, rounds: int) -> float:
-    parts = np.array_split(data, threads)
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(rounds):
-            start = time.perf_counter()
-            list(pool.map(np.sum, parts))  # numpy releases the GIL inside the sum
-            best = min(best, time.perf_counter() - start)
-    return data.nbytes / best / 1e9
-
-
 def numpy_matmul_gflops(rounds: int, n: int = 2048) -> float:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
@@ -101,7 +91,8 @@ def single_thread_matmul_gflops(rounds: int) -> float:
 
 def machine_limits(rounds: int) -> dict[str, float]:
     data = np.ones((2 << 30) // 8, dtype=np.float64)  # written: every page is real
-    limits = {"read_1t": read_bandwidth(1, data, rounds), "read_2t": read_bandwidth(2, data, rounds)}
+    limits = {"read_1t": read_bandwidth(1, data, max(rounds, 3)),
+              "read_2t": read_bandwidth(2, data, max(rounds, 3))}
     del data
     limits["matmul_1t"] = single_thread_matmul_gflops(rounds)
     limits["matmul_all"] = numpy_matmul_gflops(rounds)
@@ -194,7 +185,7 @@ def main() -> None:
 
     limits = machine_limits(args.rounds)
     print("| machine limit | measured |\n|---|---|")
-    print(f"| DRAM read, 1 thread (numpy sum, 2 GiB) | {limits['read_1t']:.1f} GB/s |")
+    print(f"| DRAM read, 1 thread (numpy max, 2 GiB) | {limits['read_1t']:.1f} GB/s |")
     print(f"| DRAM read, 2 threads | {limits['read_2t']:.1f} GB/s |")
     print(f"| fp32 matmul 2048^3, numpy BLAS 1 thread | {limits['matmul_1t']:.0f} GFLOP/s |")
     print(f"| fp32 matmul 2048^3, numpy BLAS all threads | {limits['matmul_all']:.0f} GFLOP/s |")
