@@ -137,7 +137,8 @@ def machine_lines(record: dict) -> list[str]:
     lines = [
         f"- Machine limits, measured at the start and the end of the run (best of the "
         f"{m.get('runs', 1)} kept):",
-        f"  memory read bandwidth (numpy max over 2 GiB, median of 5) {m['read_gbps_1t']:.1f} GB/s "
+        f"  memory read bandwidth (numpy {m.get('read_method', 'sum')} over 2 GiB, median of 5) "
+        f"{m['read_gbps_1t']:.1f} GB/s "
         f"with 1 thread, {m['read_gbps_2t']:.1f} GB/s with 2;",
         f"  fp32 matmul 2048^2 (numpy {m['numpy']}, {blas}) {m['matmul_fp32_gflops_1t']:.0f} / "
         f"{m['matmul_fp32_gflops_2t']:.0f} GFLOP/s with 1 / 2 threads.",
