@@ -3,7 +3,7 @@
 Prints markdown tables (pasted into docs/benchmarks.md, "CPU kernels"):
 
 1. machine limits measured here: DRAM read bandwidth (the suite's numpy maxima
-   over 2 GiB, 1 and 2 threads, median of the rounds) and fp32 matmul GFLOP/s
+   over 2 GiB, 1 and 2 threads, median of 5 sweeps) and fp32 matmul GFLOP/s
    (numpy's BLAS, 2048^3);
 2. quantized matmul (4-bit, group 32, fp32 scales: the bundled SmolLM2 GGUF
    as loaded) at SmolLM2's shapes for M = 1, 4, 16, 256 rows, ours vs
@@ -91,8 +91,7 @@ def single_thread_matmul_gflops(rounds: int) -> float:
 
 def machine_limits(rounds: int) -> dict[str, float]:
     data = np.ones((2 << 30) // 8, dtype=np.float64)  # written: every page is real
-    limits = {"read_1t": read_bandwidth(1, data, max(rounds, 3)),
-              "read_2t": read_bandwidth(2, data, max(rounds, 3))}
+    limits = {"read_1t": read_bandwidth(1, data), "read_2t": read_bandwidth(2, data)}
     del data
     limits["matmul_1t"] = single_thread_matmul_gflops(rounds)
     limits["matmul_all"] = numpy_matmul_gflops(rounds)
