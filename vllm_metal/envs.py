@@ -141,11 +141,13 @@ VARIABLES: dict[str, EnvVar] = {
     # attention call, with the same accepted values, so it can be flipped for A/B runs.
     "VLLM_METAL_DISABLE_GQA_DECODE": EnvVar(
         "0", _bool,
-        "1: decode batches never take the GQA decode kernel route (A/B against split-KV / varlen)."),
+        "1: decode batches never take the GQA decode kernel route "
+        "(A/B against split-KV / varlen)."),
     "VLLM_METAL_BUILD_FROM_SOURCE": EnvVar(
         "0", _bool,
         "1: kernel development mode: rebuild stale artifacts from the source tree at load "
-        "(macOS: JIT-compile kernels_v2/; Linux: rebuild the extension, recompile kernels_v2/ on the harness)."),
+        "(macOS: JIT-compile kernels_v2/; Linux: rebuild the extension, recompile "
+        "kernels_v2/ on the harness)."),
 }
 
 

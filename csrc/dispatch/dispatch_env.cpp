@@ -1,11 +1,11 @@
 #include "dispatch/dispatch_env.h"
 
-#include <algorithm>
-#include <cctype>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "env_flag.h"
 #include "platform.h"
 
 #if VLLM_METAL_APPLE()
@@ -46,13 +46,9 @@ int probe_gpu_cores() {
 }  // namespace
 
 bool gqa_decode_disabled() {
+  if (const std::optional<bool> v = env_flag("VLLM_METAL_DISABLE_GQA_DECODE")) return *v;
   const char* raw = std::getenv("VLLM_METAL_DISABLE_GQA_DECODE");
   if (raw == nullptr) return false;
-  std::string v(raw);
-  v.erase(std::remove_if(v.begin(), v.end(), [](unsigned char c) { return std::isspace(c); }), v.end());
-  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
-  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
   throw std::invalid_argument(
       std::string("VLLM_METAL_DISABLE_GQA_DECODE must be a boolean (1/0/true/false), got '") + raw + "'");
 }

@@ -6,6 +6,9 @@ checks against the float64 oracle. Skipped where the CPU or OS has no AMX."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from contextlib import contextmanager
 
 import mlx.core as mx
@@ -128,3 +131,17 @@ def test_switch_refuses_where_there_are_no_tiles():
         assert "AMX" in str(e)
     else:
         ext.debug.set_cpu_amx(True)  # available: the switch takes it
+
+
+@pytest.mark.parametrize(("value", "on"), [
+    ("0", False), (" Off ", False), ("", False), ("no", False),
+    ("1", True), ("YES", True), ("on", True)])
+def test_environment_switch(value, on):
+    # VLLM_METAL_CPU_AMX is read once per process, as envs.py's booleans are.
+    with amx(True):
+        pass  # skips where there are no tiles
+    env = {**os.environ, "VLLM_METAL_CPU_AMX": value}
+    out = subprocess.run(
+        [sys.executable, "-c", "from vllm_metal.native import get_ops; print(get_ops().cpu_amx())"],
+        env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(on)

@@ -131,7 +131,7 @@ def _kernels() -> str:
     args = (mx.array([[1]], dtype=mx.int32), mx.array([5], dtype=mx.int32),
             mx.array([0, 5], dtype=mx.int32), 0.125)
     got = ops.paged_attention(q, *ops.reshape_and_cache(k, v, *caches, slots), *args)
-    ref_caches = reshape_and_cache_ref(k, v, mx.zeros((2, 8, 2, 64)), mx.zeros((2, 8, 2, 64)), slots)
+    ref_caches = reshape_and_cache_ref(k, v, *(mx.zeros_like(c) for c in caches), slots)
     want = paged_attention_ref(q, *ref_caches, *args)
     err = float(mx.abs(got - want).max())
     if not err < 1e-4:

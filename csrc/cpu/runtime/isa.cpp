@@ -1,8 +1,6 @@
 #include "cpu/runtime/isa.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cctype>
 #include <string>
 #include <stdexcept>
 
@@ -13,6 +11,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+
+#include "env_flag.h"
 
 namespace vllm_metal::cpu {
 
@@ -55,15 +55,7 @@ bool probe_amx() {
 // VLLM_METAL_CPU_AMX with the values vllm_metal/envs.py accepts (it refuses
 // others at startup): unset means on.
 bool amx_env_allows() {
-  const char* raw = std::getenv("VLLM_METAL_CPU_AMX");
-  if (raw == nullptr) return true;
-  std::string v;
-  for (const char* p = raw; *p; ++p) {
-    if (!std::isspace(static_cast<unsigned char>(*p))) {
-      v += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
-    }
-  }
-  return !(v.empty() || v == "0" || v == "false" || v == "no" || v == "off");
+  return env_flag("VLLM_METAL_CPU_AMX").value_or(true);
 }
 
 std::atomic<bool> g_amx_on{true};

@@ -1,0 +1,28 @@
+// Boolean environment variables as vllm_metal/envs.py reads them: case and
+// whitespace ignored; 1/true/yes/on and 0/false/no/off (or empty) recognised.
+#pragma once
+
+#include <cctype>
+#include <cstdlib>
+#include <optional>
+#include <string>
+
+namespace vllm_metal {
+
+// The variable's value; nullopt when it is unset or not a recognised boolean
+// (the caller decides: a default, or an error naming the variable).
+inline std::optional<bool> env_flag(const char* name) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr) return std::nullopt;
+  std::string v;
+  for (const char* p = raw; *p; ++p) {
+    if (!std::isspace(static_cast<unsigned char>(*p))) {
+      v += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
+    }
+  }
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
+  return std::nullopt;
+}
+
+} // namespace vllm_metal
