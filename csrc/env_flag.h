@@ -9,10 +9,9 @@
 
 namespace vllm_metal {
 
-// The variable's value; nullopt when it is unset or not a recognised boolean
-// (the caller decides: a default, or an error naming the variable).
-inline std::optional<bool> env_flag(const char* name) {
-  const char* raw = std::getenv(name);
+// A variable's raw value as a boolean; nullopt when it is null (unset) or not a
+// recognised boolean (the caller decides: a default, or an error naming it).
+inline std::optional<bool> parse_flag(const char* raw) {
   if (raw == nullptr) return std::nullopt;
   std::string v;
   for (const char* p = raw; *p; ++p) {
@@ -23,6 +22,10 @@ inline std::optional<bool> env_flag(const char* name) {
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v.empty() || v == "0" || v == "false" || v == "no" || v == "off") return false;
   return std::nullopt;
+}
+
+inline std::optional<bool> env_flag(const char* name) {
+  return parse_flag(std::getenv(name));
 }
 
 } // namespace vllm_metal

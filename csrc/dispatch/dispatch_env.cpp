@@ -46,9 +46,10 @@ int probe_gpu_cores() {
 }  // namespace
 
 bool gqa_decode_disabled() {
-  if (const std::optional<bool> v = env_flag("VLLM_METAL_DISABLE_GQA_DECODE")) return *v;
+  // Read on every attention call (an A/B switch), so one getenv.
   const char* raw = std::getenv("VLLM_METAL_DISABLE_GQA_DECODE");
   if (raw == nullptr) return false;
+  if (const std::optional<bool> v = parse_flag(raw)) return *v;
   throw std::invalid_argument(
       std::string("VLLM_METAL_DISABLE_GQA_DECODE must be a boolean (1/0/true/false), got '") + raw + "'");
 }
