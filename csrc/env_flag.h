@@ -1,5 +1,6 @@
-// Boolean environment variables as vllm_metal/envs.py reads them: case and
-// whitespace ignored; 1/true/yes/on and 0/false/no/off (or empty) recognised.
+// Boolean environment variables with vllm_metal/envs.py's values: 1/true/yes/on
+// and 0/false/no/off (or empty), case ignored. Whitespace is dropped anywhere
+// here; envs.py strips only the ends and refuses the rest at startup.
 #pragma once
 
 #include <cctype>

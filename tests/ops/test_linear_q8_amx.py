@@ -24,9 +24,8 @@ from vllm_metal.native import get_ops
 MIN_ROWS = get_ops().debug.AMX_MIN_ROWS
 
 
-@contextmanager
-def amx(on: bool):
-    """Run the int8 matmuls with AMX tiles on or off (skips where there are none)."""
+def require_amx() -> None:
+    """Skip where the AMX kernel cannot run (the switch is left as it was)."""
     ext = get_ops()
     if ext.cpu_isa() != "avx512":
         pytest.skip("the AMX kernel sits beside the AVX-512 one")
@@ -35,6 +34,15 @@ def amx(on: bool):
         ext.debug.set_cpu_amx(True)
     except ValueError:
         pytest.skip("this CPU or OS offers no AMX-INT8 tiles")
+    ext.debug.set_cpu_amx(original)
+
+
+@contextmanager
+def amx(on: bool):
+    """Run the int8 matmuls with AMX tiles on or off (skips where there are none)."""
+    require_amx()
+    ext = get_ops()
+    original = ext.cpu_amx()
     try:
         ext.debug.set_cpu_amx(on)
         yield
@@ -138,8 +146,7 @@ def test_switch_refuses_where_there_are_no_tiles():
     ("1", True), ("YES", True), ("on", True)])
 def test_environment_switch(value, on):
     # VLLM_METAL_CPU_AMX is read once per process, as envs.py's booleans are.
-    with amx(True):
-        pass  # skips where there are no tiles
+    require_amx()
     env = {**os.environ, "VLLM_METAL_CPU_AMX": value}
     out = subprocess.run(
         [sys.executable, "-c", "from vllm_metal.native import get_ops; print(get_ops().cpu_amx())"],
