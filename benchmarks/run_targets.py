@@ -47,10 +47,8 @@ def model_file(cache_root: Path, shape: str) -> Path:
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing {path}", flush=True)
-        partial = path.with_name(path.name + ".partial")
-        make_random_gguf.write(partial, make_random_gguf.SHAPES[shape], DEFAULT_MODEL.path(),
-                               shape)
-        partial.rename(path)
+        make_random_gguf.write_whole(path, make_random_gguf.SHAPES[shape],
+                                     DEFAULT_MODEL.path(), shape)
     return path
 
 
