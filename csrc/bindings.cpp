@@ -336,7 +336,10 @@ resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
            "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "int8_activations"_a = false,
            "moe_layers"_a = std::vector<int>{},
            "moe"_a = std::vector<std::shared_ptr<vllm_metal::DecoderStackMoe>>{})
-      .def_prop_ro("num_layers", &vllm_metal::DecoderStackWeights::num_layers);
+      .def_prop_ro("num_layers", &vllm_metal::DecoderStackWeights::num_layers)
+      .def_prop_ro("symmetric_linears", &vllm_metal::DecoderStackWeights::symmetric_linears,
+                   "How many linears form each bias as -zero_point * scale (GGUF's Q4_0 "
+                   "and Q8_0 with int8 activations) instead of reading it.");
   nb::class_<vllm_metal::DecoderStackMoe>(
       m, "DecoderStackMoe",
       R"(A mixture-of-experts MLP of one decoder-stack layer: router, experts

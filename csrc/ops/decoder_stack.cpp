@@ -233,6 +233,16 @@ DecoderStackWeights::DecoderStackWeights(
   }
 }
 
+int DecoderStackWeights::symmetric_linears() const {
+  int count = 0;
+  for (const auto& l : layers_) {
+    for (const cpu::StackLinear* x : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+      count += x->quant.bits != 0 && x->quant.biases == nullptr && !x->quant.mxfp4;
+    }
+  }
+  return count;
+}
+
 mx::array decoder_stack(
     std::shared_ptr<DecoderStackWeights> weights,
     const mx::array& x,

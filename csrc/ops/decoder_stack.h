@@ -78,6 +78,9 @@ class DecoderStackWeights {
   const cpu::StackNorm& final_norm() const {
     return final_norm_view_;
   }
+  // How many of the layers' linears form their biases from a zero point
+  // (stack_spec::linear_of) instead of reading them.
+  int symmetric_linears() const;
 
  private:
   std::vector<mlx::core::array> arrays_;

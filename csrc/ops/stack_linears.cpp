@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "mlx/ops.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal::stack_spec {
@@ -63,6 +64,20 @@ void check_linear(const std::vector<mx::array>& arrays, const LinearIndex& x, in
   }
 }
 
+namespace {
+
+// Whether every bias is -2^(bits - 1) times its scale (GGUF's Q4_0 and Q8_0), as
+// the int8 kernels would form it from the scale in hand (float(scale) * -zero,
+// exact: a power of two). Then a pass over W reads no biases: for 4 bits a ninth
+// fewer bytes a decode step, and one stream fewer for the prefetchers.
+bool symmetric(const mx::array& scales, const mx::array& biases, float zero) {
+  const mx::array s = mx::astype(scales, mx::float32);
+  return mx::array_equal(mx::astype(biases, mx::float32), mx::multiply(s, mx::array(-zero)))
+      .item<bool>();
+}
+
+} // namespace
+
 cpu::StackLinear linear_of(const std::vector<mx::array>& arrays, const LinearIndex& x,
                            bool int8_activations) {
   cpu::StackLinear l;
@@ -75,6 +90,11 @@ cpu::StackLinear linear_of(const std::vector<mx::array>& arrays, const LinearInd
                                elem_of(s.dtype()), x.bits, x.group_size, w.shape(0),
                                linear_in(w, x.bits)};
     l.quant.tiled = l.int8_activations;
+    const float zero = static_cast<float>(1 << (x.bits - 1));
+    if (l.int8_activations && symmetric(s, arrays[x.biases], zero)) {
+      l.quant.biases = nullptr;
+      l.quant.zero_point = zero;
+    }
   } else {
     l.dense = cpu::DenseMatrix{w.data<void>(), elem_of(w.dtype()), w.shape(0), w.shape(1)};
   }

@@ -14,7 +14,7 @@ from tests.tiny_models import cached_tiny_model
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.cpu.backend import CpuBackend
 from vllm_metal.cpu.decoder_stack import (
-    _LAYOUTS, Unsupported, _build, plan_decoder_stack,
+    _LAYOUTS, Unsupported, _build, _layout_name, _norm_weight, plan_decoder_stack,
 )
 from vllm_metal.ops.reference import key_columns_as_rows
 from vllm_metal.v1.model_lifecycle import load_model
@@ -212,6 +212,46 @@ def test_int8_activations_stack_matches_its_module_path_and_stays_near_fp32(
         # tests/gguf/test_smollm2_int8.py).
         assert 0 < np.abs(g - r).max() <= 0.25 * scale
     assert np.abs(got_k - want_k).max() <= 0.02 * np.abs(ref_k).max()
+
+
+@pytest.mark.parametrize("qtype,zero", [("Q4_0", 8), ("Q8_0", 128)])
+def test_symmetric_gguf_linears_form_their_biases_in_the_stack(qtype, zero, tmp_path,
+                                                                monkeypatch):
+    # GGUF's Q4_0 and Q8_0 store W = d * (q - zero): with int8 activations the stack
+    # forms each bias from its scale instead of streaming it (a ninth of a 4-bit
+    # matrix's bytes). The op-level tests hold the two forms to the same bits
+    # (tests/ops/test_linear_q8.py); here the stack must take the form exactly where
+    # it applies, and still compute the module path's result.
+    from tests.gguf_models import make_family_gguf
+
+    monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "1")
+    loaded = load_cpu(str(make_family_gguf(tmp_path / "m.gguf", "llama", qtype)))
+    layers = loaded.adapter.backbone.layers
+    assert loaded.backbone.stack.weights.symmetric_linears == 7 * len(layers)
+    got, _, _ = _run(loaded, STEPS, seed=3)
+    want, _, _ = _run(module_path(loaded), STEPS, seed=3)
+    for g, w in zip(got, want):
+        # As the int8 test above: rounding edges, amplified by random weights (up to
+        # 2.7% measured on these files, the same whether the stack reads the biases).
+        assert np.abs(g - w).max() <= 0.05 * np.abs(w).max()
+
+    # One bias off by one step of its dtype: that linear reads its biases again.
+    k_proj = layers[0].self_attn.k_proj
+    biases = np.array(k_proj["biases"])
+    biases.flat[5] = np.nextafter(biases.flat[5], np.float16(0))
+    k_proj["biases"] = mx.array(biases)
+    assert k_proj.zero_point == zero   # marked at load; the stack looks for itself
+    stack = loaded.backbone.stack
+    norms, names = next(x for x in _LAYOUTS if _layout_name(x[1]) == stack.layout)
+    final = _norm_weight(loaded.adapter.backbone.norm, "final norm")
+    rebuilt = _build(loaded.adapter, norms, names, final, stack.embed_scale, True)
+    assert rebuilt.weights.symmetric_linears == 7 * len(layers) - 1
+
+
+def test_affine_linears_keep_their_biases_in_the_stack(monkeypatch):
+    monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", "1")
+    loaded = load_cpu(str(cached_tiny_model("llama", quantize_bits=4, group_size=32)))
+    assert loaded.backbone.stack.weights.symmetric_linears == 0
 
 
 @pytest.mark.parametrize("cache_dtype", [mx.float16, mx.bfloat16])
