@@ -20,6 +20,7 @@ namespace mx = mlx::core;
 using stack_spec::check_linear;
 using stack_spec::fail;
 using stack_spec::LinearIndex;
+using stack_spec::kLinearInts;
 using stack_spec::linear_of;
 
 namespace {
@@ -47,7 +48,8 @@ struct LayerIndex {
   int sinks = -1;
 };
 
-// The tail of a layer's ints, after the linears' (bits, group_size, has_bias).
+// The tail of a layer's ints, after the linears': where it starts, and its fields.
+constexpr int kTailAt = kLinearInts * kStackLinears;
 enum Tail {
   kQkNorm, kRopeDims, kRopeTraditional, kRopeHasFreqs, kWindow, kNorms, kActivation, kHasSinks
 };
@@ -63,8 +65,8 @@ std::vector<LayerIndex> index_layers(const std::vector<int>& ints, size_t num_ar
     LayerIndex& L = layers[li];
     // A mixture-of-experts layer's gate, up and down have bits -1 and no arrays
     // (its DecoderStackMoe holds the MLP).
-    auto take_linear = [&](int j) { L.lin[j] = take_linear_at(spec + 3 * j, next); };
-    const int* tail = spec + 3 * kStackLinears;
+    auto take_linear = [&](int j) { L.lin[j] = take_linear_at(spec + kLinearInts * j, next); };
+    const int* tail = spec + kTailAt;
     const int norms = tail[kNorms];
     if (norms & cpu::kPreAttention) L.input_norm = next++;
     for (int j = 0; j < 4; ++j) take_linear(j);
@@ -159,7 +161,7 @@ DecoderStackWeights::DecoderStackWeights(
     for (int j = 0; j < (dense_mlp ? kStackLinears : 4); ++j) {
       check_linear(arrays, L.lin[j], dims[j][0], dims[j][1], where + " " + kLinearNames[j]);
     }
-    const int* tail = ints.data() + li * kStackLayerInts + 3 * kStackLinears;
+    const int* tail = ints.data() + li * kStackLayerInts + kTailAt;
     const std::pair<int, const char*> norms[] = {
         {L.input_norm, " input_norm"}, {L.post_attn_norm, " post_attn_norm"},
         {L.post_norm, " post_norm"}, {L.post_mlp_norm, " post_mlp_norm"}};
@@ -197,7 +199,7 @@ DecoderStackWeights::DecoderStackWeights(
   final_norm_view_ = norm_of(final_norm_, final_eps);
   for (size_t li = 0; li < index.size(); ++li) {
     const LayerIndex& L = index[li];
-    const int* tail = ints.data() + li * kStackLayerInts + 3 * kStackLinears;
+    const int* tail = ints.data() + li * kStackLayerInts + kTailAt;
     const float* f = floats.data() + li * kStackLayerFloats;
     cpu::StackLayer l;
     l.norms = tail[kNorms];

@@ -13,11 +13,12 @@
 #include "ops/cpu_only_primitive.h"
 #include "ops/decoder_stack_lora.h"
 #include "ops/decoder_stack_moe.h"
+#include "ops/stack_linears.h"
 
 namespace vllm_metal {
 
 // Per-layer spec, flattened. ints (kStackLayerInts per layer):
-//   for each linear of q, k, v, o, gate, up, down: bits (0 = dense), group_size, has_bias
+//   for each linear of q, k, v, o, gate, up, down: its kLinearInts (stack_linears.h)
 //   then qk_norm (StackQkNorm), rope_dims (0: no rotation), rope_traditional,
 //   rope_has_freqs, sliding_window, norms (StackNorms bits), activation (StackActivation),
 //   has_sinks
@@ -25,14 +26,14 @@ namespace vllm_metal {
 //   input_eps, post_eps (pre-MLP), qk_eps, rope_base, rope_scale, attn_scale, softcap,
 //   post_attn_eps, post_mlp_eps, residual_scale
 // arrays, per layer in this order:
-//   [input_norm_w]; each linear as w [+ scales, biases if quantized] [+ bias];
+//   [input_norm_w]; each linear as w [+ scales [+ biases] if quantized] [+ bias];
 //   (q, k, v, o); [q_norm_w, k_norm_w]; [post_attn_norm_w]; [post_norm_w];
 //   (gate, up, down); [post_mlp_norm_w]; [rope freqs float [rope_dims / 2]];
 //   [sinks float32 [num_heads]]
 // A mixture-of-experts layer (listed in moe_layers, its DecoderStackMoe in moe)
 // gives gate, up and down bits -1 and no arrays.
 inline constexpr int kStackLinears = 7;
-inline constexpr int kStackLayerInts = 3 * kStackLinears + 8;
+inline constexpr int kStackLayerInts = stack_spec::kLinearInts * kStackLinears + 8;
 inline constexpr int kStackLayerFloats = 10;
 
 /**

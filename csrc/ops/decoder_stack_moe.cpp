@@ -17,14 +17,16 @@ struct ExpertIndex {
   int w = -1, scales = -1, biases = -1, bias = -1;
 };
 
+constexpr int kLinear = stack_spec::kLinearInts;
 enum Field {
   kTopK, kScoring, kNormalize, kHasShared, kHasSharedGate,
   kRouter = 5,
-  kExperts = 8,  // 4 ints per projection: bits, group_size, mxfp4, has_bias
-  kShared = 20,
-  kSharedGateProj = 29,
-  kHasCorrection = 32, kGroups, kTopkGroup,
+  kExperts = kRouter + kLinear,  // 4 ints per projection: bits, group_size, mxfp4, has_bias
+  kShared = kExperts + 12,
+  kSharedGateProj = kShared + 3 * kLinear,
+  kHasCorrection = kSharedGateProj + kLinear, kGroups, kTopkGroup,
 };
+static_assert(kTopkGroup + 1 == kMoeInts);
 
 // One expert projection's storage, as its 4 spec ints give it.
 struct ExpertSpec {
@@ -127,7 +129,7 @@ DecoderStackMoe::DecoderStackMoe(std::vector<mx::array> arrays, std::vector<int>
   }
   stack_spec::LinearIndex sh[3];
   if (shared) {
-    for (int j = 0; j < 3; ++j) sh[j] = stack_spec::take_linear(f + kShared + 3 * j, next);
+    for (int j = 0; j < 3; ++j) sh[j] = stack_spec::take_linear(f + kShared + kLinear * j, next);
   }
   stack_spec::LinearIndex sg;
   if (shared_gate) sg = stack_spec::take_linear(f + kSharedGateProj, next);

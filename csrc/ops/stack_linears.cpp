@@ -2,7 +2,6 @@
 
 #include <stdexcept>
 
-#include "mlx/ops.h"
 #include "ops/cpu_inputs.h"
 
 namespace vllm_metal::stack_spec {
@@ -17,10 +16,11 @@ LinearIndex take_linear(const int* spec, int& next) {
   LinearIndex x;
   x.bits = spec[0];
   x.group_size = spec[1];
+  x.zero_point = spec[3];
   x.w = next++;
   if (x.bits) {
     x.scales = next++;
-    x.biases = next++;
+    if (!x.zero_point) x.biases = next++;
   }
   if (spec[2]) x.bias = next++;
   return x;
@@ -41,13 +41,19 @@ void check_linear(const std::vector<mx::array>& arrays, const LinearIndex& x, in
     if (x.group_size != 32 && x.group_size != 64 && x.group_size != 128) {
       fail(where + ": group_size must be 32, 64 or 128");
     }
+    if (x.zero_point && x.zero_point != 1 << (x.bits - 1)) {
+      fail(where + ": a zero point must be 2^(bits - 1)");
+    }
     const auto& s = arrays[x.scales];
-    const auto& b = arrays[x.biases];
     const mx::Shape groups = {static_cast<int>(n), static_cast<int>(k / x.group_size)};
-    if (s.shape() != groups || b.shape() != groups || !is_linear_float(s.dtype()) ||
-        b.dtype() != s.dtype() || k % x.group_size != 0) {
+    const bool biases_ok = x.zero_point || (arrays[x.biases].shape() == groups &&
+                                            arrays[x.biases].dtype() == s.dtype());
+    if (s.shape() != groups || !biases_ok || !is_linear_float(s.dtype()) ||
+        k % x.group_size != 0) {
       fail(where + ": scales/biases must be float [N, K / group_size], one dtype");
     }
+  } else if (x.zero_point) {
+    fail(where + ": a dense linear has no zero point");
   } else if (!is_linear_float(w.dtype())) {
     fail(where + ": dense weights must be float");
   }
@@ -64,37 +70,24 @@ void check_linear(const std::vector<mx::array>& arrays, const LinearIndex& x, in
   }
 }
 
-namespace {
-
-// Whether every bias is -2^(bits - 1) times its scale (GGUF's Q4_0 and Q8_0), as
-// the int8 kernels would form it from the scale in hand (float(scale) * -zero,
-// exact: a power of two). Then a pass over W reads no biases: for 4 bits a ninth
-// fewer bytes a decode step, and one stream fewer for the prefetchers.
-bool symmetric(const mx::array& scales, const mx::array& biases, float zero) {
-  const mx::array s = mx::astype(scales, mx::float32);
-  return mx::array_equal(mx::astype(biases, mx::float32), mx::multiply(s, mx::array(-zero)))
-      .item<bool>();
-}
-
-} // namespace
 
 cpu::StackLinear linear_of(const std::vector<mx::array>& arrays, const LinearIndex& x,
                            bool int8_activations) {
   cpu::StackLinear l;
   if (x.w < 0) return l;  // absent (a mixture-of-experts layer's dense MLP)
   l.int8_activations = int8_activations && x.bits != 0;
+  if (x.zero_point && !l.int8_activations) {
+    fail("a symmetric linear (zero point, no biases) needs int8 activations");
+  }
   const auto& w = arrays[x.w];
   if (x.bits) {
     const auto& s = arrays[x.scales];
-    l.quant = cpu::QuantMatrix{w.data<uint32_t>(), s.data<void>(), arrays[x.biases].data<void>(),
+    l.quant = cpu::QuantMatrix{w.data<uint32_t>(), s.data<void>(),
+                               x.zero_point ? nullptr : arrays[x.biases].data<void>(),
                                elem_of(s.dtype()), x.bits, x.group_size, w.shape(0),
                                linear_in(w, x.bits)};
     l.quant.tiled = l.int8_activations;
-    const float zero = static_cast<float>(1 << (x.bits - 1));
-    if (l.int8_activations && symmetric(s, arrays[x.biases], zero)) {
-      l.quant.biases = nullptr;
-      l.quant.zero_point = zero;
-    }
+    l.quant.zero_point = static_cast<float>(x.zero_point);
   } else {
     l.dense = cpu::DenseMatrix{w.data<void>(), elem_of(w.dtype()), w.shape(0), w.shape(1)};
   }

@@ -16,6 +16,7 @@ from vllm_metal.cpu.backend import CpuBackend
 from vllm_metal.cpu.decoder_stack import (
     _LAYOUTS, Unsupported, _build, _layout_name, _norm_weight, plan_decoder_stack,
 )
+from vllm_metal.cpu.fast_linears import _find_zero_point
 from vllm_metal.ops.reference import key_columns_as_rows
 from vllm_metal.v1.model_lifecycle import load_model
 
@@ -235,17 +236,23 @@ def test_symmetric_gguf_linears_form_their_biases_in_the_stack(qtype, zero, tmp_
         # 2.7% measured on these files, the same whether the stack reads the biases).
         assert np.abs(g - w).max() <= 0.05 * np.abs(w).max()
 
-    # One bias off by one step of its dtype: that linear reads its biases again.
+    # The stack takes the module's mark: one bias off by a step of its dtype, and
+    # that linear is not marked, and the stack reads its biases.
     k_proj = layers[0].self_attn.k_proj
+    assert k_proj.zero_point == zero
     biases = np.array(k_proj["biases"])
     biases.flat[5] = np.nextafter(biases.flat[5], np.float16(0))
     k_proj["biases"] = mx.array(biases)
-    assert k_proj.zero_point == zero   # marked at load; the stack looks for itself
+    _find_zero_point(k_proj)
+    assert k_proj.zero_point is None
     stack = loaded.backbone.stack
     norms, names = next(x for x in _LAYOUTS if _layout_name(x[1]) == stack.layout)
     final = _norm_weight(loaded.adapter.backbone.norm, "final norm")
     rebuilt = _build(loaded.adapter, norms, names, final, stack.embed_scale, True)
     assert rebuilt.weights.symmetric_linears == 7 * len(layers) - 1
+    # Built for float activations (the probe's), every linear reads its biases.
+    probe = _build(loaded.adapter, norms, names, final, stack.embed_scale, False)
+    assert probe.weights.symmetric_linears == 0
 
 
 def test_affine_linears_keep_their_biases_in_the_stack(monkeypatch):
@@ -353,8 +360,9 @@ def test_a_moe_spec_that_disagrees_with_its_arrays_is_refused():
 
     router = mx.zeros((4, 64))
     experts = [mx.zeros((4, 32, 64)), mx.zeros((4, 32, 64)), mx.zeros((4, 64, 32))]
-    # top_k..., router (3), gate/up/down experts (4 each), shared (9), shared gate (3), groups
-    ints = [2, 0, 0, 0, 0] + [0] * 3 + [0] * 12 + [0] * 9 + [0] * 3 + [0, 1, 1]
+    # top_k..., router (4), gate/up/down experts (4 each), shared (12), shared gate (4),
+    # groups
+    ints = [2, 0, 0, 0, 0] + [0] * 4 + [0] * 12 + [0] * 12 + [0] * 4 + [0, 1, 1]
     moe = get_ops().DecoderStackMoe([router, *experts], ints, 1.0, 64)
     assert moe.num_experts == 4
     with pytest.raises(ValueError, match="top_k must be in"):
@@ -363,6 +371,8 @@ def test_a_moe_spec_that_disagrees_with_its_arrays_is_refused():
         get_ops().DecoderStackMoe([router, *experts[:2], mx.zeros((4, 64, 16))], ints, 1.0, 64)
     with pytest.raises(ValueError, match="describes 4 arrays, got 3"):
         get_ops().DecoderStackMoe([router, *experts[:2]], ints, 1.0, 64)
+    with pytest.raises(ValueError, match="MoE router: a dense linear has no zero point"):
+        get_ops().DecoderStackMoe([router, *experts], ints[:8] + [8] + ints[9:], 1.0, 64)
 
 
 @pytest.mark.parametrize("family,why", sorted(DECLINED.items()))

@@ -243,7 +243,7 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
                 sites.append(Site(index, projection, lin.lora._lora_name, lin.lora_col0))
                 bank = lin.lora._lora_bank
         if switch is not None:
-            ints += [-1, 0, 0] * 3
+            ints += [-1, 0, 0, 0] * 3
         qk, qk_eps, qk_arrays = _qk_norms(inner, facts, where)
         rope = _rope_spec(getattr(inner, "rope", None), facts.head_dim, where)
         if switch is None:
@@ -343,6 +343,7 @@ class _Rows:
     lora: LoRALinear | None = None
     lora_col0: int = 0
     tiled: bool = False  # quantized arrays in tile_quantized's order
+    zero_point: int = 0  # the module's (fast_linears._find_zero_point), 0 if affine
 
     @classmethod
     def of(cls, lin: nn.Module, where: str) -> _Rows:
@@ -352,7 +353,7 @@ class _Rows:
         bias = lin["bias"] if "bias" in lin else None
         if type(lin) is FastQuantizedLinear:
             return cls(lin.bits, lin.group_size, lin.weight, lin.scales, lin.biases, bias, lora,
-                       tiled=lin.tiled)
+                       tiled=lin.tiled, zero_point=lin.zero_point or 0)
         if type(lin) is FastLinear:
             return cls(0, 0, lin.weight, None, None, bias, lora)
         raise Unsupported(f"{where} has a {type(lin).__name__} the CPU kernels do not cover")
@@ -366,7 +367,8 @@ class _Rows:
         whole = self.laid_out(False)
         cut = lambda a: None if a is None else a[start:stop]  # noqa: E731
         return _Rows(self.bits, self.group_size, cut(whole.weight), cut(whole.scales),
-                     cut(whole.biases), cut(self.bias), self.lora, self.lora_col0 + start)
+                     cut(whole.biases), cut(self.bias), self.lora, self.lora_col0 + start,
+                     zero_point=self.zero_point)
 
     def laid_out(self, tiled: bool) -> _Rows:
         """These rows with quantized arrays in tile order (``tiled``) or MLX's: the
@@ -377,12 +379,21 @@ class _Rows:
         weight, scales, biases = change(self.weight, self.scales, self.biases)
         return replace(self, weight=weight, scales=scales, biases=biases, tiled=tiled)
 
+    @property
+    def formed_zero(self) -> int:
+        """The zero point the stack forms biases from (-zero * scale) instead of
+        reading them: symmetric weights laid out for int8 activations (the int8
+        kernels form biases; the float ones read them), else 0."""
+        return self.zero_point if self.tiled else 0
+
     def spec(self) -> list[int]:
-        return [self.bits, self.group_size, int(self.bias is not None)]
+        """stack_spec::kLinearInts: bits, group_size, has_bias, zero_point."""
+        return [self.bits, self.group_size, int(self.bias is not None), self.formed_zero]
 
     @property
     def arrays(self) -> list[mx.array]:
-        return [a for a in (self.weight, self.scales, self.biases, self.bias) if a is not None]
+        biases = None if self.formed_zero else self.biases
+        return [a for a in (self.weight, self.scales, biases, self.bias) if a is not None]
 
 
 def _routing_name(routing: tuple[int, bool]) -> str:
@@ -467,8 +478,8 @@ def _moe(block: nn.Module, switch: nn.Module, routing: tuple[int, bool], hidden:
         specs.append(spec)
     shared = getattr(block, "shared_expert", None) or getattr(block, "shared_experts", None)
     shared_gate = getattr(block, "shared_expert_gate", None) if shared is not None else None
-    shared_specs = [0, 0, 0] * 3
-    gate_spec = [0, 0, 0]
+    shared_specs = [0, 0, 0, 0] * 3
+    gate_spec = [0, 0, 0, 0]
     if shared is not None:
         shared_rows = [_Rows.of(_attr(shared, n, where), where).laid_out(int8_activations)
                        for n in ("gate_proj", "up_proj", "down_proj")]

@@ -198,11 +198,11 @@ def _find_zero_point(module: nn.Module) -> None:
     """Mark symmetric weights, biases == -2^(bits-1) * scales (GGUF's Q8_0 and Q4_0):
     the int8 kernels then form each bias from its scale instead of reading it, and a
     GGUF model's Q8_0 head reads 1/18 fewer bytes per token. The biases stay for the
-    embedding gather and the decoder stack's fp32 probe; the stack finds the same
-    symmetry in its own copy (csrc/ops/stack_linears.cpp)."""
+    embedding gather and the decoder stack's fp32 probe; the int8 stack takes the
+    zero point from here (decoder_stack._Rows) and is handed no biases."""
     zero = 2 ** (module.bits - 1)
-    if mx.array_equal(module["biases"], module["scales"] * -zero).item():
-        module.zero_point = zero
+    symmetric = mx.array_equal(module["biases"], module["scales"] * -zero).item()
+    module.zero_point = zero if symmetric else None
 
 
 def _biases(module: nn.Module) -> mx.array | None:
