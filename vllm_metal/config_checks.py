@@ -34,10 +34,6 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
         raise UnsupportedConfigError(
             f"vllm-metal runs on one device: got --tensor-parallel-size "
             f"{parallel.tensor_parallel_size}; use 1")
-    if parallel.pipeline_parallel_size != 1:
-        raise UnsupportedConfigError(
-            f"vllm-metal runs on one device: got --pipeline-parallel-size "
-            f"{parallel.pipeline_parallel_size}; use 1")
     if parallel.data_parallel_size != 1:
         raise UnsupportedConfigError(
             f"vllm-metal runs one engine: got --data-parallel-size "
@@ -58,6 +54,8 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
     from vllm_metal.kv_offload.settings import route_kv_transfer
 
     route_kv_transfer(vllm_config)
+    if parallel.pipeline_parallel_size != 1:
+        _check_pipeline(vllm_config)
 
     cache = vllm_config.cache_config
     if cache.cache_dtype in ROTATED_PRESETS and cache.cache_dtype not in QUANTIZED_CACHE_DTYPES:
@@ -77,3 +75,17 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
         raise UnsupportedConfigError(
             f"--block-size {block_size} is not supported: it must be a multiple of "
             f"{smallest} (the paged kernels use pages of {KERNEL_BLOCK_SIZES})")
+
+
+def _check_pipeline(vllm_config: VllmConfig) -> None:
+    """What pipeline stages do not run yet is refused by its flag."""
+    size = vllm_config.parallel_config.pipeline_parallel_size
+    clashes = [(vllm_config.speculative_config is not None, "--speculative-config"),
+               (vllm_config.lora_config is not None, "--enable-lora"),
+               (getattr(vllm_config.kv_transfer_config, "kv_connector", None) is not None,
+                "--kv-offloading-size / --kv-transfer-config")]
+    for clash, flag in clashes:
+        if clash:
+            raise UnsupportedConfigError(
+                f"--pipeline-parallel-size {size} does not run with {flag} on vllm-metal; "
+                "drop one of them")

@@ -73,6 +73,13 @@ def _gdn_chunk(raw: str) -> int:
     return value
 
 
+def _distributed_backend(raw: str) -> str:
+    value = raw.strip().lower() or "ring"
+    if value not in ("ring", "jaccl"):
+        raise ValueError(f"expected ring or jaccl, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class EnvVar:
     default: str
@@ -127,6 +134,11 @@ VARIABLES: dict[str, EnvVar] = {
         "1", _bool,
         "Build step k+1's graph while step k runs; the host waits only when vLLM reads "
         "the output (0: wait inside sample_tokens)."),
+    "VLLM_METAL_DISTRIBUTED_BACKEND": EnvVar(
+        "ring", _distributed_backend,
+        "MLX backend that carries hidden states between an engine's ranks "
+        "(--pipeline-parallel-size): ring (TCP) or jaccl (RDMA over Thunderbolt 5 on "
+        "Macs; needs MLX_IBV_DEVICES)."),
     "VLLM_METAL_GGUF_CACHE": EnvVar(
         "~/.cache/vllm-metal/gguf", str,
         "Where the config and tokenizer files derived from a GGUF's metadata are cached."),

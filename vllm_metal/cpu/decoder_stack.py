@@ -147,8 +147,8 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
     layers = getattr(backbone, "layers", None)
     if not isinstance(layers, list) or not layers:
         raise Unsupported(f"{_qualname(backbone)} has no list of layers")
-    if getattr(backbone, "pipeline_size", 1) != 1:
-        raise Unsupported("pipeline-parallel backbone")
+    if getattr(backbone, "pipeline_size", 1) != 1 or adapter.stage is not None:
+        raise Unsupported("a pipeline stage (the stack runs every layer)")
     if len(adapter.entries) != len(layers):
         raise Unsupported("layers share KV entries")
     if any(e.state is not None for e in adapter.entries):

@@ -57,12 +57,32 @@ class StageLink:
     """A stage's two boundary tensors for the step being built: ``incoming`` [T, hidden]
     (what the previous stage sent; None in a forward that receives nothing, such as a
     memory profile, which then runs on the embedding's output) and ``outgoing``
-    [1, T, hidden] (the hidden state after this stage's last layer, set by the
-    forward). Both are cleared by ``clear`` after each step."""
+    [..., hidden], T rows (the hidden state after this stage's last layer, set by
+    the forward, in the backbone's batch layout); and, in an engine, the MLX group
+    and the global ranks of the stages before and after (None at the ends). Hidden
+    states travel as float32 (exact for the half types the stages compute in)."""
 
-    def __init__(self) -> None:
+    def __init__(self, group=None, prev: int | None = None, next: int | None = None) -> None:
+        self.group, self.prev, self.next = group, prev, next
         self.incoming: mx.array | None = None
         self.outgoing: mx.array | None = None
+
+    def receive(self, rows: int, hidden: int) -> None:
+        """Set ``incoming`` to the previous stage's [rows, hidden] of this step (lazy:
+        read when the step is evaluated). MLX's transfers carry no tags, so every
+        stage sends and receives its steps in the same order."""
+        self.incoming = mx.distributed.recv((rows, hidden), mx.float32, self.prev,
+                                            group=self.group)
+
+    def send(self) -> None:
+        """Evaluate this step through ``outgoing`` and send it to the next stage; then
+        forget the step's tensors."""
+        out = self.outgoing
+        self.clear()
+        if out is None:
+            raise RuntimeError("the forward never reached the layer after this stage")
+        rows = out.reshape(-1, out.shape[-1]).astype(mx.float32)
+        mx.eval(mx.distributed.send(rows, self.next, group=self.group))
 
     def clear(self) -> None:
         self.incoming = self.outgoing = None

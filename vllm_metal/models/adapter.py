@@ -30,6 +30,7 @@ from vllm_metal.attention.context import (AttentionMetadata, ForwardContext, for
                                           get_forward_context)
 from vllm_metal.attention.layer_cache import LayerCache, install_paged_sdpa
 from vllm_metal.attention.state_cache import StateCache, install_paged_gated_delta
+from vllm_metal.distributed.pipeline import PipelineStage
 from vllm_metal.models.expert_lists import restack_expert_lists
 from vllm_metal.models.state_layers import wrap_state_convs
 
@@ -75,23 +76,31 @@ class KVEntry:
 class ModelAdapter:
     """Drives ``model``'s own code over the paged cache (see the module docstring)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, stage: PipelineStage | None = None) -> None:
+        """``stage``: the pipeline stage whose layers ``model`` holds (cut_layers);
+        its entries are then those of its own layers, numbered from 0."""
         self.model = model
         self.family = _family(model)
         self.text_model = _text_model(model)
         self.backbone_name = _backbone_name(self.text_model, self.family)
         self.backbone: nn.Module = getattr(self.text_model, self.backbone_name)
+        self.stage = stage
         install_paged_sdpa()
         install_paged_gated_delta()
         layered = _layered(model, self.text_model)
         windows, groups = _cache_windows(layered, self.family)
+        # The model's entries this process runs (all but under a pipeline stage);
+        # entries[j] is held[j]'s.
+        self.held = self._held(windows, groups)
         _wrap_self_computing(layered, self.family)
+        # Keyed by local entry (the stand-ins of other stages' layers hold no convs).
         self._convs = wrap_state_convs(
-            _layers(layered), [i for i, w in enumerate(windows) if isinstance(w, _StateSlots)],
+            _layers(layered), [j for j, i in enumerate(self.held)
+                               if isinstance(windows[i], _StateSlots)],
             self.family, UnsupportedModelError)
         restack_expert_lists(_layers(layered) or [])
-        self.caches = [self._state_cache(i, w.slots) if isinstance(w, _StateSlots)
-                       else LayerCache(i) for i, w in enumerate(windows)]
+        local = {i: j for j, i in enumerate(self.held)}
+        self.caches = [self._cache(i, local.get(i), w) for i, w in enumerate(windows)]
         # What the backbone is given: mlx-lm's list, a CacheList as a group.
         self.model_caches = [self.caches[g[0]] if len(g) == 1
                              else _CacheGroup([self.caches[i] for i in g]) for g in groups]
@@ -123,8 +132,26 @@ class ModelAdapter:
 
     # -- facts ----------------------------------------------------------
 
+    def _held(self, windows: list, groups: list[list[int]]) -> list[int]:
+        if self.stage is None:
+            return list(range(len(windows)))
+        layers = _layers(self.backbone)
+        if any(len(g) != 1 for g in groups) or layers is None or len(windows) != len(layers):
+            raise UnsupportedModelError(
+                f"{self.family}: --pipeline-parallel-size needs one cache per layer; this "
+                f"model keeps {len(windows)} for {len(layers or ())} layers")
+        return list(range(self.stage.start, self.stage.end))
+
+    def _cache(self, i: int, j: int | None, window) -> LayerCache | StateCache:
+        """Entry i's cache, writing local entry j; a layer another pipeline stage runs
+        (j None) gets a cache that only makes masks (its stand-in never attends)."""
+        if isinstance(window, _StateSlots):
+            return (StateCache(-1, window.slots) if j is None
+                    else self._state_cache(i, j, window.slots))
+        return LayerCache(-1 if j is None else j)
+
     def _probe_backbone(self, windows: list) -> tuple[list[KVEntry], int]:
-        probe = _Probe(len(windows))
+        probe = _Probe(len(self.held))
         ids = mx.zeros((_PROBE_ROWS, 1), dtype=mx.int32)
         try:
             with forward_context(probe):
@@ -144,11 +171,12 @@ class ModelAdapter:
                 f"{self.family}: its mlx-lm backbone {_qualname(self.backbone)} does not run "
                 f"on vllm-metal's paged cache{why} ({type(e).__name__}: {_first_line(e)})") from e
         entries = []
-        for i, rotating in enumerate(windows):
+        for j, i in enumerate(self.held):
+            rotating = windows[i]
             if isinstance(rotating, _StateSlots):
-                entries.append(self._state_entry(i, probe))
+                entries.append(self._state_entry(i, j, probe))
                 continue
-            kv, attn = probe.kv.get(i), probe.attn.get(i)
+            kv, attn = probe.kv.get(j), probe.attn.get(j)
             if kv is None:
                 raise UnsupportedModelError(
                     f"{self.family}: KV entry {i} was never written through "
@@ -159,7 +187,7 @@ class ModelAdapter:
                     "through mlx-lm's scaled_dot_product_attention; vllm-metal cannot page it")
             num_kv_heads, head_dim, value_dim = kv
             num_heads, scale, window, softcap, sinks = attn
-            latent = probe.latent.get(i)
+            latent = probe.latent.get(j)
             if value_dim != head_dim and latent is None:
                 raise UnsupportedModelError(
                     f"{self.family}: {self._where(i)} has keys of size {head_dim} and values "
@@ -178,19 +206,20 @@ class ModelAdapter:
                                    softcap, sinks, latent))
         return entries, int(out.shape[-1])
 
-    def _state_cache(self, i: int, slots: int) -> StateCache:
-        """Slots of conv inputs, one per conv, then (GDN) the recurrent state."""
-        convs = len(self._convs[i][1])
+    def _state_cache(self, i: int, j: int, slots: int) -> StateCache:
+        """Slots of conv inputs, one per conv, then (GDN) the recurrent state; layer
+        i's, as local entry j."""
+        convs = len(self._convs[j][1])
         if slots not in (convs, convs + 1):
             raise UnsupportedModelError(
                 f"{self.family}: {self._where(i)} keeps {slots} state arrays for {convs} "
                 "convolutions; vllm-metal pages conv inputs plus at most one recurrent state")
-        return StateCache(i, slots, recurrent=slots == convs + 1)
+        return StateCache(j, slots, recurrent=slots == convs + 1)
 
-    def _state_entry(self, i: int, probe: _Probe) -> KVEntry:
-        kernel, channels = self._convs[i]
+    def _state_entry(self, i: int, j: int, probe: _Probe) -> KVEntry:
+        kernel, channels = self._convs[j]
         recurrent = self.caches[i].recurrent
-        convs, rule = probe.conv.get(i, set()), probe.rule.get(i)
+        convs, rule = probe.conv.get(j, set()), probe.rule.get(j)
         if convs != set(range(len(channels))) or recurrent != (rule is not None):
             what = ("each of its convs" if rule is not None or not recurrent
                     else "mlx-lm's gated_delta_update or ssm_update")
@@ -337,6 +366,18 @@ class _Rows:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._rows_backbone, name)
+
+
+def backbone_layers(model: nn.Module) -> list:
+    """The backbone's own list of decoder layers (what pipeline stages cut)."""
+    text_model = _text_model(model)
+    backbone = getattr(text_model, _backbone_name(text_model, _family(model)))
+    layers = backbone.get("layers") if isinstance(backbone, dict) else None
+    if not isinstance(layers, list):
+        raise UnsupportedModelError(
+            f"{_family(model)}: {_qualname(backbone)} keeps no list of layers; "
+            "--pipeline-parallel-size cuts such a list")
+    return layers
 
 
 def _family(model: nn.Module) -> str:

@@ -12,7 +12,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from vllm_metal.backend import Backbone, Backend
-from vllm_metal.models.adapter import ModelAdapter, UnsupportedModelError
+from vllm_metal.distributed.pipeline import PipelineStage, StageLink, cut_layers
+from vllm_metal.models.adapter import ModelAdapter, UnsupportedModelError, backbone_layers
 
 logger = logging.getLogger("vllm_metal")
 
@@ -62,24 +63,35 @@ class LoadedModel:
 
 
 def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
-               wrap: Callable[[nn.Module], None] | None = None) -> LoadedModel:
+               wrap: Callable[[nn.Module], None] | None = None,
+               pipeline: tuple[int, int, StageLink] | None = None) -> LoadedModel:
     """Load a local HF-format model directory (float or MLX-quantized) with mlx-lm,
     or a GGUF file, and prepare it for ``backend``.
 
     Floating parameters (including quantization scales/biases) are cast to ``dtype``.
     ``wrap`` changes the model's modules (LoRA) once its weights are the backend's and
     before the backend plans its backbone, which then sees the modules that run.
+    ``pipeline``: (stage rank, stages, link): only that stage's layers are loaded and
+    run (vllm_metal.distributed.pipeline).
     """
     model = _load_mlx_model(model_path, dtype)
+    stage = None
+    if pipeline is not None:
+        rank, size, link = pipeline
+        layers = backbone_layers(model)
+        stage = PipelineStage.of(len(layers), rank, size)
+        cut_layers(layers, stage, link)
     backend.prepare_weights(model)
     mx.eval(model.parameters())
-    adapter = ModelAdapter(model)
+    adapter = ModelAdapter(model, stage)
     dims = derive_dims(adapter)
     if wrap is not None:
         wrap(model)
     backbone = backend.prepare_backbone(model, adapter, dims)
-    logger.info("Loaded %s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB; %s",
-                adapter.family, dims.num_layers, dims.num_heads,
+    logger.info("Loaded %s%s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB; %s",
+                adapter.family, "" if stage is None else
+                f" (pipeline stage {stage.rank}: layers {stage.start}-{stage.end - 1})",
+                dims.num_layers, dims.num_heads,
                 dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20,
                 backbone.summary)
     return LoadedModel(model, adapter, dims, dtype, backbone)

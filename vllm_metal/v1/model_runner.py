@@ -21,6 +21,7 @@ from vllm_metal.attention.kv_quant import (PACKED_HEAD_SIZES, STORAGE_DTYPE, KvQ
                                            from_cache_dtype)
 from vllm_metal.attention.caches.state_pages import (GdnStateShape, block_size_for_states,
                                                     half_page_floats)
+from vllm_metal.distributed.pipeline import StageLink
 from vllm_metal.kv_offload.connector_link import ConnectorLink
 from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
@@ -72,8 +73,13 @@ class _ForwardedStep:
 
 
 class MetalModelRunner:
-    def __init__(self, vllm_config: VllmConfig, backend: Backend) -> None:
+    def __init__(self, vllm_config: VllmConfig, backend: Backend, mlx_group=None) -> None:
+        """``mlx_group``: the engine's MLX group (mx.distributed.Group) when it runs on
+        several ranks, which carries a pipeline stage's hidden states."""
         self.vllm_config = vllm_config
+        self.mlx_group = mlx_group
+        # With --pipeline-parallel-size: this stage's link to its neighbours.
+        self.link: StageLink | None = None
         self.backend = backend
         self.model_config = vllm_config.model_config
         self.block_size = vllm_config.cache_config.block_size
@@ -119,7 +125,8 @@ class MetalModelRunner:
 
             def wrap(model):
                 self.lora = LoRAManager(model, lora_config, adapters, max_positions)
-        self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap)
+        self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap,
+                                 self._pipeline_stage())
         self._check_quantized_kv()
         if self.vllm_config.speculative_config is not None:
             self._check_speculative_target()
@@ -130,6 +137,17 @@ class MetalModelRunner:
         kernels = self.backend.sampling_kernels
         self.sampler = Sampler(vocab, self.logprobs_mode, cpu_kernel=kernels)
         self.prompt_logprobs = PromptLogprobsTracker(vocab, self.logprobs_mode, cpu_kernel=kernels)
+
+    def _pipeline_stage(self) -> tuple[int, int, StageLink] | None:
+        """(stage, stages, link) under --pipeline-parallel-size, else None."""
+        if self.vllm_config.parallel_config.pipeline_parallel_size == 1:
+            return None
+        from vllm.distributed import get_pp_group
+
+        pp = get_pp_group()
+        self.link = StageLink(self.mlx_group, None if pp.is_first_rank else pp.prev_rank,
+                              None if pp.is_last_rank else pp.next_rank)
+        return pp.rank_in_group, pp.world_size, self.link
 
     def _check_speculative_target(self) -> None:
         recurrent = [i for i, e in enumerate(self.loaded.adapter.entries) if e.state is not None]
@@ -263,24 +281,26 @@ class MetalModelRunner:
                                                  + self.kv_quant.value_width(dims.head_dim))
         cache = self.vllm_config.cache_config
         specs: dict[str, KVCacheSpec] = {}
-        for i, entry in enumerate(self.loaded.adapter.entries):
+        adapter = self.loaded.adapter
+        for i, entry in enumerate(adapter.entries):
+            name = _entry_name(adapter.held[i])
             if entry.state is not None:
                 st = entry.state
                 shapes = [(st.conv_kernel - 1, st.conv_dim)]
                 if st.num_v_heads:
                     shapes.append((st.num_v_heads, st.head_v_dim, st.head_k_dim))
-                specs[_entry_name(i)] = MambaSpec(
+                specs[name] = MambaSpec(
                     shapes=tuple(shapes), dtypes=(torch.float32,) * len(shapes),
                     block_size=cache.mamba_block_size,
                     page_size_padded=cache.mamba_page_size_padded,
                     mamba_type=_mamba_type(st),
                     mamba_cache_mode=cache.mamba_cache_mode)
             elif entry.latent_rank is not None:
-                specs[_entry_name(i)] = MLAAttentionSpec(**common)
+                specs[name] = MLAAttentionSpec(**common)
             elif entry.window is None:
-                specs[_entry_name(i)] = FullAttentionSpec(**common)
+                specs[name] = FullAttentionSpec(**common)
             else:
-                specs[_entry_name(i)] = SlidingWindowSpec(**common, sliding_window=entry.window)
+                specs[name] = SlidingWindowSpec(**common, sliding_window=entry.window)
         return specs
 
     def kv_bytes_per_block(self) -> int:
@@ -315,7 +335,8 @@ class MetalModelRunner:
 
     def initialize_kv_cache(self, kv_cache_config: KVCacheConfig) -> None:
         dims = self.loaded.dims
-        groups, tensor_of = _layout(kv_cache_config, dims.num_layers)
+        groups, tensor_of = _layout(kv_cache_config,
+                                    [_entry_name(i) for i in self.loaded.adapter.held])
         self.kv_cache = PagedKVCache(dims.num_layers, kv_cache_config.num_blocks, self.block_size,
                                      dims.num_kv_heads, dims.head_dim, self.kv_dtype,
                                      tensor_of=tensor_of, groups=groups, latent=dims.latent,
@@ -418,7 +439,15 @@ class MetalModelRunner:
             self.lora.prepare_step(np.repeat(per_request, np.diff(step.cu_seqlens_q)),
                                    {s.lora_id: s.lora_request for s in states if s.lora_id})
         slots = self._carry_states(step)
+        link = self.link
+        if link is not None and link.prev is not None:
+            link.receive(len(step.input_ids), self.loaded.adapter.hidden_size)
         hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step), slots)
+        if link is not None:
+            if link.next is not None:
+                link.send()   # the last stage computes the logits and samples
+                return None
+            link.clear()
         logits = rows = None
         if not len(step.logits_indices):
             # Nothing to sample (prompt chunks only): run the step anyway. The decoder
@@ -535,7 +564,9 @@ class MetalModelRunner:
             self.pending_tokens.forget(req_id)
             if self.drafter is not None:
                 self.drafter.forget(req_id)
-        apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs)
+        # A stage before the last samples nothing: vLLM sends it the sampled tokens.
+        apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs,
+                               takes_sampled=self.link is not None and self.link.next is not None)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
         copies = getattr(scheduler_output, "kv_cache_block_copies", None)
@@ -662,14 +693,16 @@ def _entry_name(entry: int) -> str:
     return f"model.layers.{entry}.self_attn"
 
 
-def _layout(config: KVCacheConfig, num_entries: int) -> tuple[list[int], list[int]]:
+def _layout(config: KVCacheConfig, names: list[str]) -> tuple[list[int], list[int]]:
     """(KV cache group of each entry, buffer of each entry) as vLLM planned them.
 
     vLLM places layer ``l`` of a KVCacheTensor at byte ``offset + l * layer_stride``
     of one backing allocation, and groups overlay each other from byte 0: layers
-    of different groups that start at the same byte share a buffer.
+    of different groups that start at the same byte share a buffer. ``names``: each
+    entry's layer name (a pipeline stage's entries are some of the model's).
     """
-    index = {_entry_name(i): i for i in range(num_entries)}
+    num_entries = len(names)
+    index = {name: i for i, name in enumerate(names)}
     groups: list[int | None] = [None] * num_entries
     starts: list[int | None] = [None] * num_entries
     for g, group in enumerate(config.kv_cache_groups):
@@ -679,7 +712,7 @@ def _layout(config: KVCacheConfig, num_entries: int) -> tuple[list[int], list[in
         for l, name in enumerate(tensor.layers):
             starts[index[name]] = tensor.offset + l * tensor.layer_stride
     if None in groups or None in starts:
-        missing = [_entry_name(i) for i in range(num_entries)
+        missing = [names[i] for i in range(num_entries)
                    if groups[i] is None or starts[i] is None]
         raise ValueError(f"vLLM's KV cache plan leaves out {', '.join(missing)}")
     buffer_of = {start: b for b, start in enumerate(sorted(set(starts)))}

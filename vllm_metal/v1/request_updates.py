@@ -13,9 +13,12 @@ if TYPE_CHECKING:
 
 
 def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
-                           prompt_logprobs: PromptLogprobsTracker) -> None:
+                           prompt_logprobs: PromptLogprobsTracker,
+                           takes_sampled: bool = False) -> None:
     """Finished requests leave; new ones arrive; running ones get blocks, counts and
-    the drafts their query verifies."""
+    the drafts their query verifies. ``takes_sampled``: this runner samples nothing
+    (a pipeline stage before the last), and running requests' new tokens are the
+    ones vLLM sends (``new_token_ids``)."""
     for req_id in out.finished_req_ids:
         batch.remove_request(req_id)
         prompt_logprobs.remove_request(req_id)
@@ -58,6 +61,8 @@ def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
             batch.reset_row(req_id)
         if new_blocks:
             batch.append_blocks(req_id, new_blocks)
+        if takes_sampled:
+            _take_sampled(batch, state, cached.new_token_ids[i])
 
     batch.apply_schedule(out)
     for req_id, drafts in out.scheduled_spec_decode_tokens.items():
@@ -70,3 +75,12 @@ def _restore_outputs(state: RequestState, num_outputs: int,
         state.output_token_ids = list(all_token_ids[-num_outputs:])
     else:
         del state.output_token_ids[num_outputs:]
+
+
+def _take_sampled(batch: InputBatch, state: RequestState, scheduled: list[int]) -> None:
+    """``scheduled``: the request's tokens from num_computed_tokens on, as vLLM's
+    scheduler sends them under pipeline parallelism; the ones past what the request
+    holds are the tokens the last stage sampled."""
+    new = state.num_computed_tokens + len(scheduled) - state.num_tokens
+    for token in scheduled[len(scheduled) - new:] if new > 0 else ():
+        batch.append_token(state.req_id, token)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from vllm_metal import envs
 from vllm_metal.backend import Backend, select_backend
 from vllm_metal.v1.memory_budget import MemoryBudget, allocator_cache_limit
 from vllm_metal.v1.model_lifecycle import parameter_bytes
@@ -40,19 +41,31 @@ class MetalWorker(WorkerBase):
         seed = self.model_config.seed
         if seed is not None:
             mx.random.seed(seed)
-        self._init_distributed()
-        self.model_runner = MetalModelRunner(self.vllm_config, self.backend)
+        mlx_group = self._init_distributed()
+        self.model_runner = MetalModelRunner(self.vllm_config, self.backend, mlx_group)
 
-    def _init_distributed(self) -> None:
-        # One process, one device; vLLM code paths still consult the groups.
-        from vllm.distributed import (ensure_model_parallel_initialized,
+    def _init_distributed(self):
+        """Join vLLM's process groups (gloo: its control traffic, and what vLLM's code
+        paths consult) and, on several ranks, the MLX group the hidden states travel
+        in; returns that group (None on one rank)."""
+        from vllm.distributed import (ensure_model_parallel_initialized, get_world_group,
                                       init_distributed_environment)
 
-        init_distributed_environment(world_size=1, rank=self.rank,
+        parallel = self.parallel_config
+        init_distributed_environment(world_size=parallel.world_size, rank=self.rank,
                                      distributed_init_method=self.distributed_init_method,
                                      local_rank=self.local_rank, backend="gloo")
-        ensure_model_parallel_initialized(1, 1)
+        ensure_model_parallel_initialized(parallel.tensor_parallel_size,
+                                          parallel.pipeline_parallel_size)
+        group = None
+        if parallel.world_size > 1:
+            from vllm_metal.distributed.group import join_mlx_group
+
+            group = join_mlx_group(get_world_group().cpu_group, self.rank, parallel.world_size,
+                                   same_host=parallel.nnodes == 1,
+                                   backend=envs.VLLM_METAL_DISTRIBUTED_BACKEND)
         self.backend.quiet_threads()  # gloo's idle loop threads
+        return group
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         if load_dummy_weights:

@@ -1,0 +1,111 @@
+"""Pipeline parallel on one host: serving throughput of two stages against one rank,
+and the time MLX's ring takes to carry a step's hidden states between the stages.
+
+    python benchmarks/bench_pipeline.py [--model PATH] [--concurrency 1 8]
+
+Servers (bench_serve.py's workload: random 256-token prompts, 128 output tokens,
+greedy, --ignore-eos), one after another:
+- one rank, the default (the fused decoder stack where the model takes it);
+- one rank on the module path (VLLM_METAL_CPU_DECODER_STACK=0), what each stage runs;
+- --pipeline-parallel-size 2.
+Then two processes on 127.0.0.1 join a ring (vllm_metal.distributed.group) and time
+send/recv of float32 [rows, hidden] for a decode step's and a prefill chunk's rows.
+Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_serve import run_level, tokenizer_for  # noqa: E402
+from tests.e2e.server import VllmServer  # noqa: E402
+from vllm_metal.cli.bundled import DEFAULT_MODEL  # noqa: E402
+
+_RING = textwrap.dedent("""
+    import sys, time
+    import mlx.core as mx
+    import torch.distributed as dist
+    from vllm_metal.distributed.group import join_mlx_group
+
+    rank, port, hidden = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    group = join_mlx_group(dist.group.WORLD, rank, 2, same_host=True)
+    for rows in (1, 16, 512, 2048):
+        x = mx.ones((rows, hidden), dtype=mx.float32)
+        times = []
+        for i in range(60):
+            t = time.perf_counter()
+            if rank == 0:
+                mx.eval(mx.distributed.send(x, 1, group=group))
+            else:
+                mx.eval(mx.distributed.recv_like(x, 0, group=group))
+            times.append(time.perf_counter() - t)
+        if rank == 1:
+            times = sorted(times[10:])
+            print(rows, hidden, times[len(times) // 2] * 1e3, flush=True)
+""")
+
+
+def ring_times(hidden: int) -> list[tuple[int, float]]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    procs = [subprocess.Popen([sys.executable, "-c", _RING, str(r), port, str(hidden)],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO)
+             for r in range(2)]
+    out = [p.communicate(timeout=600)[0] for p in procs]
+    return [(int(line.split()[0]), float(line.split()[2])) for line in out[1].splitlines()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL.path())
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--num-prompts", type=int, default=None)
+    parser.add_argument("--input-len", type=int, default=256)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=576, help="hidden size for the ring")
+    parser.add_argument("--server-args", default="--max-model-len 2048 --max-num-seqs 16")
+    args = parser.parse_args()
+
+    cases = [("one rank (default)", {}, ()),
+             ("one rank, module path", {"VLLM_METAL_CPU_DECODER_STACK": "0"}, ()),
+             ("two pipeline stages", {}, ("--pipeline-parallel-size", "2"))]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, env, flags in cases:
+            server = VllmServer(str(args.model), "--served-model-name", "m",
+                                *args.server_args.split(), *flags,
+                                env={**os.environ, **env}, timeout=900)
+            try:
+                for c in args.concurrency:
+                    result, _ = run_level(server.base_url, "m", tokenizer_for(args.model), c,
+                                          args, Path(tmp))
+                    rows.append((label, c, result["output_throughput"],
+                                 result["median_tpot_ms"], result["median_ttft_ms"]))
+            finally:
+                server.stop()
+    print("\n| server | concurrency | output tok/s | median TPOT ms | median TTFT ms |")
+    print("|---|---|---|---|---|")
+    for label, c, tok_s, tpot, ttft in rows:
+        print(f"| {label} | {c} | {tok_s:.1f} | {tpot:.1f} | {ttft:.0f} |")
+    print("\n| rows | hidden | ring send+recv, median ms |")
+    print("|---|---|---|")
+    for n, ms in ring_times(args.hidden):
+        print(f"| {n} | {args.hidden} | {ms:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

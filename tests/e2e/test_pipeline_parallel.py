@@ -1,0 +1,116 @@
+"""`vllm serve --pipeline-parallel-size 2` on one host: two stages over MLX's ring give
+one rank's greedy tokens under concurrency, streamed or not; a killed stage takes the
+server down within seconds and leaves nothing running.
+
+One rank is compared on the module path (VLLM_METAL_CPU_DECODER_STACK=0): pipeline
+stages run each layer's modules, whose arithmetic the fused decoder stack matches
+only to rounding (docs/distributed.md)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import requests
+
+from tests.e2e.server import VllmServer
+from tests.tiny_models import cached_tiny_model
+from vllm_metal.engine_death import EXIT_STATUS
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
+           "List three prime numbers:", "Water boils at", "The quick brown fox",
+           "In the beginning", "Translate 'good morning' to Spanish:"]
+
+
+def _model() -> str:
+    # Three layers: the stages hold two and one (vLLM's split of an odd count).
+    return str(cached_tiny_model("llama", quantize_bits=4, group_size=32, num_hidden_layers=3))
+
+
+def _complete(server: VllmServer, prompt: str, stream: bool = False) -> list[int]:
+    body = {"model": _model(), "prompt": prompt, "max_tokens": 24, "temperature": 0,
+            "logprobs": 1, "stream": stream, "ignore_eos": True}
+    r = requests.post(server.base_url + "/v1/completions", json=body, timeout=300,
+                      stream=stream)
+    r.raise_for_status()
+    if not stream:
+        return r.json()["choices"][0]["logprobs"]["tokens"]
+    tokens = []
+    for line in r.iter_lines():
+        line = line.decode()
+        if line.startswith("data: ") and line != "data: [DONE]":
+            import json
+
+            tokens += json.loads(line[6:])["choices"][0]["logprobs"]["tokens"]
+    return tokens
+
+
+def _concurrent(server: VllmServer, stream: bool = False) -> list[list[int]]:
+    with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+        return list(pool.map(lambda p: _complete(server, p, stream), PROMPTS))
+
+
+def test_two_stages_give_one_ranks_greedy_tokens():
+    args = ("--max-model-len", "512")
+    one = VllmServer(_model(), *args, env={**os.environ, "VLLM_METAL_CPU_DECODER_STACK": "0"})
+    try:
+        want = [_complete(one, p) for p in PROMPTS]
+    finally:
+        one.stop()
+    two = VllmServer(_model(), *args, "--pipeline-parallel-size", "2")
+    try:
+        assert "pipeline stage 1: layers 2-2" in two.output()
+        assert [_complete(two, p) for p in PROMPTS] == want
+        assert _concurrent(two) == want
+        assert _concurrent(two, stream=True) == want
+    finally:
+        two.stop()
+
+
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,args="], capture_output=True,
+                         text=True, check=True).stdout
+    rows = [line.strip().split(None, 2) for line in out.splitlines()]
+    children: dict[int, list[tuple[int, str]]] = {}
+    for row in rows:
+        if len(row) == 3:
+            children.setdefault(int(row[1]), []).append((int(row[0]), row[2]))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+@pytest.mark.parametrize("stage", ["PP0", "PP1"])
+def test_a_killed_stage_fails_the_server_within_seconds(stage):
+    server = VllmServer(_model(), "--max-model-len", "512", "--pipeline-parallel-size", "2")
+    try:
+        before = _descendants(server.proc.pid)
+        workers = [pid for pid, args in before if "Worker" in args and stage in args]
+        assert workers, before
+        os.kill(workers[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while server.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.proc.returncode == EXIT_STATUS, server.output()
+        left = [pid for pid, _ in before if _alive(pid)]
+        assert not left, f"still running after the server exited: {left}"
+    finally:
+        server.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
+                          text=True).stdout.strip() not in ("", "Z")
