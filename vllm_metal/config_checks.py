@@ -32,12 +32,15 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
     parallel = vllm_config.parallel_config
     if parallel.tensor_parallel_size != 1:
         raise UnsupportedConfigError(
-            f"vllm-metal runs on one device: got --tensor-parallel-size "
-            f"{parallel.tensor_parallel_size}; use 1")
+            f"--tensor-parallel-size {parallel.tensor_parallel_size}: tensor parallel is not "
+            "implemented on vllm-metal yet; use 1 (--pipeline-parallel-size splits a model "
+            "across processes)")
     if parallel.data_parallel_size != 1:
         raise UnsupportedConfigError(
-            f"vllm-metal runs one engine: got --data-parallel-size "
-            f"{parallel.data_parallel_size}; use 1")
+            f"--data-parallel-size {parallel.data_parallel_size}: data parallel is not "
+            "implemented on vllm-metal yet; use 1")
+    if parallel.pipeline_parallel_size != 1:
+        _check_pipeline(vllm_config)
     from vllm_metal.spec_decode.support import check_speculative_config
 
     check_speculative_config(vllm_config)
@@ -54,8 +57,6 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
     from vllm_metal.kv_offload.settings import route_kv_transfer
 
     route_kv_transfer(vllm_config)
-    if parallel.pipeline_parallel_size != 1:
-        _check_pipeline(vllm_config)
 
     cache = vllm_config.cache_config
     if cache.cache_dtype in ROTATED_PRESETS and cache.cache_dtype not in QUANTIZED_CACHE_DTYPES:
@@ -82,7 +83,8 @@ def _check_pipeline(vllm_config: VllmConfig) -> None:
     size = vllm_config.parallel_config.pipeline_parallel_size
     clashes = [(vllm_config.speculative_config is not None, "--speculative-config"),
                (vllm_config.lora_config is not None, "--enable-lora"),
-               (getattr(vllm_config.kv_transfer_config, "kv_connector", None) is not None,
+               (vllm_config.cache_config.kv_offloading_size is not None
+                or getattr(vllm_config.kv_transfer_config, "kv_connector", None) is not None,
                 "--kv-offloading-size / --kv-transfer-config")]
     for clash, flag in clashes:
         if clash:
