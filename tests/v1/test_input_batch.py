@@ -178,3 +178,30 @@ def test_decode_steps_one_token_each(batch):
         assert list(step.sample_mask) == [r != "c" for r in order]
         for r in order:
             computed[r] += 1
+
+
+def test_a_stage_that_does_not_sample_takes_the_tokens_vllm_sends(batch):
+    """Under pipeline parallel vLLM sends each running request's tokens from
+    num_computed_tokens on; a stage before the last appends those it does not hold
+    (the last stage's samples) and builds the step from them, as the reference does
+    for a runner that sampled them itself."""
+    a = list(range(10, 20))
+    out = _out(new=[_new("a", a, [3, 7])], sched={"a": 10})
+    apply_scheduler_output(batch, out, PromptLogprobsTracker(100, "raw_logprobs"),
+                           takes_sampled=True)
+    for step_no, sampled in enumerate((91, 92, 93)):
+        cached = _cached(["a"], [10 + step_no], [None], [step_no + 1])
+        cached.new_token_ids = [[sampled]]
+        out = _out(cached=cached, sched={"a": 1})
+        apply_scheduler_output(batch, out, PromptLogprobsTracker(100, "raw_logprobs"),
+                               takes_sampled=True)
+        step = _check(batch, out)
+        assert list(step.input_ids) == [sampled]
+    assert batch.requests["a"].output_token_ids == [91, 92, 93]
+    # The same tokens again (a step vLLM schedules before the next sample lands) are
+    # not appended twice.
+    cached = _cached(["a"], [12], [None], [3])
+    cached.new_token_ids = [[93]]
+    apply_scheduler_output(batch, _out(cached=cached, sched={"a": 1}),
+                           PromptLogprobsTracker(100, "raw_logprobs"), takes_sampled=True)
+    assert batch.requests["a"].output_token_ids == [91, 92, 93]
