@@ -42,6 +42,11 @@ def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
         prompt_logprobs.add_request(state)
 
     cached = out.scheduled_cached_reqs
+    if takes_sampled and len(cached.new_token_ids) != len(cached.req_ids):
+        # vLLM leaves them out under async scheduling, which it turns off for pipeline
+        # parallel; without them this stage would run stale tokens.
+        raise RuntimeError("a pipeline stage needs the sampled tokens vLLM sends with each "
+                           "step (new_token_ids); run without --async-scheduling")
     for i, req_id in enumerate(cached.req_ids):
         state = batch.requests[req_id]
         state.num_computed_tokens = cached.num_computed_tokens[i]
