@@ -73,10 +73,14 @@ def _gdn_chunk(raw: str) -> int:
     return value
 
 
+# MLX backends that carry hidden states between ranks (vllm_metal.distributed.group).
+DISTRIBUTED_BACKENDS = ("ring", "jaccl")
+
+
 def _distributed_backend(raw: str) -> str:
     value = raw.strip().lower() or "ring"
-    if value not in ("ring", "jaccl"):
-        raise ValueError(f"expected ring or jaccl, got {raw!r}")
+    if value not in DISTRIBUTED_BACKENDS:
+        raise ValueError(f"expected one of {', '.join(DISTRIBUTED_BACKENDS)}, got {raw!r}")
     return value
 
 

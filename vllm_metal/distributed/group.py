@@ -16,8 +16,7 @@ import tempfile
 
 import mlx.core as mx
 
-
-BACKENDS = ("ring", "jaccl")
+from vllm_metal.envs import DISTRIBUTED_BACKENDS
 
 
 def join_mlx_group(cpu_group, rank: int, world_size: int, same_host: bool,
@@ -26,10 +25,10 @@ def join_mlx_group(cpu_group, rank: int, world_size: int, same_host: bool,
     ``cpu_group`` (a torch.distributed group of the same ranks, e.g. vLLM's world
     group's cpu_group). ``same_host``: every rank runs on this machine (loopback);
     else each rank listens on its address as vLLM finds it (VLLM_HOST_IP first).
-    ``backend``: one of BACKENDS."""
+    ``backend``: one of DISTRIBUTED_BACKENDS."""
     import torch.distributed as dist
 
-    if backend not in BACKENDS or not mx.distributed.is_available(backend=backend):
+    if backend not in DISTRIBUTED_BACKENDS or not mx.distributed.is_available(backend=backend):
         raise RuntimeError(f"MLX backend {backend!r} is not available in this MLX build; "
                            "use ring")
     host = "127.0.0.1" if same_host else _host_ip()

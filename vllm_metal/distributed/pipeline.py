@@ -42,10 +42,6 @@ class PipelineStage:
         return cls(rank, size, start, end)
 
     @property
-    def is_first(self) -> bool:
-        return self.rank == 0
-
-    @property
     def is_last(self) -> bool:
         return self.rank == self.size - 1
 
