@@ -1,5 +1,6 @@
 """Parallel settings the platform cannot run are refused when the engine's config is
-made, naming the flag; pipeline parallel alone is accepted."""
+made, naming the flag; pipeline or tensor parallel alone is accepted, tensor parallel
+also where it does not divide the query heads, in every process that verifies it."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ from vllm.engine.arg_utils import EngineArgs
 from tests.tiny_models import cached_tiny_model
 
 
-def _config(**kwargs):
-    model = str(cached_tiny_model("llama"))
+def _config(model_kwargs=None, **kwargs):
+    model = str(cached_tiny_model("llama", **(model_kwargs or {})))
     return EngineArgs(model=model, max_model_len=256, **kwargs).create_engine_config()
 
 
 @pytest.mark.parametrize("kwargs,flag", [
-    (dict(tensor_parallel_size=2), "--tensor-parallel-size 2"),
+    (dict(tensor_parallel_size=2, pipeline_parallel_size=2), "--tensor-parallel-size 2 with"),
+    (dict(tensor_parallel_size=2, enable_lora=True), "--enable-lora"),
+    (dict(decode_context_parallel_size=2, tensor_parallel_size=4),
+     "--decode-context-parallel-size 2"),
     (dict(data_parallel_size=2), "--data-parallel-size 2"),
     (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora"),
     (dict(pipeline_parallel_size=2, kv_offloading_size=1.0), "--kv-offloading-size"),
@@ -31,3 +35,25 @@ def test_parallel_settings_we_cannot_run_are_refused_by_flag(kwargs, flag):
 def test_pipeline_parallel_is_accepted():
     config = _config(pipeline_parallel_size=2)
     assert config.parallel_config.pipeline_parallel_size == 2
+
+
+def test_tensor_parallel_that_does_not_divide_the_heads_is_accepted_everywhere():
+    import pickle
+
+    # 8 query heads over 4 KV heads on 3 ranks: vLLM's own check refuses it.
+    config = _config(dict(num_attention_heads=8, num_key_value_heads=4),
+                     tensor_parallel_size=3)
+    assert config.parallel_config.tensor_parallel_size == 3
+    # The engine core gets the config pickled and verifies it again.
+    again = pickle.loads(pickle.dumps(config))
+    again.__post_init__()
+    assert again.parallel_config.tensor_parallel_size == 3
+
+
+def test_expert_parallel_is_refused_by_flag(tmp_path):
+    from tests.family_models import make_family_model
+
+    model = str(make_family_model(tmp_path / "mixtral", "mixtral"))
+    with pytest.raises(Exception, match="--enable-expert-parallel"):
+        EngineArgs(model=model, max_model_len=256,
+                   enable_expert_parallel=True).create_engine_config()

@@ -30,17 +30,29 @@ class UnsupportedConfigError(ValueError):
 
 def check_vllm_config(vllm_config: VllmConfig) -> None:
     parallel = vllm_config.parallel_config
-    if parallel.tensor_parallel_size != 1:
-        raise UnsupportedConfigError(
-            f"--tensor-parallel-size {parallel.tensor_parallel_size}: tensor parallel is not "
-            "implemented on vllm-metal yet; use 1 (--pipeline-parallel-size splits a model "
-            "across processes)")
     if parallel.data_parallel_size != 1:
         raise UnsupportedConfigError(
             f"--data-parallel-size {parallel.data_parallel_size}: data parallel is not "
             "implemented on vllm-metal yet; use 1")
-    if parallel.pipeline_parallel_size != 1:
-        _check_pipeline(vllm_config)
+    for flag, value in (("--decode-context-parallel-size", parallel.decode_context_parallel_size),
+                        ("--prefill-context-parallel-size",
+                         parallel.prefill_context_parallel_size)):
+        if value != 1:
+            raise UnsupportedConfigError(f"{flag} {value}: context parallel is not implemented "
+                                         "on vllm-metal; use 1")
+    for flag, on in (("--enable-expert-parallel", parallel.enable_expert_parallel),
+                     ("--enable-hc-sp", parallel.enable_hc_sp)):
+        if on:
+            raise UnsupportedConfigError(f"{flag} is not implemented on vllm-metal; drop it")
+    tensor, pipeline = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    if tensor != 1 and pipeline != 1:
+        raise UnsupportedConfigError(
+            f"--tensor-parallel-size {tensor} with --pipeline-parallel-size {pipeline}: "
+            "vllm-metal runs one of them at a time yet; set the other to 1")
+    if tensor != 1:
+        _check_parallel(vllm_config, f"--tensor-parallel-size {tensor}")
+    if pipeline != 1:
+        _check_parallel(vllm_config, f"--pipeline-parallel-size {pipeline}")
     from vllm_metal.spec_decode.support import check_speculative_config
 
     check_speculative_config(vllm_config)
@@ -78,9 +90,8 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
             f"{smallest} (the paged kernels use pages of {KERNEL_BLOCK_SIZES})")
 
 
-def _check_pipeline(vllm_config: VllmConfig) -> None:
-    """What pipeline stages do not run yet is refused by its flag."""
-    size = vllm_config.parallel_config.pipeline_parallel_size
+def _check_parallel(vllm_config: VllmConfig, given: str) -> None:
+    """What pipeline stages and tensor ranks do not run yet is refused by its flag."""
     clashes = [(vllm_config.speculative_config is not None, "--speculative-config"),
                (vllm_config.lora_config is not None, "--enable-lora"),
                (vllm_config.cache_config.kv_offloading_size is not None
@@ -89,5 +100,4 @@ def _check_pipeline(vllm_config: VllmConfig) -> None:
     for clash, flag in clashes:
         if clash:
             raise UnsupportedConfigError(
-                f"--pipeline-parallel-size {size} does not run with {flag} on vllm-metal; "
-                "drop one of them")
+                f"{given} does not run with {flag} on vllm-metal; drop one of them")

@@ -15,7 +15,8 @@ _installed = False
 
 def install() -> None:
     """Idempotent: wrap vLLM's choice of the prefix-caching default (and, with
-    speculative decoding, of asynchronous scheduling)."""
+    speculative decoding, of asynchronous scheduling); the model config it is given
+    becomes this platform's (distributed/model_config.py)."""
     global _installed
     if _installed:
         return
@@ -25,6 +26,9 @@ def install() -> None:
     choose = EngineArgs._set_default_chunked_prefill_and_prefix_caching_args
 
     def choose_for_metal(self, model_config):
+        from vllm_metal.distributed.model_config import adopt
+
+        adopt(model_config)
         # A hybrid's prefix cache (vLLM's "align" mode) keeps a recurrent state per
         # cached block: a state-sized copy each time a request crosses a block, and
         # prompt chunks cut at block boundaries. Worth it for repeated prefixes only,

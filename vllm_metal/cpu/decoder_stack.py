@@ -149,6 +149,8 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
         raise Unsupported(f"{_qualname(backbone)} has no list of layers")
     if getattr(backbone, "pipeline_size", 1) != 1 or adapter.stage is not None:
         raise Unsupported("a pipeline stage (the stack runs every layer)")
+    if adapter.tensor is not None:
+        raise Unsupported("a tensor-parallel shard (the stack has no all-sum inside a layer)")
     if len(adapter.entries) != len(layers):
         raise Unsupported("layers share KV entries")
     if any(e.state is not None for e in adapter.entries):

@@ -31,6 +31,7 @@ from vllm_metal.attention.context import (AttentionMetadata, ForwardContext, for
 from vllm_metal.attention.layer_cache import LayerCache, install_paged_sdpa
 from vllm_metal.attention.state_cache import StateCache, install_paged_gated_delta
 from vllm_metal.distributed.pipeline import PipelineStage
+from vllm_metal.distributed.tensor import TensorShard
 from vllm_metal.models.expert_lists import restack_expert_lists
 from vllm_metal.models.state_layers import wrap_state_convs
 
@@ -76,15 +77,18 @@ class KVEntry:
 class ModelAdapter:
     """Drives ``model``'s own code over the paged cache (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, stage: PipelineStage | None = None) -> None:
+    def __init__(self, model: nn.Module, stage: PipelineStage | None = None,
+                 tensor: TensorShard | None = None) -> None:
         """``stage``: the pipeline stage whose layers ``model`` holds (cut_layers);
-        its entries are then those of its own layers, numbered from 0."""
+        its entries are then those of its own layers, numbered from 0. ``tensor``: the
+        tensor-parallel rank ``model``'s layers were sharded for (shard_model)."""
         self.model = model
         self.family = _family(model)
         self.text_model = _text_model(model)
         self.backbone_name = _backbone_name(self.text_model, self.family)
         self.backbone: nn.Module = getattr(self.text_model, self.backbone_name)
         self.stage = stage
+        self.tensor = tensor
         install_paged_sdpa()
         install_paged_gated_delta()
         layered = _layered(model, self.text_model)
@@ -369,15 +373,21 @@ class _Rows:
 
 
 def backbone_layers(model: nn.Module) -> list:
-    """The backbone's own list of decoder layers (what pipeline stages cut)."""
+    """The backbone's own list of decoder layers (what pipeline stages cut and tensor
+    parallel shards)."""
     text_model = _text_model(model)
     backbone = getattr(text_model, _backbone_name(text_model, _family(model)))
     layers = backbone.get("layers") if isinstance(backbone, dict) else None
     if not isinstance(layers, list):
         raise UnsupportedModelError(
             f"{_family(model)}: {_qualname(backbone)} keeps no list of layers; "
-            "--pipeline-parallel-size cuts such a list")
+            "--pipeline-parallel-size and --tensor-parallel-size work on such a list")
     return layers
+
+
+def family_name(model: nn.Module) -> str:
+    """The model's mlx-lm model_type (what messages name it by)."""
+    return _family(model)
 
 
 def _family(model: nn.Module) -> str:

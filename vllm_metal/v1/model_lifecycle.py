@@ -13,7 +13,9 @@ from mlx.utils import tree_flatten
 
 from vllm_metal.backend import Backbone, Backend
 from vllm_metal.distributed.pipeline import PipelineStage, StageLink, cut_layers
-from vllm_metal.models.adapter import ModelAdapter, UnsupportedModelError, backbone_layers
+from vllm_metal.distributed.tensor import TensorShard, check_probed_heads, shard_model
+from vllm_metal.models.adapter import (ModelAdapter, UnsupportedModelError, backbone_layers,
+                                       family_name)
 
 logger = logging.getLogger("vllm_metal")
 
@@ -64,7 +66,8 @@ class LoadedModel:
 
 def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
                wrap: Callable[[nn.Module], None] | None = None,
-               pipeline: tuple[int, int, StageLink] | None = None) -> LoadedModel:
+               pipeline: tuple[int, int, StageLink] | None = None,
+               tensor: TensorShard | None = None) -> LoadedModel:
     """Load a local HF-format model directory (float or MLX-quantized) with mlx-lm,
     or a GGUF file, and prepare it for ``backend``.
 
@@ -72,25 +75,32 @@ def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
     ``wrap`` changes the model's modules (LoRA) once its weights are the backend's and
     before the backend plans its backbone, which then sees the modules that run.
     ``pipeline``: (stage rank, stages, link): only that stage's layers are loaded and
-    run (vllm_metal.distributed.pipeline).
+    run (vllm_metal.distributed.pipeline). ``tensor``: this rank's share of every
+    layer's heads and MLP columns (vllm_metal.distributed.tensor).
     """
     model = _load_mlx_model(model_path, dtype)
-    stage = None
+    stage = heads = None
     if pipeline is not None:
         rank, size, link = pipeline
         layers = backbone_layers(model)
         stage = PipelineStage.of(len(layers), rank, size)
         cut_layers(layers, stage, link)
+    if tensor is not None:
+        # Before the weights are evaluated: a rank reads only its slices.
+        heads = shard_model(backbone_layers(model), tensor, family_name(model))
     backend.prepare_weights(model)
     mx.eval(model.parameters())
-    adapter = ModelAdapter(model, stage)
+    adapter = ModelAdapter(model, stage, tensor)
+    if heads is not None:
+        check_probed_heads(adapter.entries, heads, adapter.family)
     dims = derive_dims(adapter)
     if wrap is not None:
         wrap(model)
     backbone = backend.prepare_backbone(model, adapter, dims)
-    logger.info("Loaded %s%s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB; %s",
+    logger.info("Loaded %s%s%s: %d layers, %d/%d heads, head_dim %d, %s, %.1f MiB; %s",
                 adapter.family, "" if stage is None else
                 f" (pipeline stage {stage.rank}: layers {stage.start}-{stage.end - 1})",
+                "" if tensor is None else f" (tensor rank {tensor.rank} of {tensor.size})",
                 dims.num_layers, dims.num_heads,
                 dims.num_kv_heads, dims.head_dim, dtype, parameter_bytes(model) / 2**20,
                 backbone.summary)

@@ -22,6 +22,7 @@ from vllm_metal.attention.kv_quant import (PACKED_HEAD_SIZES, STORAGE_DTYPE, KvQ
 from vllm_metal.attention.caches.state_pages import (GdnStateShape, block_size_for_states,
                                                     half_page_floats)
 from vllm_metal.distributed.pipeline import StageLink
+from vllm_metal.distributed.tensor import TensorShard
 from vllm_metal.kv_offload.connector_link import ConnectorLink
 from vllm_metal.lora.manager import LoRAManager
 from vllm_metal.native import get_ops
@@ -126,7 +127,7 @@ class MetalModelRunner:
             def wrap(model):
                 self.lora = LoRAManager(model, lora_config, adapters, max_positions)
         self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap,
-                                 self._pipeline_stage())
+                                 self._pipeline_stage(), self._tensor_shard())
         self._check_quantized_kv()
         if self.vllm_config.speculative_config is not None:
             self._check_speculative_target()
@@ -148,6 +149,16 @@ class MetalModelRunner:
         self.link = StageLink(self.mlx_group, None if pp.is_first_rank else pp.prev_rank,
                               None if pp.is_last_rank else pp.next_rank)
         return pp.rank_in_group, pp.world_size, self.link
+
+    def _tensor_shard(self) -> TensorShard | None:
+        """This rank's place under --tensor-parallel-size, else None. Tensor parallel
+        runs alone (config_checks), so its group is the engine's whole MLX group."""
+        if self.vllm_config.parallel_config.tensor_parallel_size == 1:
+            return None
+        from vllm.distributed import get_tp_group
+
+        tp = get_tp_group()
+        return TensorShard(tp.rank_in_group, tp.world_size, self.mlx_group)
 
     def _check_speculative_target(self) -> None:
         recurrent = [i for i, e in enumerate(self.loaded.adapter.entries) if e.state is not None]
@@ -422,6 +433,10 @@ class MetalModelRunner:
     # -- the step ----------------------------------------------------------
 
     def execute_model(self, scheduler_output: SchedulerOutput, intermediate_tensors=None):
+        with self.pending_tokens.lock:   # see PendingTokens.lock
+            return self._execute_model(scheduler_output)
+
+    def _execute_model(self, scheduler_output: SchedulerOutput):
         self._update_states(scheduler_output)
         if self.connector is not None:
             self.connector.begin(scheduler_output)
@@ -482,6 +497,10 @@ class MetalModelRunner:
     def sample_tokens(self, grammar_output: GrammarOutput | None):
         """Sample this step's tokens. With the decode pipeline on, returns at once and the
         host waits only in ``get_output()``; the next forward reads the ids on the device."""
+        with self.pending_tokens.lock:   # see PendingTokens.lock
+            return self._sample_tokens(grammar_output)
+
+    def _sample_tokens(self, grammar_output: GrammarOutput | None):
         forwarded, self._forwarded = self._forwarded, None
         if forwarded is None:
             return EMPTY_MODEL_RUNNER_OUTPUT
@@ -550,6 +569,10 @@ class MetalModelRunner:
         it has taken that step's output)."""
         if self.drafter is None or not self._proposal_ids:
             return None
+        with self.pending_tokens.lock:
+            return self._take_draft_token_ids()
+
+    def _take_draft_token_ids(self) -> DraftTokenIds:
         self.pending_tokens.resolve_all()
         req_ids = [r for r in self._proposal_ids if r in self.input_batch.requests]
         self._proposal_ids = []

@@ -8,6 +8,7 @@ writes the real ids into the host state when vLLM asks for the output.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -41,6 +42,10 @@ class InflightStep:
 class PendingTokens:
     def __init__(self, batch: InputBatch) -> None:
         self.batch = batch
+        # vLLM's multiprocessing executor reads a step's output (resolve) on a thread of
+        # its own while the runner builds the next step from the same host state: the
+        # runner holds this lock over each step's host work, resolve takes it.
+        self.lock = threading.RLock()
         self._inflight: list[InflightStep] = []
         # req_id -> (step, row in that step's sampled array)
         self._where: dict[str, tuple[InflightStep, int]] = {}
@@ -59,6 +64,10 @@ class PendingTokens:
 
     def resolve(self, step: InflightStep) -> np.ndarray:
         """Wait for ``step`` and write its tokens into the host state. Returns the ids."""
+        with self.lock:
+            return self._resolve(step)
+
+    def _resolve(self, step: InflightStep) -> np.ndarray:
         tokens = step.wait()
         if step not in self._inflight:
             return tokens

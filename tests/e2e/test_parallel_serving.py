@@ -1,10 +1,15 @@
-"""`vllm serve --pipeline-parallel-size 2` on one host: two stages over MLX's ring give
-one rank's greedy tokens under concurrency, streamed or not; a killed stage takes the
-server down within seconds and leaves nothing running.
+"""`vllm serve --pipeline-parallel-size 2` and `--tensor-parallel-size 2` on one host:
+two ranks over MLX's ring give one rank's greedy tokens under concurrency, streamed
+or not; a killed rank takes the server down within seconds and leaves nothing
+running.
 
 One rank is compared on the module path (VLLM_METAL_CPU_DECODER_STACK=0): pipeline
-stages run each layer's modules, whose arithmetic the fused decoder stack matches
-only to rounding (docs/distributed.md)."""
+stages and tensor ranks run each layer's modules, whose arithmetic the fused decoder
+stack matches only to rounding. Tensor ranks sum their partial products in another
+order than one rank's kernels: their comparison runs with fp32 activations
+(VLLM_METAL_CPU_INT8_ACTIVATIONS=0), where that order moves logits by rounding
+only; int8 activations round such differences up to a quantization step
+(docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -29,8 +34,12 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
 
 
 def _model() -> str:
-    # Three layers: the stages hold two and one (vLLM's split of an odd count).
-    return str(cached_tiny_model("llama", quantize_bits=4, group_size=32, num_hidden_layers=3))
+    # Three layers: the stages hold two and one (vLLM's split of an odd count). 6 query
+    # heads over 3 KV heads: on two tensor ranks one holds a KV head and pads a phantom
+    # (SmolLM2-135M's 9 over 3 does the same).
+    return str(cached_tiny_model("llama", quantize_bits=4, group_size=32, num_hidden_layers=3,
+                                 num_attention_heads=6, num_key_value_heads=3,
+                                 hidden_size=192))
 
 
 def _complete(server: VllmServer, prompt: str, stream: bool = False) -> list[int]:
@@ -56,21 +65,42 @@ def _concurrent(server: VllmServer, stream: bool = False) -> list[list[int]]:
         return list(pool.map(lambda p: _complete(server, p, stream), PROMPTS))
 
 
-def test_two_stages_give_one_ranks_greedy_tokens():
+# flag -> (environment of both runs, what the second rank logs at load)
+MODES = {"--pipeline-parallel-size": ({}, "pipeline stage 1: layers 2-2"),
+         "--tensor-parallel-size": ({"VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"},
+                                    "tensor rank 1 of 2")}
+
+
+@pytest.mark.parametrize("flag", MODES)
+def test_two_ranks_give_one_ranks_greedy_tokens(flag):
+    env, logged = MODES[flag]
+    env = {**os.environ, **env}
     args = ("--max-model-len", "512")
-    one = VllmServer(_model(), *args, env={**os.environ, "VLLM_METAL_CPU_DECODER_STACK": "0"})
+    one = VllmServer(_model(), *args, env={**env, "VLLM_METAL_CPU_DECODER_STACK": "0"})
     try:
         want = [_complete(one, p) for p in PROMPTS]
     finally:
         one.stop()
-    two = VllmServer(_model(), *args, "--pipeline-parallel-size", "2")
+    two = VllmServer(_model(), *args, flag, "2", env=env)
     try:
-        assert "pipeline stage 1: layers 2-2" in two.output()
+        assert logged in two.output()
         assert [_complete(two, p) for p in PROMPTS] == want
         assert _concurrent(two) == want
         assert _concurrent(two, stream=True) == want
     finally:
         two.stop()
+
+
+def test_tensor_ranks_with_int8_activations_are_reproducible():
+    # The default for a quantized model: alone, in a batch and streamed, the same tokens.
+    server = VllmServer(_model(), "--max-model-len", "512", "--tensor-parallel-size", "2")
+    try:
+        assert "int8 activations" in server.output()
+        want = [_complete(server, p) for p in PROMPTS]
+        assert _concurrent(server) == want
+        assert _concurrent(server, stream=True) == want
+    finally:
+        server.stop()
 
 
 def _descendants(pid: int) -> list[tuple[int, str]]:
@@ -89,12 +119,14 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("stage", ["PP0", "PP1"])
-def test_a_killed_stage_fails_the_server_within_seconds(stage):
-    server = VllmServer(_model(), "--max-model-len", "512", "--pipeline-parallel-size", "2")
+@pytest.mark.parametrize("flag,rank", [("--pipeline-parallel-size", "PP0"),
+                                       ("--pipeline-parallel-size", "PP1"),
+                                       ("--tensor-parallel-size", "TP1")])
+def test_a_killed_rank_fails_the_server_within_seconds(flag, rank):
+    server = VllmServer(_model(), "--max-model-len", "512", flag, "2")
     try:
         before = _descendants(server.proc.pid)
-        workers = [pid for pid, args in before if "Worker" in args and stage in args]
+        workers = [pid for pid, args in before if "Worker" in args and rank in args]
         assert workers, before
         os.kill(workers[0], signal.SIGKILL)
         deadline = time.monotonic() + 30

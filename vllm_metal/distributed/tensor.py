@@ -1,0 +1,332 @@
+"""Tensor parallel: each rank holds a slice of every layer's attention heads and MLP
+columns, the way mlx.nn's ``shard_linear`` shards.
+
+The projections into heads and MLP columns (q/k/v, gate/up) keep this rank's output
+rows and need no communication (all-to-sharded); the projections out of them (o,
+down) keep the matching input columns and all-sum their partial products over the
+group (sharded-to-all), so every rank leaves each layer with the same hidden state.
+Embeddings, norms and the head stay whole on every rank, and every rank samples the
+same tokens from the same logits.
+
+Heads are split by KV group, so a rank's query heads attend its own KV heads. Where
+the heads do not divide evenly (SmolLM2-135M: 9 query heads over 3 KV heads on 2
+ranks) the ranks holding fewer are padded with phantom heads of zero weights, so
+every rank declares the same KV cache shape (vLLM requires one spec per layer
+across tensor ranks); a phantom head's output is cut off before the output
+projection. With fewer KV heads than ranks, each KV head is held by the ranks that
+share its query group.
+
+The shard is made on the lazily loaded model, before any weight is evaluated: a rank
+keeps only its slices (mlx-lm's load reads a tensor whole and the slice frees the
+rest).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+# Attribute names families keep their head counts under (mlx-lm's attention modules).
+_QUERY_HEADS = ("n_heads", "num_heads", "num_attention_heads")
+_KV_HEADS = ("n_kv_heads", "num_kv_heads", "num_key_value_heads")
+_ATTENTION_NAMES = ("self_attn", "attention", "attn")
+# An attention module's output projection, by family naming (phi: dense).
+_OUT_NAMES = ("o_proj", "dense", "out_proj")
+_MLP_NAMES = ("mlp", "feed_forward", "ffn")
+# An MLP's projections (into its columns, out of them), by family naming.
+_MLP_SHAPES = ((("gate_proj", "up_proj"), "down_proj"), (("up_proj",), "down_proj"),
+               (("fc1",), "fc2"), (("c_fc",), "c_proj"), (("w1", "w3"), "w2"))
+# Rows of x the int8 kernels quantize together: a slice of a sharded-to-all layer's
+# input starts on such a boundary, so it is rounded as in the unsharded layer.
+_INT8_GROUP = 32
+
+
+class TensorParallelError(ValueError):
+    """The model cannot be sharded over the tensor-parallel ranks; names what and why."""
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """One rank's heads: query heads [q_start, q_end) and KV heads [kv_start, kv_end) of
+    the model's, laid out as q_local query heads over kv_local KV heads (the real ones
+    first, then phantoms of zero weights)."""
+
+    q_start: int
+    q_end: int
+    kv_start: int
+    kv_end: int
+    q_local: int
+    kv_local: int
+
+    @classmethod
+    def of(cls, num_heads: int, num_kv_heads: int, rank: int, size: int) -> HeadSplit:
+        if num_kv_heads < 1 or num_heads % num_kv_heads:
+            raise TensorParallelError(f"{num_heads} query heads do not group over "
+                                      f"{num_kv_heads} KV heads")
+        group = num_heads // num_kv_heads
+        if num_kv_heads >= size:
+            kv_start, kv_end = num_kv_heads * rank // size, num_kv_heads * (rank + 1) // size
+            kv_local = -(-num_kv_heads // size)
+            return cls(kv_start * group, kv_end * group, kv_start, kv_end,
+                       kv_local * group, kv_local)
+        if size % num_kv_heads:
+            raise TensorParallelError(
+                f"{num_kv_heads} KV heads cannot be shared evenly by {size} ranks; use a "
+                f"--tensor-parallel-size that divides or is a multiple of {num_kv_heads}")
+        sharers = size // num_kv_heads
+        if group < sharers:
+            raise TensorParallelError(
+                f"{size} ranks leave some without a query head ({num_heads} query heads "
+                f"over {num_kv_heads} KV heads); use at most {num_heads} ranks")
+        head, part = divmod(rank, sharers)
+        first = head * group
+        return cls(first + group * part // sharers, first + group * (part + 1) // sharers,
+                   head, head + 1, -(-group // sharers), 1)
+
+    @property
+    def q_real(self) -> int:
+        return self.q_end - self.q_start
+
+    @property
+    def kv_real(self) -> int:
+        return self.kv_end - self.kv_start
+
+
+@dataclass(frozen=True)
+class TensorShard:
+    """This rank's place in the tensor-parallel group, and the group the partial
+    products are summed over (None only in tests of a single rank's slices)."""
+
+    rank: int
+    size: int
+    group: object | None = None
+
+
+class ShardedToAll(nn.Module):
+    """A linear over this rank's slice of its input: x [..., >= width] -> [..., out],
+    the partial product all-summed over the group, then the bias (added once).
+    ``inner`` is the sliced linear itself (no bias), so the backend's fast kernels
+    take it like any other; x's columns past ``width`` are phantom heads' and dropped."""
+
+    def __init__(self, inner: nn.Module, bias: mx.array | None, width: int, group) -> None:
+        super().__init__()
+        self.inner = inner
+        if bias is not None:
+            self.bias = bias
+        self.width = width
+        self.group = group
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.shape[-1] != self.width:
+            x = x[..., :self.width]
+        y = self.inner(x)
+        if self.group is not None:
+            y = mx.distributed.all_sum(y, group=self.group)
+        bias = self.get("bias")
+        return y if bias is None else y + bias
+
+
+def shard_model(layers: list, shard: TensorShard,
+                family: str) -> list[tuple[HeadSplit, int]]:
+    """Shard every decoder layer in ``layers`` (the backbone's own list) for ``shard``,
+    in place; returns each layer's (HeadSplit, head size). Raises TensorParallelError
+    naming the layer and what it cannot shard."""
+    splits = []
+    for i, layer in enumerate(layers):
+        where = f"{family}: layer {i}"
+        attention = _child(layer, _ATTENTION_NAMES)
+        if attention is None:
+            raise TensorParallelError(f"{where} ({_qualname(layer)}) has no attention module "
+                                      "vllm-metal can shard")
+        splits.append(_shard_attention(attention, shard, f"{where}'s attention"))
+        mlp = _child(layer, _MLP_NAMES)
+        if mlp is None:
+            raise TensorParallelError(f"{where} ({_qualname(layer)}) has no MLP vllm-metal "
+                                      "can shard")
+        _shard_mlp(mlp, shard, f"{where}'s MLP")
+    return splits
+
+
+def check_probed_heads(entries, splits: list[tuple[HeadSplit, int]], family: str) -> None:
+    """After the adapter's probe: each layer attends with the heads it was given
+    (a family that reshapes by a count kept elsewhere than its attention module's
+    attributes would attend with wrong head sizes)."""
+    if len(entries) != len(splits):
+        raise TensorParallelError(f"{family}: {len(splits)} layers keep {len(entries)} KV "
+                                  "entries; tensor parallel needs one per layer")
+    for i, (entry, (split, head_dim)) in enumerate(zip(entries, splits)):
+        got = (entry.num_heads, entry.num_kv_heads, entry.head_dim)
+        want = (split.q_local, split.kv_local, head_dim)
+        if got != want:
+            raise TensorParallelError(
+                f"{family}: layer {i}'s sharded attention runs {got[0]} query / {got[1]} KV "
+                f"heads of size {got[2]}, not the {want[0]} / {want[1]} of size {want[2]} "
+                "it was given; its family keeps head counts where vllm-metal does not "
+                "shard them")
+
+
+def _shard_attention(attention: nn.Module, shard: TensorShard,
+                     where: str) -> tuple[HeadSplit, int]:
+    out = next((n for n in _OUT_NAMES if _is_linear(getattr(attention, n, None))), None)
+    names = ("q_proj", "k_proj", "v_proj", out)
+    projections = [getattr(attention, n, None) if n else None for n in names]
+    if not all(_is_linear(p) for p in projections):
+        raise TensorParallelError(
+            f"{where} ({_qualname(attention)}) has no separate q/k/v/o linear projections "
+            "(fused, latent or linear attention); tensor parallel shards those only")
+    q, k, v, o = projections
+    heads = _count(attention, _QUERY_HEADS, where, "query")
+    kv_heads = _count(attention, _KV_HEADS, where, "KV")
+    head_dim, rem = divmod(_out_dims(q), heads)
+    if rem or _out_dims(k) != kv_heads * head_dim or _out_dims(v) != kv_heads * head_dim:
+        raise TensorParallelError(
+            f"{where}: projections of {_out_dims(q)} / {_out_dims(k)} / {_out_dims(v)} "
+            f"outputs do not make {heads} query and {kv_heads} KV heads of one size")
+    _refuse_other_parameters(attention, names,
+                             {heads, kv_heads, heads * head_dim, kv_heads * head_dim},
+                             head_dim, where)
+    try:
+        split = HeadSplit.of(heads, kv_heads, shard.rank, shard.size)
+    except TensorParallelError as e:
+        raise TensorParallelError(f"{where}: {e}") from e
+    attention.q_proj = _rows(q, split.q_start * head_dim, split.q_end * head_dim,
+                             split.q_local * head_dim)
+    for name, p in (("k_proj", k), ("v_proj", v)):
+        setattr(attention, name, _rows(p, split.kv_start * head_dim, split.kv_end * head_dim,
+                                       split.kv_local * head_dim))
+    setattr(attention, out, _columns(o, split.q_start * head_dim, split.q_end * head_dim,
+                                     shard, f"{where}'s {out}"))
+    for names, count in ((_QUERY_HEADS, split.q_local), (_KV_HEADS, split.kv_local)):
+        for name in names:
+            if isinstance(getattr(attention, name, None), int):
+                setattr(attention, name, count)
+    return split, head_dim
+
+
+def _shard_mlp(mlp: nn.Module, shard: TensorShard, where: str) -> None:
+    for into, out in _MLP_SHAPES:
+        if all(_is_linear(getattr(mlp, n, None)) for n in (*into, out)):
+            break
+    else:
+        raise TensorParallelError(
+            f"{where} ({_qualname(mlp)}) is not a dense MLP of linear projections "
+            "(mixture-of-experts and fused MLPs are not sharded by vllm-metal yet)")
+    down = getattr(mlp, out)
+    width = _in_dims(down)
+    if any(_out_dims(getattr(mlp, n)) != width for n in into):
+        raise TensorParallelError(f"{where}: {'/'.join(into)} do not feed {out}'s "
+                                  f"{width} columns")
+    _refuse_other_parameters(mlp, (*into, out), {width}, None, where)
+    unit = _column_unit(down)
+    units = width // unit
+    if units < shard.size:
+        raise TensorParallelError(f"{where}: {width} columns make fewer than {shard.size} "
+                                  f"slices of {unit}")
+    start = unit * (units * shard.rank // shard.size)
+    end = unit * (units * (shard.rank + 1) // shard.size)
+    for name in into:
+        setattr(mlp, name, _rows(getattr(mlp, name), start, end, end - start))
+    setattr(mlp, out, _columns(down, start, end, shard, f"{where}'s {out}"))
+
+
+def _rows(linear: nn.Module, start: int, end: int, padded: int) -> nn.Module:
+    """``linear`` keeping output rows [start, end), then padded - (end - start) rows of
+    zeros (weights, scales and biases: a phantom head's projection is 0), in place.
+    Slices are copied (mx.contiguous): a view would keep the whole tensor alive."""
+    pad = padded - (end - start)
+    for name in ("weight", "scales", "biases", "bias"):
+        array = linear.get(name)
+        if array is None:
+            continue
+        rows = array[start:end]
+        if pad:
+            rows = mx.concatenate([rows, mx.zeros((pad, *rows.shape[1:]), dtype=rows.dtype)])
+        linear[name] = mx.contiguous(rows)
+    return linear
+
+
+def _columns(linear: nn.Module, start: int, end: int, shard: TensorShard,
+             where: str) -> ShardedToAll:
+    """``linear`` keeping input columns [start, end), as a ShardedToAll."""
+    unit = _column_unit(linear)
+    if start % unit or (end % unit and end != _in_dims(linear)):
+        raise TensorParallelError(
+            f"{where}: this rank's input columns [{start}, {end}) do not start on a "
+            f"quantization group of {unit}; use a --tensor-parallel-size that splits the "
+            "heads on group boundaries")
+    bias = linear.get("bias")
+    if bias is not None:
+        del linear["bias"]
+    if isinstance(linear, nn.QuantizedLinear):
+        per_word = 32 // linear.bits
+        linear["weight"] = mx.contiguous(linear["weight"][:, start // per_word:end // per_word])
+        group = linear.group_size
+        for name in ("scales", "biases"):
+            if linear.get(name) is not None:
+                linear[name] = mx.contiguous(linear[name][:, start // group:-(-end // group)])
+    else:
+        linear["weight"] = mx.contiguous(linear["weight"][:, start:end])
+    return ShardedToAll(linear, bias, end - start, shard.group)
+
+
+def _column_unit(linear: nn.Module) -> int:
+    """Input columns a slice must start on: the quantization group (and whole packed
+    words), and the int8 kernels' rounding group."""
+    if isinstance(linear, nn.QuantizedLinear):
+        if (32 % linear.bits) or linear.group_size % (32 // linear.bits):
+            raise TensorParallelError(f"{linear.bits}-bit weights do not pack whole into "
+                                      "32-bit words per group; tensor parallel cannot cut them")
+        return math.lcm(linear.group_size, _INT8_GROUP)
+    return 1
+
+
+def _is_linear(module) -> bool:
+    return isinstance(module, (nn.Linear, nn.QuantizedLinear)) and module["weight"].ndim == 2
+
+
+def _out_dims(linear: nn.Module) -> int:
+    return int(linear["weight"].shape[0])
+
+
+def _in_dims(linear: nn.Module) -> int:
+    columns = int(linear["weight"].shape[1])
+    return columns * 32 // linear.bits if isinstance(linear, nn.QuantizedLinear) else columns
+
+
+def _count(attention: nn.Module, names: tuple[str, ...], where: str, kind: str) -> int:
+    for name in names:
+        value = getattr(attention, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise TensorParallelError(f"{where} ({_qualname(attention)}) keeps its {kind} head count "
+                              f"under none of {', '.join(names)}")
+
+
+def _refuse_other_parameters(module: nn.Module, sharded: tuple[str, ...], widths: set[int],
+                             head_dim: int | None, where: str) -> None:
+    """A parameter beside the sharded projections sized by the heads or columns being
+    split (per-head sinks, a norm over all heads) would need a slice too."""
+    for name, array in tree_flatten(module.parameters()):
+        if name.split(".")[0] in sharded:
+            continue
+        if any(d in widths and d != head_dim for d in array.shape):
+            raise TensorParallelError(
+                f"{where}: its parameter {name} {tuple(array.shape)} spans the heads or "
+                "columns being split; vllm-metal does not shard it")
+
+
+def _child(layer: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    for name in names:
+        module = getattr(layer, name, None)
+        if isinstance(module, nn.Module):
+            return module
+    return None
+
+
+def _qualname(obj) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
