@@ -1,6 +1,7 @@
 """Parallel settings the platform cannot run are refused when the engine's config is
-made, naming the flag; pipeline or tensor parallel alone is accepted, tensor parallel
-also where it does not divide the query heads, in every process that verifies it."""
+made, naming the flag; pipeline, tensor or data parallel alone is accepted, tensor
+parallel also where it does not divide the query heads, in every process that
+verifies it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _config(model_kwargs=None, **kwargs):
     (dict(tensor_parallel_size=2, enable_lora=True), "--enable-lora"),
     (dict(decode_context_parallel_size=2, tensor_parallel_size=4),
      "--decode-context-parallel-size 2"),
-    (dict(data_parallel_size=2), "--data-parallel-size 2"),
+    (dict(data_parallel_size=2, tensor_parallel_size=2), "--data-parallel-size 2"),
     (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora"),
     (dict(pipeline_parallel_size=2, kv_offloading_size=1.0), "--kv-offloading-size"),
     (dict(pipeline_parallel_size=2,
@@ -32,9 +33,11 @@ def test_parallel_settings_we_cannot_run_are_refused_by_flag(kwargs, flag):
         _config(**kwargs)
 
 
-def test_pipeline_parallel_is_accepted():
-    config = _config(pipeline_parallel_size=2)
-    assert config.parallel_config.pipeline_parallel_size == 2
+@pytest.mark.parametrize("flag", ["pipeline_parallel_size", "tensor_parallel_size",
+                                  "data_parallel_size"])
+def test_one_kind_of_parallelism_is_accepted(flag):
+    config = _config(**{flag: 2})
+    assert getattr(config.parallel_config, flag) == 2
 
 
 def test_tensor_parallel_that_does_not_divide_the_heads_is_accepted_everywhere():

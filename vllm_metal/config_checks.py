@@ -30,10 +30,6 @@ class UnsupportedConfigError(ValueError):
 
 def check_vllm_config(vllm_config: VllmConfig) -> None:
     parallel = vllm_config.parallel_config
-    if parallel.data_parallel_size != 1:
-        raise UnsupportedConfigError(
-            f"--data-parallel-size {parallel.data_parallel_size}: data parallel is not "
-            "implemented on vllm-metal yet; use 1")
     for flag, value in (("--decode-context-parallel-size", parallel.decode_context_parallel_size),
                         ("--prefill-context-parallel-size",
                          parallel.prefill_context_parallel_size)):
@@ -44,11 +40,15 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
                      ("--enable-hc-sp", parallel.enable_hc_sp)):
         if on:
             raise UnsupportedConfigError(f"{flag} is not implemented on vllm-metal; drop it")
-    tensor, pipeline = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    if tensor != 1 and pipeline != 1:
+    sizes = [(flag, size) for flag, size in (
+        ("--tensor-parallel-size", parallel.tensor_parallel_size),
+        ("--pipeline-parallel-size", parallel.pipeline_parallel_size),
+        ("--data-parallel-size", parallel.data_parallel_size)) if size != 1]
+    if len(sizes) > 1:
         raise UnsupportedConfigError(
-            f"--tensor-parallel-size {tensor} with --pipeline-parallel-size {pipeline}: "
-            "vllm-metal runs one of them at a time yet; set the other to 1")
+            f"{' with '.join(f'{flag} {size}' for flag, size in sizes)}: vllm-metal runs "
+            "one kind of parallelism at a time yet; set the others to 1")
+    tensor, pipeline = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
     if tensor != 1:
         _check_parallel(vllm_config, f"--tensor-parallel-size {tensor}")
     if pipeline != 1:

@@ -89,10 +89,12 @@ class MetalPlatform(Platform):
         """Adapt vLLM's config to this platform. Runs in every process: idempotent."""
         from vllm_metal import compat
         from vllm_metal.config_checks import check_vllm_config
+        from vllm_metal.distributed.host_share import remember_engines
         from vllm_metal.structured_output_options import remember_server_config
 
         compat.apply_all()
         check_vllm_config(vllm_config)
+        remember_engines(vllm_config)
         remember_server_config(vllm_config)
 
         parallel = vllm_config.parallel_config

@@ -53,9 +53,13 @@ class VllmServer:
         raise TimeoutError(f"vllm serve not healthy after {timeout}s:\n{self.output()}")
 
     def output(self) -> str:
+        """The log's last 8000 characters (for failure messages)."""
+        return self.full_output()[-8000:]
+
+    def full_output(self) -> str:
         self.log.flush()
         self.log.seek(0)
-        return self.log.read()[-8000:]
+        return self.log.read()
 
     def stop(self) -> None:
         if self.proc.poll() is None:

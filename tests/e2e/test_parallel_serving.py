@@ -1,7 +1,7 @@
-"""`vllm serve --pipeline-parallel-size 2` and `--tensor-parallel-size 2` on one host:
-two ranks over MLX's ring give one rank's greedy tokens under concurrency, streamed
-or not; a killed rank takes the server down within seconds and leaves nothing
-running.
+"""`vllm serve --pipeline-parallel-size 2`, `--tensor-parallel-size 2` and
+`--data-parallel-size 2` on one host: two ranks (over MLX's ring) or two engines give
+one rank's greedy tokens under concurrency, streamed or not; a killed rank or engine
+takes the server down within seconds and leaves nothing running.
 
 One rank is compared on the module path (VLLM_METAL_CPU_DECODER_STACK=0): pipeline
 stages and tensor ranks run each layer's modules, whose arithmetic the fused decoder
@@ -65,25 +65,28 @@ def _concurrent(server: VllmServer, stream: bool = False) -> list[list[int]]:
         return list(pool.map(lambda p: _complete(server, p, stream), PROMPTS))
 
 
-# flag -> (environment of both runs, what the second rank logs at load)
-MODES = {"--pipeline-parallel-size": ({}, "pipeline stage 1: layers 2-2"),
-         "--tensor-parallel-size": ({"VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"},
-                                    "tensor rank 1 of 2")}
+MODULE_PATH = {"VLLM_METAL_CPU_DECODER_STACK": "0"}
+# flag -> (environment of both runs, of the one-rank run, what the two log at load).
+# Data-parallel engines each run the whole model as one rank does, fused stack and all.
+MODES = {"--pipeline-parallel-size": ({}, MODULE_PATH, "pipeline stage 1: layers 2-2"),
+         "--tensor-parallel-size": ({"VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"}, MODULE_PATH,
+                                    "tensor rank 1 of 2"),
+         "--data-parallel-size": ({}, {}, "Rank 1 of 2 on this host runs on cores")}
 
 
 @pytest.mark.parametrize("flag", MODES)
 def test_two_ranks_give_one_ranks_greedy_tokens(flag):
-    env, logged = MODES[flag]
+    env, alone, logged = MODES[flag]
     env = {**os.environ, **env}
     args = ("--max-model-len", "512")
-    one = VllmServer(_model(), *args, env={**env, "VLLM_METAL_CPU_DECODER_STACK": "0"})
+    one = VllmServer(_model(), *args, env={**env, **alone})
     try:
         want = [_complete(one, p) for p in PROMPTS]
     finally:
         one.stop()
     two = VllmServer(_model(), *args, flag, "2", env=env)
     try:
-        assert logged in two.output()
+        assert logged in two.full_output()
         assert [_complete(two, p) for p in PROMPTS] == want
         assert _concurrent(two) == want
         assert _concurrent(two, stream=True) == want
@@ -119,14 +122,15 @@ def _descendants(pid: int) -> list[tuple[int, str]]:
     return found
 
 
-@pytest.mark.parametrize("flag,rank", [("--pipeline-parallel-size", "PP0"),
-                                       ("--pipeline-parallel-size", "PP1"),
-                                       ("--tensor-parallel-size", "TP1")])
-def test_a_killed_rank_fails_the_server_within_seconds(flag, rank):
+@pytest.mark.parametrize("flag,process", [("--pipeline-parallel-size", "Worker_PP0"),
+                                          ("--pipeline-parallel-size", "Worker_PP1"),
+                                          ("--tensor-parallel-size", "Worker_TP1"),
+                                          ("--data-parallel-size", "EngineCore_DP1")])
+def test_a_killed_rank_fails_the_server_within_seconds(flag, process):
     server = VllmServer(_model(), "--max-model-len", "512", flag, "2")
     try:
         before = _descendants(server.proc.pid)
-        workers = [pid for pid, args in before if "Worker" in args and rank in args]
+        workers = [pid for pid, args in before if process in args]
         assert workers, before
         os.kill(workers[0], signal.SIGKILL)
         deadline = time.monotonic() + 30

@@ -10,7 +10,7 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from vllm_metal import envs
 from vllm_metal.backend import Backend, select_backend
-from vllm_metal.distributed.host_share import pin_to_share, ranks_on_host
+from vllm_metal.distributed.host_share import host_share, pin_to_share
 from vllm_metal.v1.memory_budget import MemoryBudget, allocator_cache_limit
 from vllm_metal.v1.model_lifecycle import parameter_bytes
 from vllm_metal.v1.model_runner import MetalModelRunner
@@ -35,10 +35,10 @@ class MetalWorker(WorkerBase):
     def init_device(self) -> None:
         from vllm_metal.native import get_ops
 
-        parallel = self.parallel_config
-        if parallel.tensor_parallel_size > 1:
+        index, ranks = host_share(self.vllm_config, self.local_rank)
+        if self.parallel_config.pipeline_parallel_size == 1:
             # Before the CPU kernel pool starts (it sizes itself from the affinity).
-            pin_to_share(self.local_rank, ranks_on_host(parallel.world_size, parallel.nnodes))
+            pin_to_share(index, ranks)
         get_ops()  # fail early, with its message, if the extension is unusable
         # The one choice of backend; the model's load and the runner get this object.
         self.backend = select_backend()
@@ -93,11 +93,10 @@ class MetalWorker(WorkerBase):
         self._activation_bytes = estimate.total
         cache_limit = allocator_cache_limit(estimate.arrays)
         mx.set_cache_limit(cache_limit)
-        parallel = self.parallel_config
         budget = MemoryBudget(
             # The ranks on one host share its memory.
             device_total=(self.backend.device_memory_bytes()
-                          // ranks_on_host(parallel.world_size, parallel.nnodes)),
+                          // host_share(self.vllm_config, self.local_rank)[1]),
             utilization=float(cache_config.gpu_memory_utilization),
             weights=parameter_bytes(runner.loaded.model) + runner.draft_parameter_bytes(),
             activations=self._activation_bytes,
