@@ -59,7 +59,7 @@ def test_smollm2_heads_on_two_ranks():
 @pytest.mark.parametrize("family,message", [
     ("olmo2", "q_norm.weight"),             # a norm over all heads' queries
     ("mixtral", "has no MLP"),              # experts
-    ("deepseek_v3", "no separate q/k/v/o"),  # latent attention
+    ("deepseek_v3", "no q/k/v"),             # latent attention
     ("qwen3_next", "no attention module"),   # linear-attention layers
 ])
 def test_layers_it_cannot_shard_are_refused_by_name(family, message, tmp_path):
@@ -102,10 +102,11 @@ RANK = textwrap.dedent("""
 
 # (family, overrides): uneven heads with 4-bit weights in groups of 32 (SmolLM2's
 # shape), q/k norms, a sliding-window pattern with scaled embeddings, phi's names,
+# phi3's fused qkv and gate_up projections,
 # one KV head shared by both ranks.
 SHARDED = [("llama", dict(num_attention_heads=6, num_key_value_heads=3, quantize_bits=4,
                           group_size=32)),
-           ("qwen3", {}), ("gemma3_text", {}), ("phi", {}),
+           ("qwen3", {}), ("gemma3_text", {}), ("phi", {}), ("phi3", {}),
            ("llama", dict(num_key_value_heads=1))]
 
 

@@ -38,8 +38,9 @@ _ATTENTION_NAMES = ("self_attn", "attention", "attn")
 _OUT_NAMES = ("o_proj", "dense", "out_proj")
 _MLP_NAMES = ("mlp", "feed_forward", "ffn")
 # An MLP's projections (into its columns, out of them), by family naming.
-_MLP_SHAPES = ((("gate_proj", "up_proj"), "down_proj"), (("up_proj",), "down_proj"),
-               (("fc1",), "fc2"), (("c_fc",), "c_proj"), (("w1", "w3"), "w2"))
+_MLP_SHAPES = ((("gate_proj", "up_proj"), "down_proj"), (("gate_up_proj",), "down_proj"),
+               (("up_proj",), "down_proj"), (("fc1",), "fc2"), (("c_fc",), "c_proj"),
+               (("w1", "w3"), "w2"))
 # Rows of x the int8 kernels quantize together: a slice of a sharded-to-all layer's
 # input starts on such a boundary, so it is rounded as in the unsharded layer.
 _INT8_GROUP = 32
@@ -172,34 +173,43 @@ def check_probed_heads(entries, splits: list[tuple[HeadSplit, int]], family: str
 def _shard_attention(attention: nn.Module, shard: TensorShard,
                      where: str) -> tuple[HeadSplit, int]:
     out = next((n for n in _OUT_NAMES if _is_linear(getattr(attention, n, None))), None)
-    names = ("q_proj", "k_proj", "v_proj", out)
-    projections = [getattr(attention, n, None) if n else None for n in names]
-    if not all(_is_linear(p) for p in projections):
+    fused = _is_linear(getattr(attention, "qkv_proj", None))   # phi3: [q | k | v] rows
+    into = ("qkv_proj",) if fused else ("q_proj", "k_proj", "v_proj")
+    if out is None or not all(_is_linear(getattr(attention, n, None)) for n in into):
         raise TensorParallelError(
-            f"{where} ({_qualname(attention)}) has no separate q/k/v/o linear projections "
-            "(fused, latent or linear attention); tensor parallel shards those only")
-    q, k, v, o = projections
+            f"{where} ({_qualname(attention)}) has no q/k/v (or fused qkv_proj) and output "
+            "linear projections (latent or linear attention, or another fused layout); "
+            "tensor parallel shards those only")
     heads = _count(attention, _QUERY_HEADS, where, "query")
     kv_heads = _count(attention, _KV_HEADS, where, "KV")
-    head_dim, rem = divmod(_out_dims(q), heads)
-    if rem or _out_dims(k) != kv_heads * head_dim or _out_dims(v) != kv_heads * head_dim:
+    if fused:
+        head_dim, rem = divmod(_out_dims(attention.qkv_proj), heads + 2 * kv_heads)
+        widths = (heads * head_dim, kv_heads * head_dim, kv_heads * head_dim)
+    else:
+        head_dim, rem = divmod(_out_dims(attention.q_proj), heads)
+        widths = tuple(_out_dims(getattr(attention, n)) for n in into)
+    if rem or widths != (heads * head_dim, kv_heads * head_dim, kv_heads * head_dim):
         raise TensorParallelError(
-            f"{where}: projections of {_out_dims(q)} / {_out_dims(k)} / {_out_dims(v)} "
-            f"outputs do not make {heads} query and {kv_heads} KV heads of one size")
-    _refuse_other_parameters(attention, names,
+            f"{where}: projections of {'/'.join(map(str, widths))} outputs do not make "
+            f"{heads} query and {kv_heads} KV heads of one size")
+    _refuse_other_parameters(attention, (*into, out),
                              {heads, kv_heads, heads * head_dim, kv_heads * head_dim},
                              head_dim, where)
     try:
         split = HeadSplit.of(heads, kv_heads, shard.rank, shard.size)
     except TensorParallelError as e:
         raise TensorParallelError(f"{where}: {e}") from e
-    attention.q_proj = _rows(q, split.q_start * head_dim, split.q_end * head_dim,
-                             split.q_local * head_dim)
-    for name, p in (("k_proj", k), ("v_proj", v)):
-        setattr(attention, name, _rows(p, split.kv_start * head_dim, split.kv_end * head_dim,
-                                       split.kv_local * head_dim))
-    setattr(attention, out, _columns(o, split.q_start * head_dim, split.q_end * head_dim,
-                                     shard, f"{where}'s {out}"))
+    q = (split.q_start * head_dim, split.q_end * head_dim, split.q_local * head_dim)
+    kv = (split.kv_start * head_dim, split.kv_end * head_dim, split.kv_local * head_dim)
+    if fused:
+        k0, v0 = widths[0], widths[0] + widths[1]
+        _rows(attention.qkv_proj, [q, (k0 + kv[0], k0 + kv[1], kv[2]),
+                                   (v0 + kv[0], v0 + kv[1], kv[2])])
+    else:
+        for name, span in zip(into, (q, kv, kv)):
+            _rows(getattr(attention, name), [span])
+    setattr(attention, out, _columns(getattr(attention, out), q[0], q[1], shard,
+                                     f"{where}'s {out}"))
     for names, count in ((_QUERY_HEADS, split.q_local), (_KV_HEADS, split.kv_local)):
         for name in names:
             if isinstance(getattr(attention, name, None), int):
@@ -214,10 +224,12 @@ def _shard_mlp(mlp: nn.Module, shard: TensorShard, where: str) -> None:
     else:
         raise TensorParallelError(
             f"{where} ({_qualname(mlp)}) is not a dense MLP of linear projections "
-            "(mixture-of-experts and fused MLPs are not sharded by vllm-metal yet)")
+            "(mixture-of-experts MLPs are not sharded by vllm-metal yet)")
     down = getattr(mlp, out)
     width = _in_dims(down)
-    if any(_out_dims(getattr(mlp, n)) != width for n in into):
+    # A fused gate_up_proj (phi3) holds [gate | up] rows.
+    halves = 2 if into == ("gate_up_proj",) else 1
+    if any(_out_dims(getattr(mlp, n)) != width * halves for n in into):
         raise TensorParallelError(f"{where}: {'/'.join(into)} do not feed {out}'s "
                                   f"{width} columns")
     _refuse_other_parameters(mlp, (*into, out), {width}, None, where)
@@ -229,24 +241,27 @@ def _shard_mlp(mlp: nn.Module, shard: TensorShard, where: str) -> None:
     start = unit * (units * shard.rank // shard.size)
     end = unit * (units * (shard.rank + 1) // shard.size)
     for name in into:
-        setattr(mlp, name, _rows(getattr(mlp, name), start, end, end - start))
+        _rows(getattr(mlp, name), [(h * width + start, h * width + end, end - start)
+                                   for h in range(halves)])
     setattr(mlp, out, _columns(down, start, end, shard, f"{where}'s {out}"))
 
 
-def _rows(linear: nn.Module, start: int, end: int, padded: int) -> nn.Module:
-    """``linear`` keeping output rows [start, end), then padded - (end - start) rows of
-    zeros (weights, scales and biases: a phantom head's projection is 0), in place.
-    Slices are copied (mx.contiguous): a view would keep the whole tensor alive."""
-    pad = padded - (end - start)
+def _rows(linear: nn.Module, spans: list[tuple[int, int, int]]) -> None:
+    """``linear`` keeping, for each (start, end, padded) of ``spans`` in turn, output rows
+    [start, end) and then padded - (end - start) rows of zeros (weights, scales and
+    biases: a phantom head's projection is 0), in place. Slices are copied
+    (mx.contiguous): a view would keep the whole tensor alive."""
     for name in ("weight", "scales", "biases", "bias"):
         array = linear.get(name)
         if array is None:
             continue
-        rows = array[start:end]
-        if pad:
-            rows = mx.concatenate([rows, mx.zeros((pad, *rows.shape[1:]), dtype=rows.dtype)])
-        linear[name] = mx.contiguous(rows)
-    return linear
+        parts = []
+        for start, end, padded in spans:
+            parts.append(array[start:end])
+            if padded > end - start:
+                parts.append(mx.zeros((padded - (end - start), *array.shape[1:]),
+                                      dtype=array.dtype))
+        linear[name] = mx.contiguous(parts[0] if len(parts) == 1 else mx.concatenate(parts))
 
 
 def _columns(linear: nn.Module, start: int, end: int, shard: TensorShard,

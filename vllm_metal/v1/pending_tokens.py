@@ -64,13 +64,14 @@ class PendingTokens:
 
     def resolve(self, step: InflightStep) -> np.ndarray:
         """Wait for ``step`` and write its tokens into the host state. Returns the ids."""
+        tokens = step.wait()   # unlocked: the runner builds the next step meanwhile
         with self.lock:
-            return self._resolve(step)
+            self._write(step, tokens)
+        return tokens
 
-    def _resolve(self, step: InflightStep) -> np.ndarray:
-        tokens = step.wait()
+    def _write(self, step: InflightStep, tokens: np.ndarray) -> None:
         if step not in self._inflight:
-            return tokens
+            return
         for req_id, slot, token in zip(step.req_ids, step.slots, tokens.tolist()):
             if self._where.get(req_id, (None,))[0] is step:
                 del self._where[req_id]
@@ -80,7 +81,6 @@ class PendingTokens:
             state.output_token_ids[slot] = token
             self.batch.set_token(req_id, len(state.prompt_token_ids) + slot, token)
         self._inflight.remove(step)
-        return tokens
 
     def resolve_all(self) -> None:
         for step in list(self._inflight):

@@ -1,16 +1,19 @@
-"""Pipeline parallel on one host: serving throughput of two stages against one rank,
-and the time MLX's ring takes to carry a step's hidden states between the stages.
+"""Parallelism on one host: serving throughput of two pipeline stages, two tensor
+ranks and two data-parallel engines against one rank, and the time MLX's ring takes
+for a step's transfers.
 
-    python benchmarks/bench_pipeline.py [--model PATH] [--concurrency 1 8]
+    python benchmarks/bench_parallel.py [--model PATH] [--concurrency 1 8]
 
 Servers (bench_serve.py's workload: random 256-token prompts, 128 output tokens,
 greedy, --ignore-eos), one after another:
 - one rank, the default (the fused decoder stack where the model takes it);
-- one rank on the module path (VLLM_METAL_CPU_DECODER_STACK=0), what each stage runs;
-- --pipeline-parallel-size 2.
-Then two processes on 127.0.0.1 join a ring (vllm_metal.distributed.group) and time
-send/recv of float32 [rows, hidden] for a decode step's and a prefill chunk's rows.
-Prints markdown tables.
+- one rank on the module path (VLLM_METAL_CPU_DECODER_STACK=0), what a pipeline stage
+  and a tensor rank run;
+- --pipeline-parallel-size 2, --tensor-parallel-size 2, --data-parallel-size 2.
+Then two processes on 127.0.0.1 join a ring (vllm_metal.distributed.group) and time,
+for float32 [rows, hidden] of a decode step's and a prefill chunk's rows, a send/recv
+(what passes between pipeline stages) and an all-sum (two per layer under tensor
+parallel). Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -41,23 +44,27 @@ _RING = textwrap.dedent("""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
     group = join_mlx_group(dist.group.WORLD, rank, 2, same_host=True)
-    for rows in (1, 16, 512, 2048):
-        x = mx.ones((rows, hidden), dtype=mx.float32)
+    def median_ms(step):
         times = []
         for i in range(60):
             t = time.perf_counter()
-            if rank == 0:
-                mx.eval(mx.distributed.send(x, 1, group=group))
-            else:
-                mx.eval(mx.distributed.recv_like(x, 0, group=group))
+            step()
             times.append(time.perf_counter() - t)
+        return sorted(times[10:])[25] * 1e3
+
+    for rows in (1, 16, 512, 2048):
+        x = mx.ones((rows, hidden), dtype=mx.float32)
+        if rank == 0:
+            send = median_ms(lambda: mx.eval(mx.distributed.send(x, 1, group=group)))
+        else:
+            send = median_ms(lambda: mx.eval(mx.distributed.recv_like(x, 0, group=group)))
+        total = median_ms(lambda: mx.eval(mx.distributed.all_sum(x, group=group)))
         if rank == 1:
-            times = sorted(times[10:])
-            print(rows, hidden, times[len(times) // 2] * 1e3, flush=True)
+            print(rows, hidden, send, total, flush=True)
 """)
 
 
-def ring_times(hidden: int) -> list[tuple[int, float]]:
+def ring_times(hidden: int) -> list[tuple[int, float, float]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -65,7 +72,7 @@ def ring_times(hidden: int) -> list[tuple[int, float]]:
                               stdout=subprocess.PIPE, text=True, cwd=REPO)
              for r in range(2)]
     out = [p.communicate(timeout=600)[0] for p in procs]
-    return [(int(line.split()[0]), float(line.split()[2])) for line in out[1].splitlines()]
+    return [(int(f[0]), float(f[2]), float(f[3])) for f in map(str.split, out[1].splitlines())]
 
 
 def main() -> int:
@@ -81,7 +88,9 @@ def main() -> int:
 
     cases = [("one rank (default)", {}, ()),
              ("one rank, module path", {"VLLM_METAL_CPU_DECODER_STACK": "0"}, ()),
-             ("two pipeline stages", {}, ("--pipeline-parallel-size", "2"))]
+             ("two pipeline stages", {}, ("--pipeline-parallel-size", "2")),
+             ("two tensor ranks", {}, ("--tensor-parallel-size", "2")),
+             ("two data-parallel engines", {}, ("--data-parallel-size", "2"))]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, env, flags in cases:
@@ -100,10 +109,10 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for label, c, tok_s, tpot, ttft in rows:
         print(f"| {label} | {c} | {tok_s:.1f} | {tpot:.1f} | {ttft:.0f} |")
-    print("\n| rows | hidden | ring send+recv, median ms |")
-    print("|---|---|---|")
-    for n, ms in ring_times(args.hidden):
-        print(f"| {n} | {args.hidden} | {ms:.3f} |")
+    print("\n| rows | hidden | ring send+recv, median ms | ring all-sum, median ms |")
+    print("|---|---|---|---|")
+    for n, send, total in ring_times(args.hidden):
+        print(f"| {n} | {args.hidden} | {send:.3f} | {total:.3f} |")
     return 0
 
 
