@@ -7,9 +7,10 @@ for a step's transfers.
 Servers (bench_serve.py's workload: random 256-token prompts, 128 output tokens,
 greedy, --ignore-eos), one after another:
 - one rank, the default (the fused decoder stack where the model takes it);
-- one rank on the module path (VLLM_METAL_CPU_DECODER_STACK=0), what a pipeline stage
-  and a tensor rank run;
-- --pipeline-parallel-size 2, --tensor-parallel-size 2, --data-parallel-size 2.
+- one rank on the module path (VLLM_METAL_CPU_DECODER_STACK=0), what a tensor rank
+  runs;
+- --pipeline-parallel-size 2, --tensor-parallel-size 2, --data-parallel-size 2
+(--cases picks some; --no-ring skips the transfer timings).
 Then two processes on 127.0.0.1 join a ring (vllm_metal.distributed.group) and time,
 for float32 [rows, hidden] of a decode step's and a prefill chunk's rows, a send/recv
 (what passes between pipeline stages) and an all-sum (two per layer under tensor
@@ -75,6 +76,14 @@ def ring_times(hidden: int) -> list[tuple[int, float, float]]:
     return [(int(f[0]), float(f[2]), float(f[3])) for f in map(str.split, out[1].splitlines())]
 
 
+# name -> (label, environment, flags)
+CASES = {"default": ("one rank (default)", {}, ()),
+         "module": ("one rank, module path", {"VLLM_METAL_CPU_DECODER_STACK": "0"}, ()),
+         "pipeline": ("two pipeline stages", {}, ("--pipeline-parallel-size", "2")),
+         "tensor": ("two tensor ranks", {}, ("--tensor-parallel-size", "2")),
+         "data": ("two data-parallel engines", {}, ("--data-parallel-size", "2"))}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL.path())
@@ -84,13 +93,11 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--hidden", type=int, default=576, help="hidden size for the ring")
     parser.add_argument("--server-args", default="--max-model-len 2048 --max-num-seqs 16")
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--no-ring", action="store_true", help="skip the transfer timings")
     args = parser.parse_args()
 
-    cases = [("one rank (default)", {}, ()),
-             ("one rank, module path", {"VLLM_METAL_CPU_DECODER_STACK": "0"}, ()),
-             ("two pipeline stages", {}, ("--pipeline-parallel-size", "2")),
-             ("two tensor ranks", {}, ("--tensor-parallel-size", "2")),
-             ("two data-parallel engines", {}, ("--data-parallel-size", "2"))]
+    cases = [CASES[name] for name in args.cases]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, env, flags in cases:
@@ -109,6 +116,8 @@ def main() -> int:
     print("|---|---|---|---|---|")
     for label, c, tok_s, tpot, ttft in rows:
         print(f"| {label} | {c} | {tok_s:.1f} | {tpot:.1f} | {ttft:.0f} |")
+    if args.no_ring:
+        return 0
     print("\n| rows | hidden | ring send+recv, median ms | ring all-sum, median ms |")
     print("|---|---|---|---|")
     for n, send, total in ring_times(args.hidden):

@@ -134,7 +134,8 @@ DecoderStackWeights::DecoderStackWeights(
   }
   const int64_t q_width = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv_width = static_cast<int64_t>(num_kv_heads) * head_dim;
-  check_vector(final_norm_, hidden, "final_norm");
+  // Empty: no final norm (a pipeline stage before the last hands on its residual stream).
+  if (final_norm_.size() != 0) check_vector(final_norm_, hidden, "final_norm");
   if (moe_layers.size() != moe_.size()) fail("moe_layers and moe must have one entry each");
   std::vector<const DecoderStackMoe*> moe_of(index.size(), nullptr);
   for (size_t i = 0; i < moe_.size(); ++i) {
@@ -194,9 +195,11 @@ DecoderStackWeights::DecoderStackWeights(
   }
 
   for (auto& a : arrays) a = materialized(a);
-  final_norm_ = materialized(final_norm_);
   arrays_ = std::move(arrays);
-  final_norm_view_ = norm_of(final_norm_, final_eps);
+  if (final_norm_.size() != 0) {
+    final_norm_ = materialized(final_norm_);
+    final_norm_view_ = norm_of(final_norm_, final_eps);
+  }
   for (size_t li = 0; li < index.size(); ++li) {
     const LayerIndex& L = index[li];
     const int* tail = ints.data() + li * kStackLayerInts + kTailAt;

@@ -108,7 +108,8 @@ class DecoderStackWeights {
  *                block_size, num_kv_heads, head_dim + 4] (kv_quant.h)
  * key_columns    float caches: key caches [num_blocks, num_kv_heads,
  *                head_dim, block_size] (ops/paged_attention.h)
- * returns        hidden_out [1, T, hidden] (after the final norm).
+ * returns        hidden_out [1, T, hidden] (after the final norm, where the weights
+ *                hold one: a pipeline stage before the last has none).
  *
  * The new keys and values are written into the caches' own buffers, which are
  * neither outputs nor inputs of the node but held by the primitive (lazy ones

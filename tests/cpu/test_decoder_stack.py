@@ -14,7 +14,7 @@ from tests.tiny_models import cached_tiny_model
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forward_context
 from vllm_metal.cpu.backend import CpuBackend
 from vllm_metal.cpu.decoder_stack import (
-    _LAYOUTS, Unsupported, _build, _layout_name, _norm_weight, plan_decoder_stack,
+    _LAYOUTS, Unsupported, _build, _layout_name, _norm_weight, _Probe, plan_decoder_stack,
 )
 from vllm_metal.cpu.fast_linears import _find_zero_point
 from vllm_metal.ops.reference import key_columns_as_rows
@@ -182,8 +182,28 @@ def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
     backbone = loaded.adapter.backbone
     norms, names = _LAYOUTS[0]
     with pytest.raises((ValueError, Unsupported), match="layer 1"):
-        _build(loaded.adapter, norms, names, (backbone.norm.weight, backbone.norm.eps), None,
-               False)
+        _build(loaded.adapter, backbone.layers, norms, names,
+               (backbone.norm.weight, backbone.norm.eps), None, False)
+
+
+def test_a_stage_before_the_last_hands_on_its_residual_stream():
+    # Built without the final norm (a pipeline stage before the last), the stack
+    # returns what the final norm would have normalised.
+    loaded = load_cpu(str(cached_tiny_model("llama")))
+    backbone = loaded.adapter.backbone
+    layers, (norms, names) = backbone.layers, _LAYOUTS[0]
+    final = (backbone.norm.weight, backbone.norm.eps)
+    probe = _Probe(loaded.adapter, layers)
+    x = backbone.embed_tokens(probe.ids[None]).astype(mx.float32)
+
+    def run(plan):
+        return plan(x, ForwardContext(probe.meta, probe._caches(), probe._caches()))
+
+    whole = run(_build(loaded.adapter, layers, norms, names, final, None, False))
+    stream = run(_build(loaded.adapter, layers, norms, names, None, None, False))
+    assert not mx.allclose(stream, whole, rtol=1e-2).item()
+    normed = mx.fast.rms_norm(stream, final[0], final[1])
+    assert mx.allclose(normed, whole, rtol=1e-5, atol=1e-5).item()
 
 
 @pytest.mark.parametrize("family,kwargs", [
@@ -248,10 +268,11 @@ def test_symmetric_gguf_linears_form_their_biases_in_the_stack(qtype, zero, tmp_
     stack = loaded.backbone.stack
     norms, names = next(x for x in _LAYOUTS if _layout_name(x[1]) == stack.layout)
     final = _norm_weight(loaded.adapter.backbone.norm, "final norm")
-    rebuilt = _build(loaded.adapter, norms, names, final, stack.embed_scale, True)
+    layers = loaded.adapter.backbone.layers
+    rebuilt = _build(loaded.adapter, layers, norms, names, final, stack.embed_scale, True)
     assert rebuilt.weights.symmetric_linears == 7 * len(layers) - 1
     # Built for float activations (the probe's), every linear reads its biases.
-    probe = _build(loaded.adapter, norms, names, final, stack.embed_scale, False)
+    probe = _build(loaded.adapter, layers, norms, names, final, stack.embed_scale, False)
     assert probe.weights.symmetric_linears == 0
 
 

@@ -31,7 +31,8 @@ class VllmServer:
             command = [str(Path(sys.executable).with_name("vllm")), "serve"]
         env = dict(os.environ if env is None else env)
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the real, default process layout
-        self.log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-serve-{self.port}.log", "w+")
+        logs = Path(os.environ.get("TMPDIR", "/tmp"))
+        self.log = open(logs / f"vllm-serve-{self.port}.log", "w+")
         self.proc = subprocess.Popen(
             [*command, *([model] if model else []), "--host", "127.0.0.1", "--port",
              str(self.port), *args],
@@ -42,7 +43,8 @@ class VllmServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.output()}")
+                raise RuntimeError(
+                    f"vllm serve exited with {self.proc.returncode}:\n{self.output()}")
             try:
                 if requests.get(self.base_url + "/health", timeout=2).status_code == 200:
                     return

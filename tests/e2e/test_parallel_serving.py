@@ -3,13 +3,13 @@
 one rank's greedy tokens under concurrency, streamed or not; a killed rank or engine
 takes the server down within seconds and leaves nothing running.
 
-One rank is compared on the module path (VLLM_METAL_CPU_DECODER_STACK=0): pipeline
-stages and tensor ranks run each layer's modules, whose arithmetic the fused decoder
-stack matches only to rounding. Tensor ranks sum their partial products in another
-order than one rank's kernels: their comparison runs with fp32 activations
-(VLLM_METAL_CPU_INT8_ACTIVATIONS=0), where that order moves logits by rounding
-only; int8 activations round such differences up to a quantization step
-(docs/distributed.md)."""
+Tensor ranks run each layer's modules, so one rank is compared on the module path
+(VLLM_METAL_CPU_DECODER_STACK=0), whose arithmetic the fused decoder stack matches
+only to rounding; and they sum their partial products in another order than one
+rank's kernels, so that comparison runs with fp32 activations
+(VLLM_METAL_CPU_INT8_ACTIVATIONS=0), where the order moves logits by rounding only
+(int8 activations round such differences up to a quantization step;
+docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -66,17 +66,24 @@ def _concurrent(server: VllmServer, stream: bool = False) -> list[list[int]]:
 
 
 MODULE_PATH = {"VLLM_METAL_CPU_DECODER_STACK": "0"}
-# flag -> (environment of both runs, of the one-rank run, what the two log at load).
-# Data-parallel engines each run the whole model as one rank does, fused stack and all.
-MODES = {"--pipeline-parallel-size": ({}, MODULE_PATH, "pipeline stage 1: layers 2-2"),
-         "--tensor-parallel-size": ({"VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"}, MODULE_PATH,
-                                    "tensor rank 1 of 2"),
-         "--data-parallel-size": ({}, {}, "Rank 1 of 2 on this host runs on cores")}
+# case -> (flag, environment of both runs, of the one-rank run, what the two log at
+# load). Pipeline stages run the fused decoder stack as one rank does (and, with it
+# off, the module path as one rank does): the same arithmetic. Data-parallel engines
+# each run the whole model as one rank does.
+MODES = {
+    "pipeline": ("--pipeline-parallel-size", {}, {},
+                 "(pipeline stage 1: layers 2-2): 1 layers, 6/3 heads, head_dim 64, "),
+    "pipeline, module path": ("--pipeline-parallel-size", MODULE_PATH, {},
+                              "pipeline stage 1: layers 2-2"),
+    "tensor": ("--tensor-parallel-size", {"VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"},
+               MODULE_PATH, "tensor rank 1 of 2"),
+    "data": ("--data-parallel-size", {}, {}, "Rank 1 of 2 on this host runs on cores"),
+}
 
 
-@pytest.mark.parametrize("flag", MODES)
-def test_two_ranks_give_one_ranks_greedy_tokens(flag):
-    env, alone, logged = MODES[flag]
+@pytest.mark.parametrize("case", MODES)
+def test_two_ranks_give_one_ranks_greedy_tokens(case):
+    flag, env, alone, logged = MODES[case]
     env = {**os.environ, **env}
     args = ("--max-model-len", "512")
     one = VllmServer(_model(), *args, env={**env, **alone})
@@ -86,7 +93,10 @@ def test_two_ranks_give_one_ranks_greedy_tokens(flag):
         one.stop()
     two = VllmServer(_model(), *args, flag, "2", env=env)
     try:
-        assert logged in two.full_output()
+        log = two.full_output()
+        assert logged in log
+        if case == "pipeline":   # both stages on the fused stack
+            assert log.count("decoder stack as one CPU node") == 2, log[-4000:]
         assert [_complete(two, p) for p in PROMPTS] == want
         assert _concurrent(two) == want
         assert _concurrent(two, stream=True) == want

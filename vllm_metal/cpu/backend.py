@@ -12,6 +12,7 @@ import mlx.core as mx
 
 from vllm_metal import envs
 from vllm_metal.backend import Backend, system_memory_bytes
+from vllm_metal.distributed.pipeline import link_of
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -41,11 +42,27 @@ class CpuBackbone:
 
         if self.stack is not None:
             ctx = get_forward_context()
-            x = self.adapter.backbone.embed_tokens(input_ids)
+            x, embedded = self._stack_input(input_ids)
             if self.stack.accepts(x, ctx):
-                return self.stack(x, ctx)
+                out = self.stack(x, ctx, embedded)
+                stage = self.adapter.stage
+                if stage is not None and not stage.is_last:
+                    link_of(self.adapter.backbone.layers).outgoing = out
+                return out
         with fast_functions():
             return self.adapter.hidden(input_ids[0])[None]
+
+    def _stack_input(self, input_ids: mx.array) -> tuple[mx.array, bool]:
+        """(the stack's input [1, T, hidden], whether it is the embeddings): a pipeline
+        stage after the first starts from what the previous stage sent (a step that
+        receives nothing, the memory profile, from the embeddings as the module path
+        does)."""
+        stage = self.adapter.stage
+        if stage is not None and stage.start > 0:
+            got = link_of(self.adapter.backbone.layers).incoming
+            if got is not None:
+                return got.reshape(1, -1, got.shape[-1]), False
+        return self.adapter.backbone.embed_tokens(input_ids), True
 
 
 class CpuBackend(Backend):

@@ -29,6 +29,7 @@ from vllm_metal.attention.context import AttentionMetadata, ForwardContext, forw
 from vllm_metal.cpu.fast_experts import FAST_EXPERT_CLASSES
 from vllm_metal.cpu.fast_linears import FastLinear, FastQuantizedLinear, tile_int8_weights
 from vllm_metal.cpu.stack_lora import Site, StackLoRA
+from vllm_metal.distributed.pipeline import link_of
 from vllm_metal.lora.layer import LoRALinear
 from vllm_metal.models.adapter import ModelAdapter
 from vllm_metal.native import get_ops
@@ -105,13 +106,15 @@ class DecoderStackPlan:
     layout: str = ""
     lora: StackLoRA | None = None   # the LoRA layers' sites (--enable-lora)
 
-    def __call__(self, x: mx.array, ctx: ForwardContext) -> mx.array:
-        """x float32 [1, T, hidden] embeddings -> final-norm hidden [1, T, hidden].
+    def __call__(self, x: mx.array, ctx: ForwardContext, embedded: bool = True) -> mx.array:
+        """x float32 [1, T, hidden] embeddings (embedded) or a previous pipeline stage's
+        hidden states -> [1, T, hidden] after the layers and the final norm (a stage
+        before the last has none: its residual stream).
 
         The op writes ctx's caches in place when it runs (they stay the same
         arrays); later readers are enqueued after it on the same stream.
         """
-        if self.embed_scale is not None:
+        if embedded and self.embed_scale is not None:
             x = x * self.embed_scale
         meta = ctx.metadata
         groups = [ctx.group_of(layer) for layer in range(len(ctx.key_caches))]
@@ -147,19 +150,24 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
     layers = getattr(backbone, "layers", None)
     if not isinstance(layers, list) or not layers:
         raise Unsupported(f"{_qualname(backbone)} has no list of layers")
-    if getattr(backbone, "pipeline_size", 1) != 1 or adapter.stage is not None:
-        raise Unsupported("a pipeline stage (the stack runs every layer)")
+    if getattr(backbone, "pipeline_size", 1) != 1:
+        raise Unsupported("mlx-lm's own pipeline split")
     if adapter.tensor is not None:
         raise Unsupported("a tensor-parallel shard (the stack has no all-sum inside a layer)")
+    stage = adapter.stage
+    if stage is not None:   # a pipeline stage runs its own layers
+        layers = layers[stage.start:stage.end]
     if len(adapter.entries) != len(layers):
         raise Unsupported("layers share KV entries")
     if any(e.state is not None for e in adapter.entries):
         raise Unsupported("linear-attention layers keep a recurrent state, not K/V")
     if not hasattr(backbone, "embed_tokens"):
         raise Unsupported(f"{_qualname(backbone)} has no embed_tokens")
-    final = _norm_weight(getattr(backbone, "norm", None), "final norm")
+    final = None
+    if stage is None or stage.is_last:
+        final = _norm_weight(getattr(backbone, "norm", None), "final norm")
     try:
-        probe = _Probe(adapter)
+        probe = _Probe(adapter, layers)
         embed_scale = probe.embed_scale()
     except Unsupported:
         raise
@@ -175,7 +183,7 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
         # kept has the same layout (and MoE routing).
         layout = _layout_name(names) + (f" ({_routing_name(routing)})" if routing else "")
         try:
-            plan = _build(adapter, norms, names, final, embed_scale, False, routing)
+            plan = _build(adapter, layers, norms, names, final, embed_scale, False, routing)
             error = probe.error(plan)
         except (ValueError, RuntimeError) as e:  # the extension refused the spec or step
             tried.append(f"{layout}: {e}")
@@ -184,7 +192,7 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
             if int8_activations:
                 # In place, so the stack and the module path share one copy.
                 tile_int8_weights(adapter.backbone)
-                plan = _build(adapter, norms, names, final, embed_scale, True, routing)
+                plan = _build(adapter, layers, norms, names, final, embed_scale, True, routing)
             return plan
         tried.append(f"{layout}: off by {error:.2g}")
     if not tried:
@@ -193,9 +201,11 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
                       f"({'; '.join(tried)})")
 
 
-def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
-           embed_scale: float | None, int8_activations: bool,
+def _build(adapter: ModelAdapter, layers: list, norms: int, names: tuple,
+           final: tuple | None, embed_scale: float | None, int8_activations: bool,
            routing: tuple[int, bool] | None = None) -> DecoderStackPlan:
+    """``layers``: the ones this process runs (adapter.entries[i] is layers[i]'s);
+    ``final``: the final norm's (weight, eps), None on a pipeline stage before the last."""
     arrays: list[mx.array] = []
     ints: list[int] = []
     floats: list[float] = []
@@ -204,9 +214,9 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
     bank = None
     moe_layers: list[int] = []
     moe: list[object] = []
-    hidden = int(final[0].shape[0])
-    for index, layer in enumerate(adapter.backbone.layers):
-        where = f"layer {index}"
+    hidden = adapter.hidden_size
+    for index, layer in enumerate(layers):
+        where = f"layer {adapter.held[index]}"
         facts = adapter.entries[index]
         heads.add((facts.num_heads, facts.num_kv_heads, facts.head_dim))
         inner = getattr(layer, "self_attn", None)
@@ -275,8 +285,9 @@ def _build(adapter: ModelAdapter, norms: int, names: tuple, final: tuple,
     if len(heads) != 1:
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
+    final_norm, final_eps = final or (mx.zeros((0,), dtype=mx.float32), 0.0)
     return DecoderStackPlan(get_ops().DecoderStackWeights(
-        arrays, ints, floats, final[0], final[1], hidden, num_heads, num_kv_heads, head_dim,
+        arrays, ints, floats, final_norm, final_eps, hidden, num_heads, num_kv_heads, head_dim,
         int8_activations, moe_layers, moe), embed_scale,
         _layout_name(names) + (f" ({_routing_name(routing)})" if moe else ""),
         StackLoRA(bank, sites) if sites else None)
@@ -581,8 +592,10 @@ class _Probe:
     """One small step through the module path, and through a candidate plan on fresh
     caches: how far apart they land."""
 
-    def __init__(self, adapter: ModelAdapter):
+    def __init__(self, adapter: ModelAdapter, layers: list):
+        """``layers``: the ones the stack would run (a pipeline stage's)."""
         self.adapter = adapter
+        self.layers = layers
         entry = adapter.entries[0]
         # Three sequences: 6 new tokens; 3 new after 40 cached (zeros), crossing small
         # windows; 4 at positions near 70000 (rotations and position-dependent scales
@@ -610,7 +623,10 @@ class _Probe:
 
         backbone = self.adapter.backbone
         int8 = [m for _, m in backbone.named_modules() if getattr(m, "int8_activations", False)]
-        first = backbone.layers[0]
+        # A stage before the last: what its layers hand on, not the final norm's output.
+        link = link_of(backbone.layers) if self.adapter.stage is not None else None
+        last = link is None or self.adapter.stage.is_last
+        first = self.layers[0]
         block = type(first)
         call = block.__call__
         probe = self
@@ -627,11 +643,15 @@ class _Probe:
             ctx = ForwardContext(self.meta, self._caches(), self._caches())
             with forward_context(ctx), fast_functions():
                 out = self.adapter.hidden(self.ids)
+            if not last:
+                out = link.outgoing.reshape(out.shape)
             mx.eval(out, self.first_input)
         finally:
             block.__call__ = call
             for m in int8:
                 m.int8_activations = True
+            if link is not None:
+                link.clear()
         return out
 
     def embed_scale(self) -> float | None:

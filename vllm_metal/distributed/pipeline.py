@@ -116,6 +116,14 @@ class _Leaving(_Elsewhere):
         return h
 
 
+def link_of(layers: list) -> StageLink | None:
+    """The StageLink cut_layers gave ``layers``' stand-ins (None: nothing was cut)."""
+    for layer in layers:
+        if isinstance(layer, _Elsewhere):
+            return layer._link
+    return None
+
+
 def cut_layers(layers: list, stage: PipelineStage, link: StageLink) -> None:
     """Replace, in place, every layer of ``layers`` that ``stage`` does not hold by its
     stand-in. ``layers`` is the backbone's own list, not a view of it (mlx-lm's

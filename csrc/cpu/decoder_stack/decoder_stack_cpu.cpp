@@ -455,7 +455,11 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
     if (l.norms & kPostMlp) norm(l.post_mlp_norm, tmp.data(), t, hidden, tmp.data());
     add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
   }
-  norm(a.final_norm, h.data(), t, hidden, a.out);
+  if (a.final_norm.w != nullptr) {
+    norm(a.final_norm, h.data(), t, hidden, a.out);
+  } else {  // a pipeline stage before the last: the residual stream goes on as it is
+    std::memcpy(a.out, h.data(), sizeof(float) * static_cast<size_t>(t * hidden));
+  }
   return route;
 }
 
