@@ -41,7 +41,7 @@ _MLP_NAMES = ("mlp", "feed_forward", "ffn")
 _MLP_SHAPES = ((("gate_proj", "up_proj"), "down_proj"), (("gate_up_proj",), "down_proj"),
                (("up_proj",), "down_proj"), (("fc1",), "fc2"), (("c_fc",), "c_proj"),
                (("w1", "w3"), "w2"))
-# Rows of x the int8 kernels quantize together: a slice of a sharded-to-all layer's
+# Columns of x the int8 kernels quantize together: a slice of a sharded-to-all layer's
 # input starts on such a boundary, so it is rounded as in the unsharded layer.
 _INT8_GROUP = 32
 
