@@ -12,7 +12,7 @@ import mlx.core as mx
 
 from vllm_metal import envs
 from vllm_metal.backend import Backend, system_memory_bytes
-from vllm_metal.distributed.pipeline import link_of
+from vllm_metal.distributed.pipeline import StageLink, link_of
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -34,6 +34,12 @@ class CpuBackbone:
     adapter: ModelAdapter
     stack: DecoderStackPlan | None   # None: the module path only
     summary: str
+    # A pipeline stage's link to its neighbours (found once, not per step).
+    link: StageLink | None = None
+
+    def __post_init__(self) -> None:
+        if self.adapter.stage is not None:
+            self.link = link_of(self.adapter.backbone.layers)
 
     def __call__(self, input_ids: mx.array) -> mx.array:
         """input_ids int32 [1, total_q] -> hidden [1, total_q, hidden]."""
@@ -47,7 +53,7 @@ class CpuBackbone:
                 out = self.stack(x, ctx, embedded)
                 stage = self.adapter.stage
                 if stage is not None and not stage.is_last:
-                    link_of(self.adapter.backbone.layers).outgoing = out
+                    self.link.outgoing = out
                 return out
         with fast_functions():
             return self.adapter.hidden(input_ids[0])[None]
@@ -59,7 +65,7 @@ class CpuBackbone:
         does)."""
         stage = self.adapter.stage
         if stage is not None and stage.start > 0:
-            got = link_of(self.adapter.backbone.layers).incoming
+            got = self.link.incoming
             if got is not None:
                 return got.reshape(1, -1, got.shape[-1]), False
         return self.adapter.backbone.embed_tokens(input_ids), True
