@@ -331,12 +331,14 @@ inv_freq = base^(-2i/dims) or 1 / freqs. Returns x's shape and dtype.)");
 resolved once (the per-layer spec layout is in csrc/ops/decoder_stack.h).)")
       .def(nb::init<std::vector<mlx::core::array>, std::vector<int>, std::vector<float>,
                     mlx::core::array, float, int, int, int, int, bool, std::vector<int>,
-                    std::vector<std::shared_ptr<vllm_metal::DecoderStackMoe>>>(),
+                    std::vector<std::shared_ptr<vllm_metal::DecoderStackMoe>>, bool>(),
            "arrays"_a, "ints"_a, "floats"_a, "final_norm"_a, "final_eps"_a, "hidden"_a,
            "num_heads"_a, "num_kv_heads"_a, "head_dim"_a, "int8_activations"_a = false,
            "moe_layers"_a = std::vector<int>{},
-           "moe"_a = std::vector<std::shared_ptr<vllm_metal::DecoderStackMoe>>{})
+           "moe"_a = std::vector<std::shared_ptr<vllm_metal::DecoderStackMoe>>{},
+           "gathered"_a = false)
       .def_prop_ro("num_layers", &vllm_metal::DecoderStackWeights::num_layers)
+      .def_prop_ro("gathered", &vllm_metal::DecoderStackWeights::gathered)
       .def_prop_ro("symmetric_linears", &vllm_metal::DecoderStackWeights::symmetric_linears,
                    "How many linears form each bias as -zero_point * scale (GGUF's Q4_0 "
                    "and Q8_0 with int8 activations) instead of reading it.");
@@ -392,6 +394,34 @@ added after the projections it names (none by default). key_columns: key
 caches [num_blocks, num_kv_heads, head_dim, block_size] (paged_attention's).
 Returns hidden [1, T, hidden]; the caches are written in place when the node
 runs (read them only through work enqueued after it on the same stream).)");
+
+  m.def(
+      "decoder_stack_segment",
+      &vllm_metal::decoder_stack_segment,
+      "weights"_a,
+      "x"_a,
+      "key_caches"_a,
+      "value_caches"_a,
+      "positions"_a,
+      "slot_mappings"_a,
+      "block_tables"_a,
+      "seq_lens"_a,
+      "cu_seqlens_q"_a,
+      "layer_groups"_a,
+      "begin"_a,
+      "end"_a,
+      "carry"_a = nb::none(),
+      nb::kw_only(),
+      "kv_quant"_a = 0,
+      "key_columns"_a = false,
+      "stream"_a = nb::none(),
+      R"(Part of decoder_stack's work, for tensor parallel with gathered output
+projections (DecoderStackWeights(gathered=True)): from begin to end, each
+(layer, point), point 0 a layer's start, 1 before o, 2 before down; end (-1, 0)
+through the final norm. carry: begun at o or down, that projection's whole input
+float32 [1, T, in_features] (every rank's slice, gathered). Returns [hidden] at
+the stack's end, else [residual stream [1, T, hidden], this rank's slice of the
+input of the projection it ends at [1, T, width]].)");
 
   m.def(
       "lora_delta",

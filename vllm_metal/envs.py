@@ -143,6 +143,13 @@ VARIABLES: dict[str, EnvVar] = {
         "MLX backend that carries hidden states between an engine's ranks "
         "(--pipeline-parallel-size): ring (TCP) or jaccl (RDMA over Thunderbolt 5 on "
         "Macs; needs MLX_IBV_DEVICES)."),
+    "VLLM_METAL_TP_GATHER": EnvVar(
+        "auto", _auto_bool,
+        "With --tensor-parallel-size: 1 runs the output projections (o, down) whole on "
+        "every rank, on all ranks' slices of their input gathered (greedy tokens are one "
+        "rank's, bit for bit; the CPU decoder stack runs); 0 shards them and all-sums the "
+        "partial products (each rank holds 1/N of every layer; rounding differs from one "
+        "rank's). auto: 1 on the CPU backend, 0 on Metal."),
     "VLLM_METAL_GGUF_CACHE": EnvVar(
         "~/.cache/vllm-metal/gguf", str,
         "Where the config and tokenizer files derived from a GGUF's metadata are cached."),

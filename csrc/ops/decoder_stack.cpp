@@ -116,13 +116,15 @@ DecoderStackWeights::DecoderStackWeights(
     int head_dim,
     bool int8_activations,
     std::vector<int> moe_layers,
-    std::vector<std::shared_ptr<DecoderStackMoe>> moe)
+    std::vector<std::shared_ptr<DecoderStackMoe>> moe,
+    bool gathered)
     : moe_(std::move(moe)),
       final_norm_(std::move(final_norm)),
       hidden_(hidden),
       num_heads_(num_heads),
       num_kv_heads_(num_kv_heads),
-      head_dim_(head_dim) {
+      head_dim_(head_dim),
+      gathered_(gathered) {
   if (hidden <= 0 || num_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0 ||
       num_heads % num_kv_heads) {
     fail("hidden, num_heads, num_kv_heads, head_dim must be positive, num_heads a multiple "
@@ -155,10 +157,16 @@ DecoderStackWeights::DecoderStackWeights(
     if (L.lin[0].w < 0 || L.lin[1].w < 0 || L.lin[2].w < 0 || L.lin[3].w < 0) {
       fail(where + ": q/k/v/o need bits >= 0");
     }
+    if (gathered && !dense_mlp) fail(where + ": gathered output projections need a dense MLP");
     const int64_t inter = dense_mlp ? arrays[L.lin[4].w].shape(0) : 0;
+    // Gathered, o and down are whole: their inputs are every rank's heads / columns.
+    const auto whole = [&](int j, int64_t local) {
+      return gathered ? stack_spec::linear_in(arrays[L.lin[j].w], L.lin[j].bits) : local;
+    };
     const int64_t dims[kStackLinears][2] = {{q_width, hidden}, {kv_width, hidden},
-                                            {kv_width, hidden}, {hidden, q_width},
-                                            {inter, hidden}, {inter, hidden}, {hidden, inter}};
+                                            {kv_width, hidden}, {hidden, whole(3, q_width)},
+                                            {inter, hidden}, {inter, hidden},
+                                            {hidden, dense_mlp ? whole(6, inter) : 0}};
     for (int j = 0; j < (dense_mlp ? kStackLinears : 4); ++j) {
       check_linear(arrays, L.lin[j], dims[j][0], dims[j][1], where + " " + kLinearNames[j]);
     }
@@ -248,7 +256,55 @@ int DecoderStackWeights::symmetric_linears() const {
   return count;
 }
 
-mx::array decoder_stack(
+namespace {
+
+// The width of the input of the projection at `p` (o or down) of layer p.layer:
+// whole (gathered) or this rank's slice.
+int64_t projection_input(const DecoderStackWeights& w, cpu::StackPoint p, bool whole) {
+  const cpu::StackLayer& l = w.layers()[p.layer];
+  if (p.at == cpu::kBeforeO) {
+    return whole ? l.o.in_features() : int64_t(w.num_heads()) * w.head_dim();
+  }
+  return whole ? l.down.in_features() : l.gate.out_features();
+}
+
+void check_segment(const DecoderStackWeights& w, cpu::StackPoint begin, cpu::StackPoint end,
+                   const std::optional<mx::array>& carry, int t, bool lora) {
+  const int layers = w.num_layers();
+  const bool whole = begin.layer == 0 && begin.at == cpu::kLayerStart && end.layer == -1;
+  if (whole && !carry) return;
+  if (!w.gathered()) fail("a segment needs weights built with gathered output projections");
+  if (lora) fail("a segment takes no LoRA adapters");
+  auto point_ok = [&](cpu::StackPoint p) {
+    return p.layer >= 0 && p.layer < layers && p.at >= cpu::kLayerStart &&
+        p.at <= cpu::kBeforeDown;
+  };
+  if (!point_ok(begin) || (end.layer != -1 && (!point_ok(end) || end.at == cpu::kLayerStart)) ||
+      (end.layer == -1 && end.at != cpu::kLayerStart)) {
+    fail("begin must be (layer, 0-2) and end (layer, 1-2) or (-1, 0), layer in [0, " +
+         std::to_string(layers) + ")");
+  }
+  if (end.layer != -1 && std::pair(end.layer, end.at) <= std::pair(begin.layer, begin.at)) {
+    fail("end must come after begin");
+  }
+  for (const auto p : {begin, end}) {
+    if (p.layer >= 0 && p.at == cpu::kBeforeDown && w.layers()[p.layer].moe != nullptr) {
+      fail("layer " + std::to_string(p.layer) + " has no down projection (a MoE)");
+    }
+  }
+  if (carry.has_value() != (begin.at != cpu::kLayerStart)) {
+    fail("give carry exactly when beginning at o or down");
+  }
+  if (carry) {
+    const int64_t width = projection_input(w, begin, true);
+    if (carry->dtype() != mx::float32 || carry->ndim() != 3 || carry->shape(0) != 1 ||
+        carry->shape(1) != t || carry->shape(2) != width) {
+      fail("carry must be float32 [1, T, " + std::to_string(width) + "]");
+    }
+  }
+}
+
+std::vector<mx::array> stack_node(
     std::shared_ptr<DecoderStackWeights> weights,
     const mx::array& x,
     const std::vector<mx::array>& key_caches,
@@ -263,6 +319,9 @@ mx::array decoder_stack(
     const std::optional<mx::array>& lora_rows,
     int kv_quant,
     bool key_columns,
+    cpu::StackPoint begin,
+    cpu::StackPoint end,
+    const std::optional<mx::array>& carry,
     mx::StreamOrDevice s) {
   if (!weights) fail("weights must be given");
   if (kv_quant < 0 || kv_quant > kKvQuantLast) {
@@ -344,22 +403,79 @@ mx::array decoder_stack(
   for (const auto& m : slot_mappings) inputs.push_back(as_int32(m, stream));
   for (const auto& table : block_tables) inputs.push_back(as_int32(table, stream));
   if (lora) inputs.push_back(as_int32(*lora_rows, stream));
-  return mx::array(x.shape(), mx::float32,
-                   std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches),
-                                                  layer_groups, std::move(lora), quant, key_columns),
-                   std::move(inputs));
+  check_segment(*weights, begin, end, carry, t, lora != nullptr);
+  if (carry) inputs.push_back(*carry);
+  std::vector<mx::Shape> shapes = {x.shape()};
+  if (end.layer != -1) {
+    shapes.push_back({1, t, static_cast<int>(projection_input(*weights, end, false))});
+  }
+  std::vector<mx::Dtype> dtypes(shapes.size(), mx::float32);
+  return mx::array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches), layer_groups,
+                                     std::move(lora), quant, key_columns, begin, end),
+      std::move(inputs));
+}
+
+} // namespace
+
+mx::array decoder_stack(
+    std::shared_ptr<DecoderStackWeights> weights,
+    const mx::array& x,
+    const std::vector<mx::array>& key_caches,
+    const std::vector<mx::array>& value_caches,
+    const mx::array& positions,
+    const std::vector<mx::array>& slot_mappings,
+    const std::vector<mx::array>& block_tables,
+    const mx::array& seq_lens,
+    const mx::array& cu_seqlens_q,
+    const std::vector<int>& layer_groups,
+    std::shared_ptr<DecoderStackLora> lora,
+    const std::optional<mx::array>& lora_rows,
+    int kv_quant,
+    bool key_columns,
+    mx::StreamOrDevice s) {
+  return stack_node(std::move(weights), x, key_caches, value_caches, positions, slot_mappings,
+                    block_tables, seq_lens, cu_seqlens_q, layer_groups, std::move(lora),
+                    lora_rows, kv_quant, key_columns, {0, cpu::kLayerStart},
+                    {-1, cpu::kLayerStart}, std::nullopt, s)[0];
+}
+
+std::vector<mx::array> decoder_stack_segment(
+    std::shared_ptr<DecoderStackWeights> weights,
+    const mx::array& x,
+    const std::vector<mx::array>& key_caches,
+    const std::vector<mx::array>& value_caches,
+    const mx::array& positions,
+    const std::vector<mx::array>& slot_mappings,
+    const std::vector<mx::array>& block_tables,
+    const mx::array& seq_lens,
+    const mx::array& cu_seqlens_q,
+    const std::vector<int>& layer_groups,
+    std::pair<int, int> begin,
+    std::pair<int, int> end,
+    const std::optional<mx::array>& carry,
+    int kv_quant,
+    bool key_columns,
+    mx::StreamOrDevice s) {
+  return stack_node(std::move(weights), x, key_caches, value_caches, positions, slot_mappings,
+                    block_tables, seq_lens, cu_seqlens_q, layer_groups, nullptr, std::nullopt,
+                    kv_quant, key_columns, {begin.first, begin.second}, {end.first, end.second},
+                    carry, s);
 }
 
 void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
                             std::vector<mx::array>& outputs) {
   auto& encoder = mx::cpu::get_command_encoder(stream());
   const int layers = weights_->num_layers();
+  for (auto& o : outputs) o.set_data(mx::allocator::malloc(o.nbytes()));
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
 
   std::vector<RowContiguous> in;
   for (const auto& i : inputs) in.push_back(row_contiguous(i, encoder));
-  const int groups = (static_cast<int>(inputs.size()) - kFixedInputs - (lora_ ? 1 : 0)) / 2;
+  const bool carry = begin_.at != cpu::kLayerStart;
+  const int groups =
+      (static_cast<int>(inputs.size()) - kFixedInputs - (lora_ ? 1 : 0) - (carry ? 1 : 0)) / 2;
 
   cpu::StackArgs a;
   const auto& x = in[0].view;
@@ -399,6 +515,10 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
     a.lora = &lora_->sites();
     a.lora_rows = in.back().view.data<int32_t>();
   }
+  a.begin = begin_;
+  a.end = end_;
+  if (carry) a.carry_in = in.back().view.data<float>();
+  if (outputs.size() > 1) a.carry_out = outputs[1].data<float>();
 
   for (const auto& i : inputs) encoder.set_input_array(i);
   for (auto& o : outputs) encoder.set_output_array(o);
@@ -414,7 +534,8 @@ bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
   if (weights_ != o.weights_ || caches_->size() != o.caches_->size() ||
       layer_groups_ != o.layer_groups_ || lora_ != o.lora_ || kv_quant_ != o.kv_quant_ ||
-      key_columns_ != o.key_columns_) {
+      key_columns_ != o.key_columns_ || begin_.layer != o.begin_.layer ||
+      begin_.at != o.begin_.at || end_.layer != o.end_.layer || end_.at != o.end_.at) {
     return false;
   }
   for (size_t i = 0; i < caches_->size(); ++i) {
@@ -424,7 +545,12 @@ bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
 }
 
 std::vector<mx::Shape> DecoderStack::output_shapes(const std::vector<mx::array>& inputs) {
-  return {inputs[0].shape()};
+  std::vector<mx::Shape> shapes = {inputs[0].shape()};
+  if (end_.layer != -1) {
+    shapes.push_back({1, inputs[0].shape(1),
+                      static_cast<int>(projection_input(*weights_, end_, false))});
+  }
+  return shapes;
 }
 
 } // namespace vllm_metal

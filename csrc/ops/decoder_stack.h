@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "cpu/decoder_stack/decoder_stack_cpu.h"
@@ -55,7 +56,8 @@ class DecoderStackWeights {
       int head_dim,
       bool int8_activations = false,
       std::vector<int> moe_layers = {},
-      std::vector<std::shared_ptr<DecoderStackMoe>> moe = {});
+      std::vector<std::shared_ptr<DecoderStackMoe>> moe = {},
+      bool gathered = false);
 
   int num_layers() const {
     return static_cast<int>(layers_.size());
@@ -71,6 +73,12 @@ class DecoderStackWeights {
   }
   int head_dim() const {
     return head_dim_;
+  }
+  // Tensor parallel with gathered output projections: this rank's heads and MLP
+  // columns, o and down whole (their inputs are every rank's slices, gathered
+  // between segments: decoder_stack_segment).
+  bool gathered() const {
+    return gathered_;
   }
   // The layers (each step passes their caches); the final norm.
   const std::vector<cpu::StackLayer>& layers() const {
@@ -90,6 +98,7 @@ class DecoderStackWeights {
   std::vector<cpu::StackLayer> layers_;
   cpu::StackNorm final_norm_view_{};
   int hidden_, num_heads_, num_kv_heads_, head_dim_;
+  bool gathered_;
 };
 
 /**
@@ -138,20 +147,57 @@ mlx::core::array decoder_stack(
     bool key_columns = false,
     mlx::core::StreamOrDevice s = {});
 
+/**
+ * A segment of decoder_stack's work, for tensor parallel with gathered output
+ * projections (weights built with gathered = true): from `begin` to `end`, each
+ * (layer, point) with point 0 the layer's start, 1 before o (its input: the
+ * attention output), 2 before down (its input: the gated MLP columns); end
+ * (-1, 0) runs through the last layer and the final norm.
+ * carry          begun at o or down: that projection's whole input, float32
+ *                [1, T, in_features] (every rank's slice, gathered)
+ * returns        [hidden [1, T, hidden]] at the stack's end (as decoder_stack),
+ *                else [residual stream [1, T, hidden], this rank's slice of the
+ *                input of the projection it ends at [1, T, width]]
+ * Other arguments as decoder_stack's (no LoRA).
+ */
+std::vector<mlx::core::array> decoder_stack_segment(
+    std::shared_ptr<DecoderStackWeights> weights,
+    const mlx::core::array& x,
+    const std::vector<mlx::core::array>& key_caches,
+    const std::vector<mlx::core::array>& value_caches,
+    const mlx::core::array& positions,
+    const std::vector<mlx::core::array>& slot_mappings,
+    const std::vector<mlx::core::array>& block_tables,
+    const mlx::core::array& seq_lens,
+    const mlx::core::array& cu_seqlens_q,
+    const std::vector<int>& layer_groups,
+    std::pair<int, int> begin,
+    std::pair<int, int> end,
+    const std::optional<mlx::core::array>& carry = std::nullopt,
+    int kv_quant = 0,
+    bool key_columns = false,
+    mlx::core::StreamOrDevice s = {});
+
 class DecoderStack : public CpuOnlyPrimitive {
  public:
   // caches: every layer's key cache, then every layer's value cache.
   // lora: as decoder_stack's; with it, lora_rows is the node's last input.
+  // segment: where the node starts and ends (decoder_stack_segment); begun
+  // mid-layer, the carry is the node's last input.
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
                std::vector<mlx::core::array> caches, std::vector<int> layer_groups,
-               std::shared_ptr<const DecoderStackLora> lora, KvQuant kv_quant, bool key_columns)
+               std::shared_ptr<const DecoderStackLora> lora, KvQuant kv_quant, bool key_columns,
+               cpu::StackPoint begin = {0, cpu::kLayerStart},
+               cpu::StackPoint end = {-1, cpu::kLayerStart})
       : CpuOnlyPrimitive(stream, "the model runs module by module"),
         weights_(std::move(weights)),
         caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))),
         layer_groups_(std::move(layer_groups)),
         lora_(std::move(lora)),
         kv_quant_(kv_quant),
-        key_columns_(key_columns) {}
+        key_columns_(key_columns),
+        begin_(begin),
+        end_(end) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -172,6 +218,7 @@ class DecoderStack : public CpuOnlyPrimitive {
   std::shared_ptr<const DecoderStackLora> lora_;
   KvQuant kv_quant_;
   bool key_columns_;
+  cpu::StackPoint begin_, end_;
 };
 
 } // namespace vllm_metal

@@ -90,14 +90,16 @@ RANK = textwrap.dedent("""
     for path in paths:
         whole, _ = load_model(Path(path), lazy=True)
         want = whole(ids).astype(mx.float32)
-        model, _ = load_model(Path(path), lazy=True)
-        shard_model(backbone_layers(model), TensorShard(rank, 2, group), "test")
-        got = model(ids).astype(mx.float32)
-        mx.eval(want, got)
-        print(json.dumps({
-            "error": (mx.abs(got - want).max() / mx.abs(want).max()).item(),
-            "same_argmax": mx.array_equal(got.argmax(-1), want.argmax(-1)).item(),
-            "bits": hashlib.sha1(np.array(got).tobytes()).hexdigest()}))
+        for gather in (False, True):
+            model, _ = load_model(Path(path), lazy=True)
+            shard_model(backbone_layers(model), TensorShard(rank, 2, group, gather), "test")
+            got = model(ids).astype(mx.float32)
+            mx.eval(want, got)
+            print(json.dumps({
+                "error": (mx.abs(got - want).max() / mx.abs(want).max()).item(),
+                "same_argmax": mx.array_equal(got.argmax(-1), want.argmax(-1)).item(),
+                "equal": mx.array_equal(got, want).item(),
+                "bits": hashlib.sha1(np.array(got).tobytes()).hexdigest()}))
 """)
 
 # (family, overrides): uneven heads with 4-bit weights in groups of 32 (SmolLM2's
@@ -126,9 +128,15 @@ def test_two_ranks_compute_the_whole_models_logits(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in outs]
     ranks = [[json.loads(line) for line in out.splitlines()] for out, _ in outs]
-    for case, a, b in zip(SHARDED, *ranks):
-        # The partial products are summed in another order than one rank's kernel
-        # sums them: equal to rounding, and the same bits on both ranks.
-        assert a["error"] < 1e-5, (case, a)
-        assert a["same_argmax"], case
-        assert a["bits"] == b["bits"], case
+    assert len(ranks[0]) == len(ranks[1]) == 2 * len(SHARDED)
+    for i, (a, b) in enumerate(zip(*ranks)):
+        case, gather = SHARDED[i // 2], i % 2 == 1
+        assert a["bits"] == b["bits"], case   # both ranks leave with the same logits
+        if gather:
+            # Every value computed as on one rank: the same bits.
+            assert a["equal"], (case, a)
+        else:
+            # The partial products are summed in another order than one rank's
+            # kernel sums them: equal to rounding.
+            assert a["error"] < 1e-5, (case, a)
+            assert a["same_argmax"], case

@@ -30,6 +30,7 @@ from vllm_metal.cpu.fast_experts import FAST_EXPERT_CLASSES
 from vllm_metal.cpu.fast_linears import FastLinear, FastQuantizedLinear, tile_int8_weights
 from vllm_metal.cpu.stack_lora import Site, StackLoRA
 from vllm_metal.distributed.pipeline import link_of
+from vllm_metal.distributed.tensor import GatheredToAll
 from vllm_metal.lora.layer import LoRALinear
 from vllm_metal.models.adapter import ModelAdapter
 from vllm_metal.native import get_ops
@@ -51,6 +52,8 @@ _SILU, _GELU_TANH, _GELU, _SWIGLU_OAI = 0, 1, 2, 3
 # csrc/cpu/decoder_stack/decoder_stack_cpu.h's SwigluOai constants (gpt-oss's).
 _SWIGLU_OAI_ALPHA, _SWIGLU_OAI_LIMIT = 1.702, 7.0
 _QK_NONE, _QK_PER_HEAD, _QK_ACROSS = 0, 1, 2
+# StackAt: the points a segment of the stack starts or ends at.
+_BEFORE_O, _BEFORE_DOWN = 1, 2
 
 # Where families keep each norm: (norms mask, attribute per slot in the order
 # pre-attention, post-attention, pre-MLP, post-MLP). llama's post_attention_layernorm
@@ -105,6 +108,9 @@ class DecoderStackPlan:
     embed_scale: float | None = None
     layout: str = ""
     lora: StackLoRA | None = None   # the LoRA layers' sites (--enable-lora)
+    # Tensor parallel: each layer's gathered (o, down); the stack then runs as segments
+    # between the gathers.
+    gathers: list[tuple[GatheredToAll, GatheredToAll]] | None = None
 
     def __call__(self, x: mx.array, ctx: ForwardContext, embedded: bool = True) -> mx.array:
         """x float32 [1, T, hidden] embeddings (embedded) or a previous pipeline stage's
@@ -118,12 +124,27 @@ class DecoderStackPlan:
             x = x * self.embed_scale
         meta = ctx.metadata
         groups = [ctx.group_of(layer) for layer in range(len(ctx.key_caches))]
+        step = (ctx.key_caches, ctx.value_caches, meta.positions, meta.slot_mapping,
+                meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, groups)
+        options = {"kv_quant": 0 if ctx.kv_quant is None else ctx.kv_quant.code,
+                   "key_columns": ctx.key_columns}
+        if self.gathers is not None:
+            return self._segments(x, step, options)
         lora = self.lora.step(self.weights) if self.lora is not None else None
-        return get_ops().decoder_stack(
-            self.weights, x, ctx.key_caches, ctx.value_caches, meta.positions,
-            meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, groups,
-            *(lora or ()), kv_quant=0 if ctx.kv_quant is None else ctx.kv_quant.code,
-            key_columns=ctx.key_columns)
+        return get_ops().decoder_stack(self.weights, x, *step, *(lora or ()), **options)
+
+    def _segments(self, x: mx.array, step: tuple, options: dict) -> mx.array:
+        """The stack in segments from each output projection's input to the next's,
+        each input gathered from every rank's slice between them."""
+        ops = get_ops()
+        begin, carry = (0, 0), None
+        for layer, pair in enumerate(self.gathers):
+            for at, gathered in zip((_BEFORE_O, _BEFORE_DOWN), pair):
+                x, part = ops.decoder_stack_segment(self.weights, x, *step, begin, (layer, at),
+                                                    carry, **options)
+                carry, begin = gathered.gather(part), (layer, at)
+        return ops.decoder_stack_segment(self.weights, x, *step, begin, (-1, 0), carry,
+                                         **options)[0]
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
         return x.dtype == mx.float32 and (ctx.kv_quant is not None
@@ -152,8 +173,9 @@ def _plan(adapter: ModelAdapter, int8_activations: bool = False) -> DecoderStack
         raise Unsupported(f"{_qualname(backbone)} has no list of layers")
     if getattr(backbone, "pipeline_size", 1) != 1:
         raise Unsupported("mlx-lm's own pipeline split")
-    if adapter.tensor is not None:
-        raise Unsupported("a tensor-parallel shard (the stack has no all-sum inside a layer)")
+    if adapter.tensor is not None and not adapter.tensor.gather:
+        raise Unsupported("a tensor-parallel shard summing partial products (the stack has "
+                          "no all-sum inside a layer; VLLM_METAL_TP_GATHER=1 gathers)")
     stage = adapter.stage
     if stage is not None:   # a pipeline stage runs its own layers
         layers = layers[stage.start:stage.end]
@@ -214,6 +236,7 @@ def _build(adapter: ModelAdapter, layers: list, norms: int, names: tuple,
     bank = None
     moe_layers: list[int] = []
     moe: list[object] = []
+    gathers: list[tuple[GatheredToAll, GatheredToAll]] = []
     hidden = adapter.hidden_size
     for index, layer in enumerate(layers):
         where = f"layer {adapter.held[index]}"
@@ -239,16 +262,20 @@ def _build(adapter: ModelAdapter, layers: list, norms: int, names: tuple,
             activation = _expert_activation(switch, where)
             moe_layers.append(index)
             moe.append(_moe(mlp, switch, routing, hidden, int8_activations, where))
-        elif hasattr(mlp, "gate_up_proj"):
-            half = _Rows.of(mlp.gate_up_proj, where).n // 2
-            mlp_linears = [*_projections(mlp, ("gate_proj", "up_proj"), "gate_up_proj",
-                                         (half, half), where),
-                           _Rows.of(_attr(mlp, "down_proj", where), where)]
         else:
-            mlp_linears = [*_projections(mlp, ("gate_proj", "up_proj"), "", (), where),
-                           _Rows.of(_attr(mlp, "down_proj", where), where)]
+            fused = "gate_up_proj" if hasattr(mlp, "gate_up_proj") else ""
+            half = _Rows.of(mlp.gate_up_proj, where).n // 2 if fused else 0
+            mlp_linears = [*_projections(mlp, ("gate_proj", "up_proj"), fused,
+                                         (half, half) if fused else (), where)]
+        o = _attr(inner, "o_proj", where)
+        down = None if switch is not None else _attr(mlp, "down_proj", where)
+        if isinstance(o, GatheredToAll) and isinstance(down, GatheredToAll):
+            gathers.append((o, down))   # each runs whole on the gathered input
+            o, down = o.inner, down.inner
+        if down is not None:
+            mlp_linears.append(_Rows.of(down, where))
         linears = [lin.laid_out(int8_activations) for lin in
-                   (*attn, _Rows.of(_attr(inner, "o_proj", where), where), *mlp_linears)]
+                   (*attn, _Rows.of(o, where), *mlp_linears)]
         for projection, lin in enumerate(linears):
             ints += lin.spec()
             if lin.lora is not None:
@@ -285,12 +312,14 @@ def _build(adapter: ModelAdapter, layers: list, norms: int, names: tuple,
     if len(heads) != 1:
         raise Unsupported("layers differ in head counts or head size")
     (num_heads, num_kv_heads, head_dim), = heads
+    if gathers and len(gathers) != len(layers):
+        raise Unsupported("some layers' output projections are gathered, others not")
     final_norm, final_eps = final or (mx.zeros((0,), dtype=mx.float32), 0.0)
     return DecoderStackPlan(get_ops().DecoderStackWeights(
         arrays, ints, floats, final_norm, final_eps, hidden, num_heads, num_kv_heads, head_dim,
-        int8_activations, moe_layers, moe), embed_scale,
+        int8_activations, moe_layers, moe, bool(gathers)), embed_scale,
         _layout_name(names) + (f" ({_routing_name(routing)})" if moe else ""),
-        StackLoRA(bank, sites) if sites else None)
+        StackLoRA(bank, sites) if sites else None, gathers or None)
 
 
 def _sinks(inner: nn.Module, facts, where: str) -> mx.array | None:
@@ -565,7 +594,7 @@ def _activation(mlp: nn.Module, where: str) -> int:
     else:
         gate, up = _attr(mlp, "gate_proj", where), _attr(mlp, "up_proj", where)
         halves = lambda x: (gate(x), up(x))  # noqa: E731
-    k = _Rows.of(down, where).n
+    k = _Rows.of(down.inner if isinstance(down, GatheredToAll) else down, where).n
     x = mx.random.normal((2, k), key=mx.random.key(1))
     try:
         got = mlp(x)

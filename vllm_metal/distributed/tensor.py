@@ -2,9 +2,22 @@
 columns, the way mlx.nn's ``shard_linear`` shards.
 
 The projections into heads and MLP columns (q/k/v, gate/up) keep this rank's output
-rows and need no communication (all-to-sharded); the projections out of them (o,
-down) keep the matching input columns and all-sum their partial products over the
-group (sharded-to-all), so every rank leaves each layer with the same hidden state.
+rows and need no communication (all-to-sharded). The projections out of them (o,
+down) are made one of two ways, so every rank leaves each layer with the same hidden
+state:
+
+- sum: each keeps the input columns matching its heads / columns and all-sums its
+  partial product over the group (sharded-to-all). Each rank holds 1/N of every
+  layer; the sum adds the partial products in another order than one rank's kernel
+  does, so the hidden states equal one rank's to rounding.
+- gather: each keeps the whole projection and runs it on every rank's slice of its
+  input, all-gathered (GatheredToAll). Every value is then computed by the same
+  arithmetic as on one rank: a rank's output rows of a projection, its heads'
+  attention and its MLP columns do not depend on the rows, heads and columns beside
+  them (with int8 activations too: the input rows are quantized whole). Greedy
+  tokens are one rank's, bit for bit; the two output projections (about a third of a
+  llama layer's weights) are held whole on every rank.
+
 Embeddings, norms and the head stay whole on every rank, and every rank samples the
 same tokens from the same logits.
 
@@ -99,12 +112,14 @@ class HeadSplit:
 
 @dataclass(frozen=True)
 class TensorShard:
-    """This rank's place in the tensor-parallel group, and the group the partial
-    products are summed over (None only in tests of a single rank's slices)."""
+    """This rank's place in the tensor-parallel group, the group it communicates over
+    (None only in tests of a single rank's slices), and whether output projections
+    gather their input (exact; ``gather``) or sum partial products."""
 
     rank: int
     size: int
     group: object | None = None
+    gather: bool = False
 
 
 class ShardedToAll(nn.Module):
@@ -129,6 +144,34 @@ class ShardedToAll(nn.Module):
             y = mx.distributed.all_sum(y, group=self.group)
         bias = self.get("bias")
         return y if bias is None else y + bias
+
+
+class GatheredToAll(nn.Module):
+    """A whole linear over all ranks' slices of its input: x [..., local] (this rank's
+    heads or columns, phantoms included) -> all ranks' x gathered and laid out in the
+    model's column order ``order`` [width] (indices into the ranks' concatenated
+    slices) -> inner [..., out]. ``inner`` is the unsharded linear, bias included."""
+
+    def __init__(self, inner: nn.Module, order: list[int], group) -> None:
+        super().__init__()
+        self.inner = inner
+        self._order = mx.array(order, dtype=mx.int32)   # "_": not a parameter
+        self.group = group
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.inner(self.gather(x))
+
+    def gather(self, x: mx.array) -> mx.array:
+        """x [..., local] -> [..., width]: every rank's x, in the model's columns."""
+        lead, local = x.shape[:-1], x.shape[-1]
+        rows = x.reshape(-1, local)
+        if self.group is not None:
+            # all_gather stacks the ranks' rows: [N * rows, local] -> [rows, N * local]
+            size = self.group.size()
+            rows = mx.distributed.all_gather(rows, group=self.group)
+            rows = rows.reshape(size, -1, local).transpose(1, 0, 2).reshape(-1, size * local)
+        full = mx.take(rows, self._order, axis=-1)
+        return full.reshape(*lead, full.shape[-1])
 
 
 def shard_model(layers: list, shard: TensorShard,
@@ -208,8 +251,12 @@ def _shard_attention(attention: nn.Module, shard: TensorShard,
     else:
         for name, span in zip(into, (q, kv, kv)):
             _rows(getattr(attention, name), [span])
-    setattr(attention, out, _columns(getattr(attention, out), q[0], q[1], shard,
-                                     f"{where}'s {out}"))
+    if shard.gather:
+        order = _head_order(heads, kv_heads, head_dim, shard.size)
+        setattr(attention, out, GatheredToAll(getattr(attention, out), order, shard.group))
+    else:
+        setattr(attention, out, _columns(getattr(attention, out), q[0], q[1], shard,
+                                         f"{where}'s {out}"))
     for names, count in ((_QUERY_HEADS, split.q_local), (_KV_HEADS, split.kv_local)):
         for name in names:
             if isinstance(getattr(attention, name, None), int):
@@ -233,17 +280,48 @@ def _shard_mlp(mlp: nn.Module, shard: TensorShard, where: str) -> None:
         raise TensorParallelError(f"{where}: {'/'.join(into)} do not feed {out}'s "
                                   f"{width} columns")
     _refuse_other_parameters(mlp, (*into, out), {width}, None, where)
-    unit = _column_unit(down)
-    units = width // unit
-    if units < shard.size:
+    # Gathered, a slice is any whole number of the int8 kernels' row tiles; summed, it
+    # also starts on down's quantization group.
+    unit = _INT8_GROUP if shard.gather else _column_unit(down)
+    spans = _column_spans(width, unit, shard.size)
+    if spans is None:
         raise TensorParallelError(f"{where}: {width} columns make fewer than {shard.size} "
                                   f"slices of {unit}")
-    start = unit * (units * shard.rank // shard.size)
-    end = unit * (units * (shard.rank + 1) // shard.size)
+    start, end = spans[shard.rank]
+    # Gathered, every rank's slice has one width (all_gather's rule): padded with
+    # phantom columns of zero weights, cut off again before down.
+    local = max(e - s for s, e in spans) if shard.gather else end - start
     for name in into:
-        _rows(getattr(mlp, name), [(h * width + start, h * width + end, end - start)
+        _rows(getattr(mlp, name), [(h * width + start, h * width + end, local)
                                    for h in range(halves)])
-    setattr(mlp, out, _columns(down, start, end, shard, f"{where}'s {out}"))
+    if shard.gather:
+        order = [r * local + c for r, (s, e) in enumerate(spans) for c in range(e - s)]
+        setattr(mlp, out, GatheredToAll(down, order, shard.group))
+    else:
+        setattr(mlp, out, _columns(down, start, end, shard, f"{where}'s {out}"))
+
+
+def _column_spans(width: int, unit: int, size: int) -> list[tuple[int, int]] | None:
+    """Each rank's [start, end) of ``width`` MLP columns, cut on multiples of ``unit``
+    (the last may end on ``width``); None when some rank would get none."""
+    units = -(-width // unit)
+    if units < size:
+        return None
+    return [(unit * (units * r // size), min(width, unit * (units * (r + 1) // size)))
+            for r in range(size)]
+
+
+def _head_order(heads: int, kv_heads: int, head_dim: int, size: int) -> list[int]:
+    """For each of the model's query heads in turn, its head_dim columns' positions in
+    the ranks' concatenated attention outputs (each rank's q_local heads: its real
+    ones first, then phantoms)."""
+    splits = [HeadSplit.of(heads, kv_heads, r, size) for r in range(size)]
+    order = []
+    for h in range(heads):
+        r = next(r for r, sp in enumerate(splits) if sp.q_start <= h < sp.q_end)
+        first = (r * splits[r].q_local + h - splits[r].q_start) * head_dim
+        order.extend(range(first, first + head_dim))
+    return order
 
 
 def _rows(linear: nn.Module, spans: list[tuple[int, int, int]]) -> None:

@@ -158,7 +158,12 @@ class MetalModelRunner:
         from vllm.distributed import get_tp_group
 
         tp = get_tp_group()
-        return TensorShard(tp.rank_in_group, tp.world_size, self.mlx_group)
+        gather = envs.VLLM_METAL_TP_GATHER
+        if gather is None:
+            # The CPU kernels compute a row, head or column alike whatever lies beside
+            # it, so gathering there gives one rank's tokens; Metal keeps the memory.
+            gather = self.backend.device == mx.cpu
+        return TensorShard(tp.rank_in_group, tp.world_size, self.mlx_group, gather)
 
     def _check_speculative_target(self) -> None:
         recurrent = [i for i, e in enumerate(self.loaded.adapter.entries) if e.state is not None]

@@ -382,75 +382,100 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   const StackLayer* angles_of = nullptr;
   size_t next_lora = 0;
   ScratchVector<int32_t> lora_idx(a.lora != nullptr ? t : 0);
-  for (int li = 0; li < static_cast<int>(layers.size()); ++li) {
+  const int num_layers = static_cast<int>(layers.size());
+  const int first = a.begin.layer;
+  // Ends mid-layer: hands on the residual stream and this rank's slice of the input
+  // of the projection it stops at.
+  auto stop = [&](const float* slice, int64_t width) {
+    std::memcpy(a.carry_out, slice, sizeof(float) * static_cast<size_t>(t * width));
+    std::memcpy(a.out, h.data(), sizeof(float) * static_cast<size_t>(t * hidden));
+  };
+  for (int li = first; li < num_layers; ++li) {
     const StackLayer& l = layers[li];
     const int group = a.layer_groups[li];
-    if (l.sliding_window != planned_window || group != planned_group) {
-      // Before this layer writes its cache.
-      pa.sliding_window = l.sliding_window;
-      pa.block_tables = a.block_tables[group];
-      pa.max_blocks_per_seq = a.max_blocks_per_seq[group];
-      route = plan_paged_attention_cpu(pa);
-      planned_window = l.sliding_window;
-      planned_group = group;
-    }
-    const float* attn_in = h.data();
-    if (l.norms & kPreAttention) {
-      norm(l.input_norm, h.data(), t, hidden, xn.data());
-      attn_in = xn.data();
-    }
-    linears<3>({&l.q, &l.k, &l.v}, attn_in, t, {q.data(), k.data(), v.data()});
-    add_lora(a, next_lora, li, kQ, attn_in, q.data(), lora_idx.data());
-    add_lora(a, next_lora, li, kK, attn_in, k.data(), lora_idx.data());
-    add_lora(a, next_lora, li, kV, attn_in, v.data(), lora_idx.data());
-    if (l.qk_norm == StackQkNorm::PerHead) {
-      norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
-      norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
-    } else if (l.qk_norm == StackQkNorm::AcrossHeads) {
-      norm(l.q_norm, q.data(), t, q_width, q.data());
-      norm(l.k_norm, k.data(), t, kv_width, k.data());
-    }
-    if (l.rope_dims > 0) {
-      // Every layer rotates q and k at the same positions: the angles (in
-      // double, then cos/sin) are formed once per step, not 2 x layers times.
-      const RopeArgs rope = rope_args(l, a.positions, t, a.head_dim);
-      if (angles_of == nullptr || !same_angles(*angles_of, l)) {
-        angles.resize(2 * t * (l.rope_dims / 2));
-        rope_table_cpu(rope, angles.data(), angles.data() + angles.size() / 2);
-        angles_of = &l;
+    const bool resume_o = li == first && a.begin.at == kBeforeO;
+    const bool resume_down = li == first && a.begin.at == kBeforeDown;
+    const float* o_in = resume_o ? a.carry_in : attn.data();
+    const float* down_in = resume_down ? a.carry_in : gate.data();
+    if (!resume_o && !resume_down) {  // this layer's attention
+      if (l.sliding_window != planned_window || group != planned_group) {
+        // Before this layer writes its cache.
+        pa.sliding_window = l.sliding_window;
+        pa.block_tables = a.block_tables[group];
+        pa.max_blocks_per_seq = a.max_blocks_per_seq[group];
+        route = plan_paged_attention_cpu(pa);
+        planned_window = l.sliding_window;
+        planned_group = group;
       }
-      rotate(rope, angles, q.data(), a.num_heads);
-      rotate(rope, angles, k.data(), a.num_kv_heads);
+      const float* attn_in = h.data();
+      if (l.norms & kPreAttention) {
+        norm(l.input_norm, h.data(), t, hidden, xn.data());
+        attn_in = xn.data();
+      }
+      linears<3>({&l.q, &l.k, &l.v}, attn_in, t, {q.data(), k.data(), v.data()});
+      add_lora(a, next_lora, li, kQ, attn_in, q.data(), lora_idx.data());
+      add_lora(a, next_lora, li, kK, attn_in, k.data(), lora_idx.data());
+      add_lora(a, next_lora, li, kV, attn_in, v.data(), lora_idx.data());
+      if (l.qk_norm == StackQkNorm::PerHead) {
+        norm(l.q_norm, q.data(), t * a.num_heads, a.head_dim, q.data());
+        norm(l.k_norm, k.data(), t * a.num_kv_heads, a.head_dim, k.data());
+      } else if (l.qk_norm == StackQkNorm::AcrossHeads) {
+        norm(l.q_norm, q.data(), t, q_width, q.data());
+        norm(l.k_norm, k.data(), t, kv_width, k.data());
+      }
+      if (l.rope_dims > 0) {
+        // Every layer rotates q and k at the same positions: the angles (in
+        // double, then cos/sin) are formed once per step, not 2 x layers times.
+        const RopeArgs rope = rope_args(l, a.positions, t, a.head_dim);
+        if (angles_of == nullptr || !same_angles(*angles_of, l)) {
+          angles.resize(2 * t * (l.rope_dims / 2));
+          rope_table_cpu(rope, angles.data(), angles.data() + angles.size() / 2);
+          angles_of = &l;
+        }
+        rotate(rope, angles, q.data(), a.num_heads);
+        rotate(rope, angles, k.data(), a.num_kv_heads);
+      }
+      write_cache(a, li, k.data(), v.data());
+
+      pa.key_cache = a.key_caches[li];
+      pa.value_cache = a.value_caches[li];
+      pa.scale = l.attn_scale;
+      pa.softcap = l.softcap;
+      pa.sinks = l.sinks;
+      run_paged_attention_cpu(pa, route);
+      if (li == a.end.layer && a.end.at == kBeforeO) {
+        stop(attn.data(), q_width);
+        return route;
+      }
     }
-    write_cache(a, li, k.data(), v.data());
+    if (!resume_down) {  // o, then the MLP up to down's input
+      linear(l.o, o_in, t, tmp.data());
+      add_lora(a, next_lora, li, kO, o_in, tmp.data(), lora_idx.data());
+      if (l.norms & kPostAttention) norm(l.post_attn_norm, tmp.data(), t, hidden, tmp.data());
+      add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
 
-    pa.key_cache = a.key_caches[li];
-    pa.value_cache = a.value_caches[li];
-    pa.scale = l.attn_scale;
-    pa.softcap = l.softcap;
-    pa.sinks = l.sinks;
-    run_paged_attention_cpu(pa, route);
-
-    linear(l.o, attn.data(), t, tmp.data());
-    add_lora(a, next_lora, li, kO, attn.data(), tmp.data(), lora_idx.data());
-    if (l.norms & kPostAttention) norm(l.post_attn_norm, tmp.data(), t, hidden, tmp.data());
-    add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);
-
-    const float* mlp_in = h.data();
-    if (l.norms & kPreMlp) {
-      norm(l.post_norm, h.data(), t, hidden, xn.data());
-      mlp_in = xn.data();
+      const float* mlp_in = h.data();
+      if (l.norms & kPreMlp) {
+        norm(l.post_norm, h.data(), t, hidden, xn.data());
+        mlp_in = xn.data();
+      }
+      if (l.moe != nullptr) {
+        moe_block(*l.moe, l.activation, mlp_in, t, hidden, tmp.data());
+      } else {
+        const int64_t width = l.gate.out_features();
+        linears<2>({&l.gate, &l.up}, mlp_in, t, {gate.data(), up.data()});
+        add_lora(a, next_lora, li, kGate, mlp_in, gate.data(), lora_idx.data());
+        add_lora(a, next_lora, li, kUp, mlp_in, up.data(), lora_idx.data());
+        gated(l.activation, gate.data(), up.data(), t * width);
+        if (li == a.end.layer && a.end.at == kBeforeDown) {
+          stop(gate.data(), width);
+          return route;
+        }
+      }
     }
-    if (l.moe != nullptr) {
-      moe_block(*l.moe, l.activation, mlp_in, t, hidden, tmp.data());
-    } else {
-      const int64_t width = l.gate.out_features();
-      linears<2>({&l.gate, &l.up}, mlp_in, t, {gate.data(), up.data()});
-      add_lora(a, next_lora, li, kGate, mlp_in, gate.data(), lora_idx.data());
-      add_lora(a, next_lora, li, kUp, mlp_in, up.data(), lora_idx.data());
-      gated(l.activation, gate.data(), up.data(), t * width);
-      linear(l.down, gate.data(), t, tmp.data());
-      add_lora(a, next_lora, li, kDown, gate.data(), tmp.data(), lora_idx.data());
+    if (l.moe == nullptr) {
+      linear(l.down, down_in, t, tmp.data());
+      add_lora(a, next_lora, li, kDown, down_in, tmp.data(), lora_idx.data());
     }
     if (l.norms & kPostMlp) norm(l.post_mlp_norm, tmp.data(), t, hidden, tmp.data());
     add_residual(h.data(), tmp.data(), l.residual_scale, t * hidden);

@@ -108,6 +108,19 @@ struct StackLora {
   int64_t num_slots, rank, in_features, out_features;
 };
 
+// A point of a layer a stack segment starts or ends at (tensor parallel with
+// gathered output projections: the ranks exchange the inputs of o and down there).
+enum StackAt : int {
+  kLayerStart = 0,
+  kBeforeO = 1,     // the attention output, before o
+  kBeforeDown = 2,  // the gated MLP columns, before down
+};
+
+struct StackPoint {
+  int layer;
+  int at;  // StackAt
+};
+
 struct StackArgs {
   const float* x;        // [t, hidden] embeddings
   float* out;            // [t, hidden] final-norm output
@@ -143,9 +156,17 @@ struct StackArgs {
   // slot (-1: the base model); both null without adapters in the step.
   const std::vector<StackLora>* lora = nullptr;
   const int32_t* lora_rows = nullptr;  // [t]
+  // A segment: from `begin` to `end` (end.layer -1: through the final norm). Begun at o or down, carry_in is that projection's whole input
+  // [t, in_features] (every rank's slice, gathered); ended at one, carry_out gets
+  // this rank's slice of it ([t, num_heads * head_dim] attention output or
+  // [t, gate width] gated columns) and `out` the residual stream as it stands.
+  StackPoint begin{0, kLayerStart};
+  StackPoint end{-1, kLayerStart};  // -1: the last layer's end
+  const float* carry_in = nullptr;
+  float* carry_out = nullptr;
 };
 
-// Runs every layer; returns the attention route of the last one (diagnostics).
+// Runs every layer (of the segment); returns the attention route of the last one (diagnostics).
 // Throws std::invalid_argument / std::out_of_range on inconsistent metadata
 // (slots, block ids) before the first cache write of the offending layer.
 dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a);
