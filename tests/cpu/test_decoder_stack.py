@@ -17,6 +17,8 @@ from vllm_metal.cpu.decoder_stack import (
     _LAYOUTS, Unsupported, _build, _layout_name, _norm_weight, _Probe, plan_decoder_stack,
 )
 from vllm_metal.cpu.fast_linears import _find_zero_point
+from vllm_metal.distributed.tensor import TensorShard
+from vllm_metal.native import get_ops
 from vllm_metal.ops.reference import key_columns_as_rows
 from vllm_metal.v1.model_lifecycle import load_model
 
@@ -184,6 +186,54 @@ def test_weights_with_a_wrong_shape_are_refused_naming_the_layer():
     with pytest.raises((ValueError, Unsupported), match="layer 1"):
         _build(loaded.adapter, backbone.layers, norms, names,
                (backbone.norm.weight, backbone.norm.eps), None, False)
+
+
+@pytest.mark.parametrize("int8", ["0", "1"])
+def test_the_stack_in_segments_computes_the_whole_stacks_bits(int8, monkeypatch):
+    # One tensor rank gathering its own slices: every layer's o and down run on their
+    # gathered input between segments of the stack (tests/distributed has two ranks).
+    monkeypatch.setenv("VLLM_METAL_CPU_INT8_ACTIVATIONS", int8)
+    path = str(cached_tiny_model("llama", quantize_bits=4, group_size=32))
+    whole = load_cpu(path)
+    split = load_model(path, mx.float32, CpuBackend(), tensor=TensorShard(0, 1, gather=True))
+    assert split.backbone.stack.gathers is not None and split.backbone.stack.weights.gathered
+    got, got_k, got_v = _run(split, STEPS, seed=4)
+    want, want_k, want_v = _run(whole, STEPS, seed=4)
+    for g, w in zip(got, want):
+        assert np.array_equal(g, w)
+    assert np.array_equal(got_k, want_k) and np.array_equal(got_v, want_v)
+
+
+def test_segments_that_do_not_fit_are_refused():
+    path = str(cached_tiny_model("llama"))
+    split = load_model(path, mx.float32, CpuBackend(), tensor=TensorShard(0, 1, gather=True))
+    plain = load_cpu(path)
+    d = split.dims
+    meta = _meta([(0, 0, 3)])
+    caches = lambda: [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim))  # noqa: E731
+                      for _ in range(d.num_layers)]
+    hidden = split.adapter.hidden_size
+    x = mx.zeros((1, 3, hidden))
+    width = d.num_heads * d.head_dim
+
+    def segment(weights, begin, end, carry=None):
+        return get_ops().decoder_stack_segment(
+            weights, x, caches(), caches(), meta.positions, meta.slot_mapping,
+            meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, [0] * d.num_layers,
+            begin, end, carry)
+
+    weights = split.backbone.stack.weights
+    h, part = segment(weights, (0, 0), (0, 1))
+    assert h.shape == (1, 3, hidden) and part.shape == (1, 3, width)
+    cases = [(plain.backbone.stack.weights, (0, 0), (0, 1), None, "gathered"),
+             (weights, (0, 1), (0, 2), None, "carry"),
+             (weights, (0, 1), (0, 2), mx.zeros((1, 3, width + 1)), "carry must be"),
+             (weights, (0, 2), (0, 1), mx.zeros((1, 3, width)), "after begin"),
+             (weights, (0, 0), (d.num_layers, 1), None, "layer in"),
+             (weights, (0, 0), (0, 0), None, "end")]
+    for w, begin, end, carry, message in cases:
+        with pytest.raises(ValueError, match=message):
+            segment(w, begin, end, carry)
 
 
 def test_a_stage_before_the_last_hands_on_its_residual_stream():

@@ -5,10 +5,12 @@ of a sharded mlx-lm model over MLX's ring computing the whole model's logits."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +142,62 @@ def test_two_ranks_compute_the_whole_models_logits(tmp_path):
             # kernel sums them: equal to rounding.
             assert a["error"] < 1e-5, (case, a)
             assert a["same_argmax"], case
+
+
+# Each rank loads models as the engine does (the CPU backend, int8 activations), runs
+# the decoder-stack test's steps (prefill, decode, a chunk beside a decode) through the
+# fused stack and the module path, and prints digests of the hidden states; rank 0
+# also runs one unsharded rank of the same files.
+CPU_RANK = textwrap.dedent("""
+    import hashlib, json, sys
+    import mlx.core as mx
+    import numpy as np
+    import torch.distributed as dist
+    from tests.cpu.test_decoder_stack import STEPS, _run, module_path
+    from vllm_metal.cpu.backend import CpuBackend
+    from vllm_metal.distributed.group import join_mlx_group
+    from vllm_metal.distributed.tensor import TensorShard
+    from vllm_metal.v1.model_lifecycle import load_model
+
+    rank, port, paths = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+    digest = lambda outs: hashlib.sha1(b"".join(np.asarray(o).tobytes() for o in outs)).hexdigest()
+    def run(loaded):
+        return {"stack": loaded.backbone.stack is not None,
+                "stack_bits": digest(_run(loaded, STEPS, seed=3)[0]),
+                "module_bits": digest(_run(module_path(loaded), STEPS, seed=3)[0])}
+    ones = [run(load_model(p, mx.float32, CpuBackend())) for p in paths] if rank == 0 else []
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    group = join_mlx_group(dist.group.WORLD, rank, 2, same_host=True)
+    shards = [run(load_model(p, mx.float32, CpuBackend(),
+                             tensor=TensorShard(rank, 2, group, gather=True))) for p in paths]
+    print(json.dumps({"one": ones, "shards": shards}))
+""")
+
+# Uneven heads (SmolLM2's 9 over 3 KV heads), q/k norms, Gemma's norms, window and
+# GELU, one KV head shared by both ranks; all with int8 activations.
+GATHERED = [("llama", dict(num_attention_heads=9, num_key_value_heads=3, hidden_size=288,
+                           quantize_bits=4, group_size=32)),
+            ("qwen3", dict(quantize_bits=8, group_size=64)),
+            ("gemma3_text", dict(quantize_bits=4, group_size=32)),
+            ("llama", dict(num_key_value_heads=1, quantize_bits=4, group_size=64))]
+
+
+def test_two_gathering_ranks_compute_one_ranks_bits_on_the_cpu_kernels(tmp_path):
+    paths = [str(make_family_model(tmp_path / f"{i}-{family}", family, **kw))
+             for i, (family, kw) in enumerate(GATHERED)]
+    port = str(_free_port())
+    env = {**os.environ, "VLLM_METAL_CPU_INT8_ACTIVATIONS": "1"}
+    root = Path(__file__).resolve().parents[2]
+    procs = [subprocess.Popen([sys.executable, "-c", CPU_RANK, str(r), port, json.dumps(paths)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env, cwd=root)
+             for r in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-3000:] for _, err in outs]
+    got = [json.loads(out.splitlines()[-1]) for out, _ in outs]
+    ones = got[0]["one"]
+    for case, one, a, b in zip(GATHERED, ones, got[0]["shards"], got[1]["shards"]):
+        assert one["stack"] and a["stack"] and b["stack"], case   # the fused stack ran
+        for path in ("stack_bits", "module_bits"):
+            assert a[path] == b[path] == one[path], (case, path)

@@ -3,13 +3,14 @@
 one rank's greedy tokens under concurrency, streamed or not; a killed rank or engine
 takes the server down within seconds and leaves nothing running.
 
-Tensor ranks run each layer's modules, so one rank is compared on the module path
-(VLLM_METAL_CPU_DECODER_STACK=0), whose arithmetic the fused decoder stack matches
-only to rounding; and they sum their partial products in another order than one
-rank's kernels, so that comparison runs with fp32 activations
-(VLLM_METAL_CPU_INT8_ACTIVATIONS=0), where the order moves logits by rounding only
-(int8 activations round such differences up to a quantization step;
-docs/distributed.md)."""
+Pipeline stages, tensor ranks (gathering each output projection's input, the
+default on the CPU) and data-parallel engines compute what one rank computes: the
+same tokens as one rank's default. Tensor ranks summing partial products
+(VLLM_METAL_TP_GATHER=0) run each layer's modules in another summation order, so
+they are compared with one rank's module path (VLLM_METAL_CPU_DECODER_STACK=0) in
+fp32 activations (VLLM_METAL_CPU_INT8_ACTIVATIONS=0), where the order moves logits
+by rounding only (int8 activations round such differences up to a quantization
+step; docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def _concurrent(server: VllmServer, stream: bool = False) -> list[list[int]]:
 
 
 MODULE_PATH = {"VLLM_METAL_CPU_DECODER_STACK": "0"}
+SUMMED = {"VLLM_METAL_TP_GATHER": "0"}
 # case -> (flag, environment of both runs, of the one-rank run, what the two log at
 # load). Pipeline stages run the fused decoder stack as one rank does (and, with it
 # off, the module path as one rank does): the same arithmetic. Data-parallel engines
@@ -75,8 +77,10 @@ MODES = {
                  "(pipeline stage 1: layers 2-2): 1 layers, 6/3 heads, head_dim 64, "),
     "pipeline, module path": ("--pipeline-parallel-size", MODULE_PATH, {},
                               "pipeline stage 1: layers 2-2"),
-    "tensor": ("--tensor-parallel-size", {"VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"},
-               MODULE_PATH, "tensor rank 1 of 2"),
+    "tensor": ("--tensor-parallel-size", {}, {}, "tensor rank 1 of 2"),
+    "tensor, summed": ("--tensor-parallel-size",
+                       {**SUMMED, "VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"}, MODULE_PATH,
+                       "tensor rank 1 of 2"),
     "data": ("--data-parallel-size", {}, {}, "Rank 1 of 2 on this host runs on cores"),
 }
 
@@ -95,7 +99,7 @@ def test_two_ranks_give_one_ranks_greedy_tokens(case):
     try:
         log = two.full_output()
         assert logged in log
-        if case == "pipeline":   # both stages on the fused stack
+        if case in ("pipeline", "tensor"):   # both ranks on the fused stack
             assert log.count("decoder stack as one CPU node") == 2, log[-4000:]
         assert [_complete(two, p) for p in PROMPTS] == want
         assert _concurrent(two) == want
@@ -104,9 +108,10 @@ def test_two_ranks_give_one_ranks_greedy_tokens(case):
         two.stop()
 
 
-def test_tensor_ranks_with_int8_activations_are_reproducible():
-    # The default for a quantized model: alone, in a batch and streamed, the same tokens.
-    server = VllmServer(_model(), "--max-model-len", "512", "--tensor-parallel-size", "2")
+def test_summing_tensor_ranks_with_int8_activations_are_reproducible():
+    # Alone, in a batch and streamed, the same tokens.
+    server = VllmServer(_model(), "--max-model-len", "512", "--tensor-parallel-size", "2",
+                        env={**os.environ, **SUMMED})
     try:
         assert "int8 activations" in server.output()
         want = [_complete(server, p) for p in PROMPTS]
