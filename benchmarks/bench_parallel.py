@@ -9,12 +9,14 @@ greedy, --ignore-eos), one after another:
 - one rank, the default (the fused decoder stack where the model takes it);
 - one rank on the module path (VLLM_METAL_CPU_DECODER_STACK=0), what a tensor rank
   runs;
-- --pipeline-parallel-size 2, --tensor-parallel-size 2, --data-parallel-size 2
+- --pipeline-parallel-size 2, --tensor-parallel-size 2 (gathering, the CPU's default),
+  the same summing partial products (VLLM_METAL_TP_GATHER=0), --data-parallel-size 2
 (--cases picks some; --no-ring skips the transfer timings).
 Then two processes on 127.0.0.1 join a ring (vllm_metal.distributed.group) and time,
 for float32 [rows, hidden] of a decode step's and a prefill chunk's rows, a send/recv
-(what passes between pipeline stages) and an all-sum (two per layer under tensor
-parallel). Prints markdown tables.
+(what passes between pipeline stages), an all-sum (two per layer for summing tensor
+ranks) and an all-gather of each rank's [rows, hidden] (two per layer for gathering
+ones, of their heads' and MLP columns' slices). Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -60,12 +62,13 @@ _RING = textwrap.dedent("""
         else:
             send = median_ms(lambda: mx.eval(mx.distributed.recv_like(x, 0, group=group)))
         total = median_ms(lambda: mx.eval(mx.distributed.all_sum(x, group=group)))
+        gather = median_ms(lambda: mx.eval(mx.distributed.all_gather(x, group=group)))
         if rank == 1:
-            print(rows, hidden, send, total, flush=True)
+            print(rows, hidden, send, total, gather, flush=True)
 """)
 
 
-def ring_times(hidden: int) -> list[tuple[int, float, float]]:
+def ring_times(hidden: int) -> list[tuple[int, float, float, float]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -73,7 +76,8 @@ def ring_times(hidden: int) -> list[tuple[int, float, float]]:
                               stdout=subprocess.PIPE, text=True, cwd=REPO)
              for r in range(2)]
     out = [p.communicate(timeout=600)[0] for p in procs]
-    return [(int(f[0]), float(f[2]), float(f[3])) for f in map(str.split, out[1].splitlines())]
+    return [(int(f[0]), float(f[2]), float(f[3]), float(f[4]))
+            for f in map(str.split, out[1].splitlines())]
 
 
 # name -> (label, environment, flags)
@@ -81,6 +85,8 @@ CASES = {"default": ("one rank (default)", {}, ()),
          "module": ("one rank, module path", {"VLLM_METAL_CPU_DECODER_STACK": "0"}, ()),
          "pipeline": ("two pipeline stages", {}, ("--pipeline-parallel-size", "2")),
          "tensor": ("two tensor ranks", {}, ("--tensor-parallel-size", "2")),
+         "tensor-summed": ("two tensor ranks, summing", {"VLLM_METAL_TP_GATHER": "0"},
+                           ("--tensor-parallel-size", "2")),
          "data": ("two data-parallel engines", {}, ("--data-parallel-size", "2"))}
 
 
@@ -118,10 +124,11 @@ def main() -> int:
         print(f"| {label} | {c} | {tok_s:.1f} | {tpot:.1f} | {ttft:.0f} |")
     if args.no_ring:
         return 0
-    print("\n| rows | hidden | ring send+recv, median ms | ring all-sum, median ms |")
-    print("|---|---|---|---|")
-    for n, send, total in ring_times(args.hidden):
-        print(f"| {n} | {args.hidden} | {send:.3f} | {total:.3f} |")
+    print("\n| rows | hidden | ring send+recv, median ms | ring all-sum, median ms "
+          "| ring all-gather, median ms |")
+    print("|---|---|---|---|---|")
+    for n, send, total, gather in ring_times(args.hidden):
+        print(f"| {n} | {args.hidden} | {send:.3f} | {total:.3f} | {gather:.3f} |")
     return 0
 
 

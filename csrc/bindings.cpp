@@ -383,6 +383,9 @@ module); filled (L ints per module, nonzero where the slot's adapter targets it)
       nb::kw_only(),
       "kv_quant"_a = 0,
       "key_columns"_a = false,
+      "begin"_a = std::pair<int, int>{0, 0},
+      "end"_a = std::pair<int, int>{-1, 0},
+      "carry"_a = nb::none(),
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
 [1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,
@@ -392,36 +395,15 @@ group, layer_groups the group of each layer. lora (a DecoderStackLora of these
 weights) and lora_rows (int [T], each row's adapter slot, -1 none): LoRA updates
 added after the projections it names (none by default). key_columns: key
 caches [num_blocks, num_kv_heads, head_dim, block_size] (paged_attention's).
-Returns hidden [1, T, hidden]; the caches are written in place when the node
-runs (read them only through work enqueued after it on the same stream).)");
-
-  m.def(
-      "decoder_stack_segment",
-      &vllm_metal::decoder_stack_segment,
-      "weights"_a,
-      "x"_a,
-      "key_caches"_a,
-      "value_caches"_a,
-      "positions"_a,
-      "slot_mappings"_a,
-      "block_tables"_a,
-      "seq_lens"_a,
-      "cu_seqlens_q"_a,
-      "layer_groups"_a,
-      "begin"_a,
-      "end"_a,
-      "carry"_a = nb::none(),
-      nb::kw_only(),
-      "kv_quant"_a = 0,
-      "key_columns"_a = false,
-      "stream"_a = nb::none(),
-      R"(Part of decoder_stack's work, for tensor parallel with gathered output
-projections (DecoderStackWeights(gathered=True)): from begin to end, each
-(layer, point), point 0 a layer's start, 1 before o, 2 before down; end (-1, 0)
-through the final norm. carry: begun at o or down, that projection's whole input
-float32 [1, T, in_features] (every rank's slice, gathered). Returns [hidden] at
-the stack's end, else [residual stream [1, T, hidden], this rank's slice of the
-input of the projection it ends at [1, T, width]].)");
+Returns [hidden [1, T, hidden]]; the caches are written in place when the node
+runs (read them only through work enqueued after it on the same stream).
+begin, end: a segment, for tensor parallel with gathered output projections
+(DecoderStackWeights(gathered=True)): from begin to end, each (layer, point),
+point 0 a layer's start, 1 before o, 2 before down; end (-1, 0) through the final
+norm. carry: begun at o or down, that projection's whole input float32
+[1, T, in_features] (every rank's slice, gathered). Ended at o or down, returns
+[residual stream [1, T, hidden], this rank's slice of that projection's input
+[1, T, width]].)");
 
   m.def(
       "lora_delta",

@@ -304,7 +304,9 @@ void check_segment(const DecoderStackWeights& w, cpu::StackPoint begin, cpu::Sta
   }
 }
 
-std::vector<mx::array> stack_node(
+} // namespace
+
+std::vector<mx::array> decoder_stack(
     std::shared_ptr<DecoderStackWeights> weights,
     const mx::array& x,
     const std::vector<mx::array>& key_caches,
@@ -319,10 +321,12 @@ std::vector<mx::array> stack_node(
     const std::optional<mx::array>& lora_rows,
     int kv_quant,
     bool key_columns,
-    cpu::StackPoint begin,
-    cpu::StackPoint end,
+    std::pair<int, int> begin_at,
+    std::pair<int, int> end_at,
     const std::optional<mx::array>& carry,
     mx::StreamOrDevice s) {
+  const cpu::StackPoint begin{begin_at.first, begin_at.second};
+  const cpu::StackPoint end{end_at.first, end_at.second};
   if (!weights) fail("weights must be given");
   if (kv_quant < 0 || kv_quant > kKvQuantLast) {
     fail("kv_quant must be a KvQuant (0-" + std::to_string(kKvQuantLast) + ")");
@@ -415,53 +419,6 @@ std::vector<mx::array> stack_node(
       std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches), layer_groups,
                                      std::move(lora), quant, key_columns, begin, end),
       std::move(inputs));
-}
-
-} // namespace
-
-mx::array decoder_stack(
-    std::shared_ptr<DecoderStackWeights> weights,
-    const mx::array& x,
-    const std::vector<mx::array>& key_caches,
-    const std::vector<mx::array>& value_caches,
-    const mx::array& positions,
-    const std::vector<mx::array>& slot_mappings,
-    const std::vector<mx::array>& block_tables,
-    const mx::array& seq_lens,
-    const mx::array& cu_seqlens_q,
-    const std::vector<int>& layer_groups,
-    std::shared_ptr<DecoderStackLora> lora,
-    const std::optional<mx::array>& lora_rows,
-    int kv_quant,
-    bool key_columns,
-    mx::StreamOrDevice s) {
-  return stack_node(std::move(weights), x, key_caches, value_caches, positions, slot_mappings,
-                    block_tables, seq_lens, cu_seqlens_q, layer_groups, std::move(lora),
-                    lora_rows, kv_quant, key_columns, {0, cpu::kLayerStart},
-                    {-1, cpu::kLayerStart}, std::nullopt, s)[0];
-}
-
-std::vector<mx::array> decoder_stack_segment(
-    std::shared_ptr<DecoderStackWeights> weights,
-    const mx::array& x,
-    const std::vector<mx::array>& key_caches,
-    const std::vector<mx::array>& value_caches,
-    const mx::array& positions,
-    const std::vector<mx::array>& slot_mappings,
-    const std::vector<mx::array>& block_tables,
-    const mx::array& seq_lens,
-    const mx::array& cu_seqlens_q,
-    const std::vector<int>& layer_groups,
-    std::pair<int, int> begin,
-    std::pair<int, int> end,
-    const std::optional<mx::array>& carry,
-    int kv_quant,
-    bool key_columns,
-    mx::StreamOrDevice s) {
-  return stack_node(std::move(weights), x, key_caches, value_caches, positions, slot_mappings,
-                    block_tables, seq_lens, cu_seqlens_q, layer_groups, nullptr, std::nullopt,
-                    kv_quant, key_columns, {begin.first, begin.second}, {end.first, end.second},
-                    carry, s);
 }
 
 void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,

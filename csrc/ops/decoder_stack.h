@@ -76,7 +76,7 @@ class DecoderStackWeights {
   }
   // Tensor parallel with gathered output projections: this rank's heads and MLP
   // columns, o and down whole (their inputs are every rank's slices, gathered
-  // between segments: decoder_stack_segment).
+  // between segments: decoder_stack's begin and end).
   bool gathered() const {
     return gathered_;
   }
@@ -117,8 +117,19 @@ class DecoderStackWeights {
  *                block_size, num_kv_heads, head_dim + 4] (kv_quant.h)
  * key_columns    float caches: key caches [num_blocks, num_kv_heads,
  *                head_dim, block_size] (ops/paged_attention.h)
- * returns        hidden_out [1, T, hidden] (after the final norm, where the weights
- *                hold one: a pipeline stage before the last has none).
+ * returns        [hidden_out [1, T, hidden]] (after the final norm, where the
+ *                weights hold one: a pipeline stage before the last has none).
+ * begin, end     a segment of the work, for tensor parallel with gathered output
+ *                projections (weights built with gathered = true): from begin to
+ *                end, each (layer, StackAt): 0 the layer's start, 1 before o (its
+ *                input: the attention output), 2 before down (its input: the gated
+ *                MLP columns); end (-1, 0) runs through the last layer and the
+ *                final norm (the default: the whole stack, from (0, 0)).
+ * carry          begun at o or down: that projection's whole input, float32
+ *                [1, T, in_features] (every rank's slice, gathered)
+ *                Ended at o or down, returns [residual stream [1, T, hidden],
+ *                this rank's slice of that projection's input [1, T, width]].
+ *                No LoRA in a segment.
  *
  * The new keys and values are written into the caches' own buffers, which are
  * neither outputs nor inputs of the node but held by the primitive (lazy ones
@@ -130,7 +141,7 @@ class DecoderStackWeights {
  * Whatever reads the caches later must be enqueued on the same stream after
  * this node (the model runner's steps are; the CPU stream runs in order).
  */
-mlx::core::array decoder_stack(
+std::vector<mlx::core::array> decoder_stack(
     std::shared_ptr<DecoderStackWeights> weights,
     const mlx::core::array& x,
     const std::vector<mlx::core::array>& key_caches,
@@ -145,45 +156,17 @@ mlx::core::array decoder_stack(
     const std::optional<mlx::core::array>& lora_rows = std::nullopt,
     int kv_quant = 0,
     bool key_columns = false,
-    mlx::core::StreamOrDevice s = {});
-
-/**
- * A segment of decoder_stack's work, for tensor parallel with gathered output
- * projections (weights built with gathered = true): from `begin` to `end`, each
- * (layer, point) with point 0 the layer's start, 1 before o (its input: the
- * attention output), 2 before down (its input: the gated MLP columns); end
- * (-1, 0) runs through the last layer and the final norm.
- * carry          begun at o or down: that projection's whole input, float32
- *                [1, T, in_features] (every rank's slice, gathered)
- * returns        [hidden [1, T, hidden]] at the stack's end (as decoder_stack),
- *                else [residual stream [1, T, hidden], this rank's slice of the
- *                input of the projection it ends at [1, T, width]]
- * Other arguments as decoder_stack's (no LoRA).
- */
-std::vector<mlx::core::array> decoder_stack_segment(
-    std::shared_ptr<DecoderStackWeights> weights,
-    const mlx::core::array& x,
-    const std::vector<mlx::core::array>& key_caches,
-    const std::vector<mlx::core::array>& value_caches,
-    const mlx::core::array& positions,
-    const std::vector<mlx::core::array>& slot_mappings,
-    const std::vector<mlx::core::array>& block_tables,
-    const mlx::core::array& seq_lens,
-    const mlx::core::array& cu_seqlens_q,
-    const std::vector<int>& layer_groups,
-    std::pair<int, int> begin,
-    std::pair<int, int> end,
+    std::pair<int, int> begin = {0, cpu::kLayerStart},
+    std::pair<int, int> end = {-1, cpu::kLayerStart},
     const std::optional<mlx::core::array>& carry = std::nullopt,
-    int kv_quant = 0,
-    bool key_columns = false,
     mlx::core::StreamOrDevice s = {});
 
 class DecoderStack : public CpuOnlyPrimitive {
  public:
   // caches: every layer's key cache, then every layer's value cache.
   // lora: as decoder_stack's; with it, lora_rows is the node's last input.
-  // segment: where the node starts and ends (decoder_stack_segment); begun
-  // mid-layer, the carry is the node's last input.
+  // begin, end: the segment the node runs (decoder_stack); begun mid-layer, the
+  // carry is the node's last input.
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
                std::vector<mlx::core::array> caches, std::vector<int> layer_groups,
                std::shared_ptr<const DecoderStackLora> lora, KvQuant kv_quant, bool key_columns,

@@ -217,10 +217,10 @@ def test_segments_that_do_not_fit_are_refused():
     width = d.num_heads * d.head_dim
 
     def segment(weights, begin, end, carry=None):
-        return get_ops().decoder_stack_segment(
+        return get_ops().decoder_stack(
             weights, x, caches(), caches(), meta.positions, meta.slot_mapping,
             meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, [0] * d.num_layers,
-            begin, end, carry)
+            begin=begin, end=end, carry=carry)
 
     weights = split.backbone.stack.weights
     h, part = segment(weights, (0, 0), (0, 1))
@@ -453,7 +453,8 @@ def test_family_the_stack_does_not_compute_keeps_the_module_path(family, why, ca
     with caplog.at_level(logging.INFO, logger="vllm_metal"):
         loaded = load_family(family)
     assert loaded.backbone.stack is None
-    assert any(why in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+    said = [r.getMessage() for r in caplog.records]
+    assert any(why in m for m in said), said
 
 
 def test_layers_of_two_kv_cache_groups_share_buffers_as_the_runner_lays_them_out():
@@ -466,8 +467,9 @@ def test_layers_of_two_kv_cache_groups_share_buffers_as_the_runner_lays_them_out
     i32 = lambda v: mx.array(v, dtype=mx.int32)  # noqa: E731
 
     def run(backbone_of):
-        keys = [mx.zeros((8, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers // 2)]
-        values = [mx.zeros((8, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers // 2)]
+        shape = (8, BLOCK, d.num_kv_heads, d.head_dim)
+        keys = [mx.zeros(shape) for _ in range(d.num_layers // 2)]
+        values = [mx.zeros(shape) for _ in range(d.num_layers // 2)]
         kc = [keys[i // 2] for i in range(d.num_layers)]
         vc = [values[i // 2] for i in range(d.num_layers)]
         rng, outs = np.random.default_rng(5), []

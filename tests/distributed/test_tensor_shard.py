@@ -175,12 +175,14 @@ CPU_RANK = textwrap.dedent("""
 """)
 
 # Uneven heads (SmolLM2's 9 over 3 KV heads), q/k norms, Gemma's norms, window and
-# GELU, one KV head shared by both ranks; all with int8 activations.
+# GELU, one KV head shared by both ranks, MLP columns that split unevenly (384 and
+# 416: the first rank pads phantom columns); all with int8 activations.
 GATHERED = [("llama", dict(num_attention_heads=9, num_key_value_heads=3, hidden_size=288,
                            quantize_bits=4, group_size=32)),
             ("qwen3", dict(quantize_bits=8, group_size=64)),
             ("gemma3_text", dict(quantize_bits=4, group_size=32)),
-            ("llama", dict(num_key_value_heads=1, quantize_bits=4, group_size=64))]
+            ("llama", dict(num_key_value_heads=1, quantize_bits=4, group_size=64)),
+            ("llama", dict(intermediate_size=800, quantize_bits=4, group_size=32))]
 
 
 def test_two_gathering_ranks_compute_one_ranks_bits_on_the_cpu_kernels(tmp_path):

@@ -131,20 +131,19 @@ class DecoderStackPlan:
         if self.gathers is not None:
             return self._segments(x, step, options)
         lora = self.lora.step(self.weights) if self.lora is not None else None
-        return get_ops().decoder_stack(self.weights, x, *step, *(lora or ()), **options)
+        return get_ops().decoder_stack(self.weights, x, *step, *(lora or ()), **options)[0]
 
     def _segments(self, x: mx.array, step: tuple, options: dict) -> mx.array:
         """The stack in segments from each output projection's input to the next's,
         each input gathered from every rank's slice between them."""
-        ops = get_ops()
+        stack = get_ops().decoder_stack
         begin, carry = (0, 0), None
         for layer, pair in enumerate(self.gathers):
             for at, gathered in zip((_BEFORE_O, _BEFORE_DOWN), pair):
-                x, part = ops.decoder_stack_segment(self.weights, x, *step, begin, (layer, at),
-                                                    carry, **options)
+                x, part = stack(self.weights, x, *step, begin=begin, end=(layer, at),
+                                carry=carry, **options)
                 carry, begin = gathered.gather(part), (layer, at)
-        return ops.decoder_stack_segment(self.weights, x, *step, begin, (-1, 0), carry,
-                                         **options)[0]
+        return stack(self.weights, x, *step, begin=begin, carry=carry, **options)[0]
 
     def accepts(self, x: mx.array, ctx: ForwardContext) -> bool:
         return x.dtype == mx.float32 and (ctx.kv_quant is not None

@@ -14,7 +14,8 @@ state:
   input, all-gathered (GatheredToAll). Every value is then computed by the same
   arithmetic as on one rank: a rank's output rows of a projection, its heads'
   attention and its MLP columns do not depend on the rows, heads and columns beside
-  them (with int8 activations too: the input rows are quantized whole). Greedy
+  them in the CPU backend's kernels (tested; with int8 activations too: each whole
+  input row is quantized; Metal's are not verified). Greedy
   tokens are one rank's, bit for bit; the two output projections (about a third of a
   llama layer's weights) are held whole on every rank.
 
@@ -152,10 +153,13 @@ class GatheredToAll(nn.Module):
     model's column order ``order`` [width] (indices into the ranks' concatenated
     slices) -> inner [..., out]. ``inner`` is the unsharded linear, bias included."""
 
-    def __init__(self, inner: nn.Module, order: list[int], group) -> None:
+    def __init__(self, inner: nn.Module, order: list[int], gathered: int, group) -> None:
+        """``gathered``: the width of the ranks' slices concatenated."""
         super().__init__()
         self.inner = inner
-        self._order = mx.array(order, dtype=mx.int32)   # "_": not a parameter
+        # "_": not a parameter. None: the slices are the columns in order (no phantoms).
+        in_order = order == list(range(gathered))
+        self._order = None if in_order else mx.array(order, dtype=mx.int32)
         self.group = group
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -170,8 +174,9 @@ class GatheredToAll(nn.Module):
             size = self.group.size()
             rows = mx.distributed.all_gather(rows, group=self.group)
             rows = rows.reshape(size, -1, local).transpose(1, 0, 2).reshape(-1, size * local)
-        full = mx.take(rows, self._order, axis=-1)
-        return full.reshape(*lead, full.shape[-1])
+        if self._order is not None:
+            rows = mx.take(rows, self._order, axis=-1)
+        return rows.reshape(*lead, rows.shape[-1])
 
 
 def shard_model(layers: list, shard: TensorShard,
@@ -253,7 +258,8 @@ def _shard_attention(attention: nn.Module, shard: TensorShard,
             _rows(getattr(attention, name), [span])
     if shard.gather:
         order = _head_order(heads, kv_heads, head_dim, shard.size)
-        setattr(attention, out, GatheredToAll(getattr(attention, out), order, shard.group))
+        setattr(attention, out, GatheredToAll(getattr(attention, out), order,
+                                              shard.size * q[2], shard.group))
     else:
         setattr(attention, out, _columns(getattr(attention, out), q[0], q[1], shard,
                                          f"{where}'s {out}"))
@@ -296,7 +302,7 @@ def _shard_mlp(mlp: nn.Module, shard: TensorShard, where: str) -> None:
                                    for h in range(halves)])
     if shard.gather:
         order = [r * local + c for r, (s, e) in enumerate(spans) for c in range(e - s)]
-        setattr(mlp, out, GatheredToAll(down, order, shard.group))
+        setattr(mlp, out, GatheredToAll(down, order, shard.size * local, shard.group))
     else:
         setattr(mlp, out, _columns(down, start, end, shard, f"{where}'s {out}"))
 
