@@ -249,7 +249,7 @@ def test_a_missing_parameter_is_refused_by_name(family_gguf):
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
     with pytest.raises(ValueError, match=r"'model\.layers\.1\.mlp\.gate_proj\.weight'"):
-        weights.gguf_weights(header, model, ARCHITECTURES["granite"], config)
+        list(weights.gguf_weights(header, model, ARCHITECTURES["granite"], config))
 
 
 def test_gemma3_final_softcap_is_refused(family_gguf):

@@ -147,3 +147,89 @@ def test_smollm2_materialized_tokenizer(smollm2_path, smollm2_hf_tokenizer, tmp_
     assert prompt.startswith("<|im_start|>system\n") and prompt.endswith(
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|im_end|>"
+
+
+def test_a_pipeline_stage_reads_only_its_layers_tensors(tiny_gguf, monkeypatch):
+    # Each stage reads the tensors of its own layers (and the embeddings, final norm and
+    # head every stage keeps), and the stages run in turn compute the whole model.
+    import mlx.core as mx
+    import numpy as np
+
+    from vllm_metal.distributed.pipeline import PipelineStage, StageLink, cut_layers
+    from vllm_metal.gguf.header import GGUFHeader
+    from vllm_metal.models.adapter import backbone_layers
+
+    path = tiny_gguf("llama", "Q8_0")
+    read: list[str] = []
+    original = GGUFHeader.read_raw
+
+    def recording(self, name, size):
+        read.append(name)
+        return original(self, name, size)
+
+    monkeypatch.setattr(GGUFHeader, "read_raw", recording)
+    ids = mx.array(np.random.default_rng(0).integers(5, 200, size=(1, 9)), dtype=mx.int32)
+    whole, config = load_gguf_model(path)
+    layers = config["num_hidden_layers"]
+    assert layers >= 2 and {int(n.split(".")[1]) for n in read if n.startswith("blk.")} == set(
+        range(layers))
+    want = whole(ids)
+    sent = None
+    for rank in range(2):
+        stage, link = PipelineStage.of(layers, rank, 2), StageLink()
+        read.clear()
+        model, _ = load_gguf_model(
+            path, arrange=lambda m: cut_layers(backbone_layers(m), stage, link))
+        blocks = {int(n.split(".")[1]) for n in read if n.startswith("blk.")}
+        assert blocks == set(range(stage.start, stage.end))
+        assert {n for n in read if not n.startswith("blk.")} >= {"token_embd.weight",
+                                                                  "output_norm.weight"}
+        link.incoming = sent
+        out = model(ids)
+        if stage.is_last:
+            assert mx.array_equal(out, want).item()
+        else:
+            sent = link.outgoing.reshape(-1, link.outgoing.shape[-1])
+            mx.eval(sent)
+
+
+def test_a_tensor_rank_keeps_each_layers_slices_before_the_next_layer_is_read(tiny_gguf,
+                                                                              monkeypatch):
+    # settle (a tensor rank's shard) runs on each layer once its tensors are in and
+    # before the next layer's are read, and gives what sharding the loaded model gives.
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from vllm_metal.distributed.tensor import TensorShard, shard_layer, shard_model
+    from vllm_metal.gguf.header import GGUFHeader
+    from vllm_metal.models.adapter import backbone_layers
+
+    path = tiny_gguf("llama", "Q8_0")
+    events: list[tuple[str, int]] = []
+    original = GGUFHeader.read_raw
+
+    def recording(self, name, size):
+        if name.startswith("blk."):
+            events.append(("read", int(name.split(".")[1])))
+        return original(self, name, size)
+
+    monkeypatch.setattr(GGUFHeader, "read_raw", recording)
+    shard = TensorShard(1, 2, gather=True)
+
+    def settle(index, layer):
+        events.append(("settle", index))
+        shard_layer(index, layer, shard, "llama")
+
+    streamed, config = load_gguf_model(path, settle=settle)
+    layers = config["num_hidden_layers"]
+    settled = [events.index(("settle", i)) for i in range(layers)]
+    for i in range(layers):
+        reads = [n for n, (kind, layer) in enumerate(events) if kind == "read" and layer == i]
+        assert reads and max(reads) < settled[i]
+        assert i == 0 or min(reads) > settled[i - 1]
+    whole, _ = load_gguf_model(path)
+    shard_model(backbone_layers(whole), shard, "llama")
+    want = dict(tree_flatten(whole.parameters()))
+    got = dict(tree_flatten(streamed.parameters()))
+    assert got.keys() == want.keys()
+    assert all(mx.array_equal(got[k], want[k]).item() for k in want)

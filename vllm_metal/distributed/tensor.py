@@ -184,20 +184,24 @@ def shard_model(layers: list, shard: TensorShard,
     """Shard every decoder layer in ``layers`` (the backbone's own list) for ``shard``,
     in place; returns each layer's (HeadSplit, head size). Raises TensorParallelError
     naming the layer and what it cannot shard."""
-    splits = []
-    for i, layer in enumerate(layers):
-        where = f"{family}: layer {i}"
-        attention = _child(layer, _ATTENTION_NAMES)
-        if attention is None:
-            raise TensorParallelError(f"{where} ({_qualname(layer)}) has no attention module "
-                                      "vllm-metal can shard")
-        splits.append(_shard_attention(attention, shard, f"{where}'s attention"))
-        mlp = _child(layer, _MLP_NAMES)
-        if mlp is None:
-            raise TensorParallelError(f"{where} ({_qualname(layer)}) has no MLP vllm-metal "
-                                      "can shard")
-        _shard_mlp(mlp, shard, f"{where}'s MLP")
-    return splits
+    return [shard_layer(i, layer, shard, family) for i, layer in enumerate(layers)]
+
+
+def shard_layer(index: int, layer: nn.Module, shard: TensorShard,
+                family: str) -> tuple[HeadSplit, int]:
+    """shard_model for the decoder layer ``index`` alone."""
+    where = f"{family}: layer {index}"
+    attention = _child(layer, _ATTENTION_NAMES)
+    if attention is None:
+        raise TensorParallelError(f"{where} ({_qualname(layer)}) has no attention module "
+                                  "vllm-metal can shard")
+    split = _shard_attention(attention, shard, f"{where}'s attention")
+    mlp = _child(layer, _MLP_NAMES)
+    if mlp is None:
+        raise TensorParallelError(f"{where} ({_qualname(layer)}) has no MLP vllm-metal "
+                                  "can shard")
+    _shard_mlp(mlp, shard, f"{where}'s MLP")
+    return split
 
 
 def check_probed_heads(entries, splits: list[tuple[HeadSplit, int]], family: str) -> None:

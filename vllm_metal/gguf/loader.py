@@ -8,16 +8,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from vllm_metal.gguf.architectures import architecture_of
 from vllm_metal.gguf.config import check_architecture, hf_config_from_gguf
 from vllm_metal.gguf.header import GGUFHeader, read_header
 from vllm_metal.gguf.tokenizer import tokenizer_files
-from vllm_metal.gguf.weights import check_tensor_types, gguf_weights
+from vllm_metal.gguf.weights import LAYER_PARAMETER, check_tensor_types, gguf_weights
 
 DEFAULT_CACHE_ROOT = Path("~/.cache/vllm-metal/gguf")
 # Bump when the files written for a GGUF change, so stale cache entries are not reused.
@@ -47,29 +49,67 @@ def find_gguf_file(path: str | os.PathLike) -> Path:
 
 
 def load_gguf_model(path: str | os.PathLike, dtype: mx.Dtype = mx.float32,
+                    arrange: Callable[[nn.Module], None] | None = None,
+                    settle: Callable[[int, nn.Module], None] | None = None,
                     ) -> tuple[nn.Module, dict[str, Any]]:
     """(mlx-lm model, HF config dict) for a GGUF file or a directory holding one.
 
     Quantized tensors stay MLX-quantized (group 32; see gguf/quants.py for the mapping
     of each GGML type); floating parameters, quantization scales and biases included,
-    are cast to `dtype`.
+    are cast to `dtype`. ``arrange(model)`` changes the model before any tensor is
+    read (a pipeline stage cuts the layers it does not hold): only the parameters it
+    keeps are read, and the tensors of layers left with none are not required.
+    ``settle(index, layer)`` changes each decoder layer once its tensors are in, before
+    the next layer's are read (a tensor rank keeps its slices), so the whole model is
+    never in memory at once.
     """
     if not isinstance(dtype, mx.Dtype) or not mx.issubdtype(dtype, mx.floating):
         raise TypeError(f"dtype must be an MLX floating dtype, got {dtype!r}")
     from mlx_lm.utils import _get_classes
 
+    from vllm_metal.models.adapter import backbone_layers
+
     header = read_checked_header(find_gguf_file(path))
     config = hf_config_from_gguf(header)
     model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
-    weights, quantization = gguf_weights(
-        header, model, architecture_of(header.metadata)[1], config)
-    if quantization:
-        nn.quantize(model, class_predicate=lambda p, _m: quantization.get(p, False))
-    model.load_weights(list(weights.items()), strict=True)
+    model = model_class(args_class.from_dict(config))   # lazy: nothing computed yet
+    unread: frozenset[int] = frozenset()
+    if arrange is not None:
+        before = layers_with_parameters(model)
+        arrange(model)
+        unread = frozenset(before - layers_with_parameters(model))
+    layers = backbone_layers(model) if settle is not None else None
+    for index, weights, quantization in gguf_weights(
+            header, model, architecture_of(header.metadata)[1], config, unread):
+        if quantization:
+            nn.quantize(model, class_predicate=lambda p, _m: quantization.get(p, False))
+        _check_shapes(model, weights)
+        model.load_weights(list(weights.items()), strict=False)
+        if index is not None and layers is not None:
+            layers[index].set_dtype(dtype)
+            settle(index, layers[index])
+            mx.eval(layers[index].parameters())   # the layer's whole tensors go
     model.set_dtype(dtype)
     mx.eval(model.parameters())
     return model, config
+
+
+def _check_shapes(model: nn.Module, weights: dict[str, mx.array]) -> None:
+    """Each array has the shape of the parameter it replaces (what mlx's strict
+    load_weights checks; the model is loaded a layer at a time, so not strictly)."""
+    current = dict(tree_flatten(model.parameters()))
+    for name, array in weights.items():
+        if name not in current:
+            raise ValueError(f"the GGUF's tensors give {name!r}, which the model lacks")
+        if current[name].shape != array.shape:
+            raise ValueError(f"the GGUF's {name!r} is {tuple(array.shape)}; the model "
+                             f"expects {tuple(current[name].shape)}")
+
+
+def layers_with_parameters(model: nn.Module) -> set[int]:
+    """Indices N of the model's `layers.N.` modules that hold a parameter."""
+    return {int(m.group(1)) for name, _ in tree_flatten(model.parameters())
+            if (m := LAYER_PARAMETER.search(name))}
 
 
 def read_checked_header(path: str | os.PathLike) -> GGUFHeader:

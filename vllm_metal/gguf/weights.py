@@ -9,6 +9,8 @@ the file lacks, refuses the file by name.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -21,6 +23,8 @@ from vllm_metal.gguf.quants import (
     DENSE_TYPES, GROUP_SIZE, QUANTIZED_TYPES, SUPPORTED_TYPES, MLXTensor, byte_size, to_mlx,
 )
 
+# A decoder layer's parameters: model.layers.N.* (mlx-lm's names).
+LAYER_PARAMETER = re.compile(r"\blayers\.(\d+)\.")
 # Tensors that configure the model (read into config.json) rather than parameterize it.
 CONFIG_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -145,54 +149,74 @@ def _dense(header: GGUFHeader, tensor: str) -> mx.array:
 
 def gguf_weights(
     header: GGUFHeader, model: nn.Module, spec: Architecture, config: dict[str, Any],
-) -> tuple[dict[str, mx.array], dict[str, dict[str, int]]]:
-    """(parameter name -> array, quantized module path -> {"group_size", "bits"}).
+    unread_layers: frozenset[int] = frozenset(),
+) -> Iterator[tuple[int | None, dict[str, mx.array], dict[str, dict[str, int]]]]:
+    """Yields (layer index, parameter name -> array, quantized module path ->
+    {"group_size", "bits", "mode"}) for each decoder layer in turn, then (None, ...) for
+    the parameters outside the layers: a layer's tensors are read when it is yielded.
+    Raises once the last is yielded if a tensor of the file found no place.
 
     `model`: the unquantized mlx-lm model built from `config` (its parameter names are
-    HF's, which the name table knows).
+    HF's, which the name table knows). `unread_layers`: layers cut from the model (a
+    pipeline stage's others), whose tensors are left unread.
     """
     import gguf
 
     names = gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, spec.gguf_arch),
                                      config["num_hidden_layers"])
-    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
-    weights: dict[str, mx.array] = {}
-    quantization: dict[str, dict[str, int]] = {}
     used = set(CONFIG_TENSORS)
+    groups: dict[int | None, list[tuple[str, mx.array]]] = {}
     for param, value in tree_flatten(model.parameters()):
-        module, suffix = param.rsplit(".", 1)
-        if module.endswith("self_attn.kv_b_proj"):
-            weights[param] = _kv_b(header, names, module, config, used)
-            continue
-        tensor, base = _tensor_name(names, header, param)
-        if tensor not in header.tensors:
-            raise ValueError(
-                f"GGUF file has no tensor for the {config['model_type']} model's parameter "
-                f"{param!r}" + (f" (looked for {tensor!r})" if tensor else ""))
-        used.add(tensor)
-        info = header.tensors[tensor]
-        converted = _converted(header, info)
-        arrays = converted.arrays
-        if converted.bits is None and arrays["weight"].shape != value.shape:
-            arrays = {"weight": _squeezed_to(arrays["weight"], value.shape, tensor)}
-        kind = base.rsplit(".", 1)[-1]
-        if spec.pairwise_rope and kind in heads:
-            arrays = {k: unpermute_rows(a, heads[kind]) for k, a in arrays.items()}
-        if spec.norm_offset and param.endswith("norm.weight"):
-            arrays = {"weight": arrays["weight"].astype(mx.float32) - spec.norm_offset}
-        if converted.bits is not None:
-            if suffix != "weight":
-                raise ValueError(f"GGUF tensor {tensor!r} is {info.type_name}; only weight "
-                                 "matrices may be quantized")
-            quantization[module] = {"group_size": GROUP_SIZE, "bits": converted.bits,
-                                    "mode": converted.mode}
-        for key, array in arrays.items():
-            weights[f"{module}.{key}" if key != "weight" else param] = array
-    unused = sorted(set(header.tensors) - used)
+        found = LAYER_PARAMETER.search(param)
+        groups.setdefault(int(found.group(1)) if found else None, []).append((param, value))
+    for index in sorted((i for i in groups if i is not None)) + [None]:
+        weights: dict[str, mx.array] = {}
+        quantization: dict[str, dict[str, int]] = {}
+        for param, value in groups.get(index, []):
+            _convert_parameter(header, names, spec, config, param, value, used, weights,
+                               quantization)
+        yield index, weights, quantization
+    cut = tuple(f"blk.{i}." for i in sorted(unread_layers))   # llama.cpp's layer names
+    unused = sorted(t for t in set(header.tensors) - used if not t.startswith(cut))
     if unused:
         raise ValueError(
             f"GGUF tensor {unused[0]!r} has no place in mlx-lm's {config['model_type']} model "
             f"({len(unused)} such tensors); the file is not a plain "
             f"{header.metadata.get('general.architecture')} model")
-    return weights, quantization
 
+
+def _convert_parameter(header: GGUFHeader, names, spec: Architecture, config: dict[str, Any],
+                       param: str, value: mx.array, used: set[str],
+                       weights: dict[str, mx.array],
+                       quantization: dict[str, dict[str, int]]) -> None:
+    """Reads the tensor of one parameter into ``weights`` (and its module's quantization
+    into ``quantization``), the tensor's name into ``used``."""
+    heads = {"attn_q": config["num_attention_heads"], "attn_k": config["num_key_value_heads"]}
+    module, suffix = param.rsplit(".", 1)
+    if module.endswith("self_attn.kv_b_proj"):
+        weights[param] = _kv_b(header, names, module, config, used)
+        return
+    tensor, base = _tensor_name(names, header, param)
+    if tensor not in header.tensors:
+        raise ValueError(
+            f"GGUF file has no tensor for the {config['model_type']} model's parameter "
+            f"{param!r}" + (f" (looked for {tensor!r})" if tensor else ""))
+    used.add(tensor)
+    info = header.tensors[tensor]
+    converted = _converted(header, info)
+    arrays = converted.arrays
+    if converted.bits is None and arrays["weight"].shape != value.shape:
+        arrays = {"weight": _squeezed_to(arrays["weight"], value.shape, tensor)}
+    kind = base.rsplit(".", 1)[-1]
+    if spec.pairwise_rope and kind in heads:
+        arrays = {k: unpermute_rows(a, heads[kind]) for k, a in arrays.items()}
+    if spec.norm_offset and param.endswith("norm.weight"):
+        arrays = {"weight": arrays["weight"].astype(mx.float32) - spec.norm_offset}
+    if converted.bits is not None:
+        if suffix != "weight":
+            raise ValueError(f"GGUF tensor {tensor!r} is {info.type_name}; only weight "
+                             "matrices may be quantized")
+        quantization[module] = {"group_size": GROUP_SIZE, "bits": converted.bits,
+                                "mode": converted.mode}
+    for key, array in arrays.items():
+        weights[f"{module}.{key}" if key != "weight" else param] = array

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 
 from vllm_metal.backend import Backbone, Backend
 from vllm_metal.distributed.pipeline import PipelineStage, StageLink, cut_layers
-from vllm_metal.distributed.tensor import TensorShard, check_probed_heads, shard_model
+from vllm_metal.distributed.tensor import TensorShard, check_probed_heads, shard_layer
 from vllm_metal.models.adapter import (ModelAdapter, UnsupportedModelError, backbone_layers,
                                        family_name)
 
@@ -78,20 +78,26 @@ def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
     run (vllm_metal.distributed.pipeline). ``tensor``: this rank's share of every
     layer's heads and MLP columns (vllm_metal.distributed.tensor).
     """
-    model = _load_mlx_model(model_path, dtype)
-    stage = heads = None
-    if pipeline is not None:
-        rank, size, link = pipeline
-        layers = backbone_layers(model)
-        stage = PipelineStage.of(len(layers), rank, size)
-        cut_layers(layers, stage, link)
-    if tensor is not None:
-        # Before the weights are evaluated: a rank reads only its slices.
-        heads = shard_model(backbone_layers(model), tensor, family_name(model))
+    stage = family = None
+    heads: list = []
+
+    def cut(model: nn.Module) -> None:   # before any weight is read
+        nonlocal stage, family
+        family = family_name(model)
+        if pipeline is not None:
+            rank, size, link = pipeline
+            layers = backbone_layers(model)
+            stage = PipelineStage.of(len(layers), rank, size)
+            cut_layers(layers, stage, link)
+
+    def shard(index: int, layer: nn.Module) -> None:   # before its weights are evaluated
+        heads.append(shard_layer(index, layer, tensor, family))
+
+    model = _load_mlx_model(model_path, dtype, cut, shard if tensor is not None else None)
     backend.prepare_weights(model)
     mx.eval(model.parameters())
     adapter = ModelAdapter(model, stage, tensor)
-    if heads is not None:
+    if tensor is not None:
         check_probed_heads(adapter.entries, heads, adapter.family)
     dims = derive_dims(adapter)
     if wrap is not None:
@@ -107,9 +113,15 @@ def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
     return LoadedModel(model, adapter, dims, dtype, backbone)
 
 
-def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
-    """A GGUF file through our GGUF loader; an HF-format directory through mlx-lm."""
-    from vllm_metal.gguf.loader import gguf_source
+def _load_mlx_model(model_path: str, dtype: mx.Dtype,
+                    arrange: Callable[[nn.Module], None] = lambda model: None,
+                    settle: Callable[[int, nn.Module], None] | None = None,
+                    ) -> nn.Module:
+    """A GGUF file through our GGUF loader; an HF-format directory through mlx-lm (lazily:
+    nothing is read until evaluated). ``arrange(model)`` runs before any weight is read,
+    ``settle(index, layer)`` on each decoder layer holding parameters before its weights
+    are evaluated (load_gguf_model's)."""
+    from vllm_metal.gguf.loader import gguf_source, layers_with_parameters
     from vllm_metal.gguf_plugin import gguf_model_file
 
     # A GGUF's derived HF directory stands for the file (a draft model's path).
@@ -117,7 +129,7 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
     if gguf is not None:
         from vllm_metal.gguf.loader import load_gguf_model
 
-        return load_gguf_model(gguf, dtype)[0]
+        return load_gguf_model(gguf, dtype, arrange, settle)[0]
     from mlx_lm.utils import load_model as mlx_lm_load_model
 
     path = Path(model_path)
@@ -127,7 +139,13 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype) -> nn.Module:
             "file; vllm-metal loads models from disk (download it first, e.g. with "
             "`hf download`)")
     model, _config = mlx_lm_load_model(path, lazy=True)
+    arrange(model)
     model.set_dtype(dtype)
+    if settle is not None:
+        held = layers_with_parameters(model)
+        for index, layer in enumerate(backbone_layers(model)):
+            if index in held:
+                settle(index, layer)
     return model
 
 
