@@ -12,7 +12,9 @@ through it equals the module path's: a family whose block does anything else
 (parallel residuals, other activations, extra arguments) fails the probe and keeps
 the module path. Only for float32 activations (the caches may be float32, float16
 or bfloat16). Linears wrapped for LoRA adapters are read through to their base
-weights; the stack adds each step's updates itself (vllm_metal.cpu.stack_lora).
+weights; the stack adds each step's updates itself (vllm_metal.cpu.stack_lora). A
+tensor rank gathering its output projections' inputs (vllm_metal.distributed.tensor)
+runs the stack in segments, two a layer, with the gathers between them.
 """
 
 from __future__ import annotations
