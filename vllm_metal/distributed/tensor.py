@@ -19,6 +19,10 @@ state:
   tokens are one rank's, bit for bit; the two output projections (about a third of a
   llama layer's weights) are held whole on every rank.
 
+A mixture-of-experts block (SummedBlock) keeps each expert's slice of its columns
+and all-sums the block's partial output, gathering or not; its router stays whole,
+so every rank routes a token to the same experts.
+
 Embeddings, norms and the head stay whole on every rank, and every rank samples the
 same tokens from the same logits.
 
@@ -50,7 +54,10 @@ _KV_HEADS = ("n_kv_heads", "num_kv_heads", "num_key_value_heads")
 _ATTENTION_NAMES = ("self_attn", "attention", "attn")
 # An attention module's output projection, by family naming (phi: dense).
 _OUT_NAMES = ("o_proj", "dense", "out_proj")
-_MLP_NAMES = ("mlp", "feed_forward", "ffn")
+_MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+# A mixture-of-experts block's experts (mlx-lm's SwitchGLU) and its shared expert.
+_EXPERTS_NAMES = ("switch_mlp", "experts")
+_SHARED_NAMES = ("shared_expert", "shared_experts")
 # An MLP's projections (into its columns, out of them), by family naming.
 _MLP_SHAPES = ((("gate_proj", "up_proj"), "down_proj"), (("gate_up_proj",), "down_proj"),
                (("up_proj",), "down_proj"), (("fc1",), "fc2"), (("c_fc",), "c_proj"),
@@ -179,6 +186,21 @@ class GatheredToAll(nn.Module):
         return rows.reshape(*lead, rows.shape[-1])
 
 
+class SummedBlock(nn.Module):
+    """A mixture-of-experts block whose experts (and shared expert) hold this rank's
+    slice of their columns: x -> the block's partial output, all-summed over the
+    group. The router is whole, so every rank routes every token alike."""
+
+    def __init__(self, block: nn.Module, group) -> None:
+        super().__init__()
+        self.block = block
+        self.group = group
+
+    def __call__(self, x: mx.array, *args, **kwargs) -> mx.array:
+        y = self.block(x, *args, **kwargs)
+        return y if self.group is None else mx.distributed.all_sum(y, group=self.group)
+
+
 def shard_model(layers: list, shard: TensorShard,
                 family: str) -> list[tuple[HeadSplit, int]]:
     """Shard every decoder layer in ``layers`` (the backbone's own list) for ``shard``,
@@ -196,11 +218,18 @@ def shard_layer(index: int, layer: nn.Module, shard: TensorShard,
         raise TensorParallelError(f"{where} ({_qualname(layer)}) has no attention module "
                                   "vllm-metal can shard")
     split = _shard_attention(attention, shard, f"{where}'s attention")
-    mlp = _child(layer, _MLP_NAMES)
-    if mlp is None:
+    name = next((n for n in _MLP_NAMES if isinstance(getattr(layer, n, None), nn.Module)),
+                None)
+    if name is None:
         raise TensorParallelError(f"{where} ({_qualname(layer)}) has no MLP vllm-metal "
                                   "can shard")
-    _shard_mlp(mlp, shard, f"{where}'s MLP")
+    mlp = getattr(layer, name)
+    experts = _experts(mlp)
+    if experts is not None:
+        _shard_experts(mlp, experts, shard, f"{where}'s experts")
+        setattr(layer, name, SummedBlock(mlp, shard.group))
+    else:
+        _shard_mlp(mlp, shard, f"{where}'s MLP")
     return split
 
 
@@ -311,6 +340,53 @@ def _shard_mlp(mlp: nn.Module, shard: TensorShard, where: str) -> None:
         setattr(mlp, out, _columns(down, start, end, shard, f"{where}'s {out}"))
 
 
+def _experts(block: nn.Module) -> nn.Module | None:
+    """The block's SwitchGLU-like experts (gate/up/down of weights [E, out, in]), if any."""
+    for name in _EXPERTS_NAMES:
+        experts = getattr(block, name, None)
+        if isinstance(experts, nn.Module) and all(
+                isinstance(getattr(experts, p, None), nn.Module)
+                and getattr(experts, p).get("weight") is not None
+                and getattr(experts, p)["weight"].ndim == 3
+                for p in ("gate_proj", "up_proj", "down_proj")):
+            return experts
+    return None
+
+
+def _shard_experts(block: nn.Module, experts: nn.Module, shard: TensorShard,
+                   where: str) -> None:
+    """Each expert (and the shared expert) keeps this rank's slice of its MLP columns:
+    gate/up their rows, down the matching input columns, whose partial products the
+    block's SummedBlock all-sums (a bias of down kept on rank 0 only, so it is added
+    once)."""
+    mlps = [(experts, "experts")]
+    shared = next((getattr(block, n) for n in _SHARED_NAMES
+                   if isinstance(getattr(block, n, None), nn.Module)), None)
+    if shared is not None:
+        if not all(_is_linear(getattr(shared, n, None))
+                   for n in ("gate_proj", "up_proj", "down_proj")):
+            raise TensorParallelError(f"{where}: the shared expert ({_qualname(shared)}) is "
+                                      "not a gate/up/down MLP")
+        mlps.append((shared, "shared expert"))
+    for mlp, what in mlps:
+        down = mlp.down_proj
+        width = _in_dims(down)
+        if any(_out_dims(getattr(mlp, n)) != width for n in ("gate_proj", "up_proj")):
+            raise TensorParallelError(f"{where}: the {what}' gate/up do not feed down's "
+                                      f"{width} columns")
+        unit = _column_unit(down)
+        spans = _column_spans(width, unit, shard.size)
+        if spans is None:
+            raise TensorParallelError(f"{where}: the {what}' {width} columns make fewer "
+                                      f"than {shard.size} slices of {unit}")
+        start, end = spans[shard.rank]
+        for name in ("gate_proj", "up_proj"):
+            _rows(getattr(mlp, name), [(start, end, end - start)])
+        _keep_columns(down, start, end)
+        if shard.rank and down.get("bias") is not None:
+            down["bias"] = mx.zeros_like(down["bias"])
+
+
 def _column_spans(width: int, unit: int, size: int) -> list[tuple[int, int]] | None:
     """Each rank's [start, end) of ``width`` MLP columns, cut on multiples of ``unit``
     (the last may end on ``width``); None when some rank would get none."""
@@ -343,13 +419,25 @@ def _rows(linear: nn.Module, spans: list[tuple[int, int, int]]) -> None:
         array = linear.get(name)
         if array is None:
             continue
+        # Rows are the second-to-last axis of an expert stack [E, out, in] (a bias
+        # [E, out]: the last), the first of a linear's.
+        axis = 0 if array.ndim <= 2 and linear["weight"].ndim == 2 else (
+            array.ndim - 2 if name != "bias" else array.ndim - 1)
         parts = []
         for start, end, padded in spans:
-            parts.append(array[start:end])
+            parts.append(_take(array, axis, start, end))
             if padded > end - start:
-                parts.append(mx.zeros((padded - (end - start), *array.shape[1:]),
-                                      dtype=array.dtype))
-        linear[name] = mx.contiguous(parts[0] if len(parts) == 1 else mx.concatenate(parts))
+                shape = list(array.shape)
+                shape[axis] = padded - (end - start)
+                parts.append(mx.zeros(shape, dtype=array.dtype))
+        linear[name] = mx.contiguous(parts[0] if len(parts) == 1
+                                     else mx.concatenate(parts, axis=axis))
+
+
+def _take(array: mx.array, axis: int, start: int, end: int) -> mx.array:
+    index = [slice(None)] * array.ndim
+    index[axis] = slice(start, end)
+    return array[tuple(index)]
 
 
 def _columns(linear: nn.Module, start: int, end: int, shard: TensorShard,
@@ -364,22 +452,30 @@ def _columns(linear: nn.Module, start: int, end: int, shard: TensorShard,
     bias = linear.get("bias")
     if bias is not None:
         del linear["bias"]
-    if isinstance(linear, nn.QuantizedLinear):
-        per_word = 32 // linear.bits
-        linear["weight"] = mx.contiguous(linear["weight"][:, start // per_word:end // per_word])
+    _keep_columns(linear, start, end)
+    return ShardedToAll(linear, bias, end - start, shard.group)
+
+
+def _keep_columns(linear: nn.Module, start: int, end: int) -> None:
+    """``linear`` (or an expert stack) keeping input columns [start, end), in place."""
+    bits = getattr(linear, "bits", None)
+    if "scales" in linear:
+        per_word = 32 // bits
+        linear["weight"] = mx.contiguous(linear["weight"][..., start // per_word:end // per_word])
         group = linear.group_size
         for name in ("scales", "biases"):
             if linear.get(name) is not None:
-                linear[name] = mx.contiguous(linear[name][:, start // group:-(-end // group)])
+                linear[name] = mx.contiguous(linear[name][..., start // group:-(-end // group)])
     else:
-        linear["weight"] = mx.contiguous(linear["weight"][:, start:end])
-    return ShardedToAll(linear, bias, end - start, shard.group)
+        linear["weight"] = mx.contiguous(linear["weight"][..., start:end])
 
 
 def _column_unit(linear: nn.Module) -> int:
     """Input columns a slice must start on: the quantization group (and whole packed
     words), and the int8 kernels' rounding group."""
-    if isinstance(linear, nn.QuantizedLinear):
+    if "scales" in linear:
+        if getattr(linear, "mode", "affine") != "affine":
+            raise TensorParallelError(f"{linear.mode} weights are not cut by tensor parallel")
         if (32 % linear.bits) or linear.group_size % (32 // linear.bits):
             raise TensorParallelError(f"{linear.bits}-bit weights do not pack whole into "
                                       "32-bit words per group; tensor parallel cannot cut them")
@@ -392,12 +488,12 @@ def _is_linear(module) -> bool:
 
 
 def _out_dims(linear: nn.Module) -> int:
-    return int(linear["weight"].shape[0])
+    return int(linear["weight"].shape[-2])
 
 
 def _in_dims(linear: nn.Module) -> int:
-    columns = int(linear["weight"].shape[1])
-    return columns * 32 // linear.bits if isinstance(linear, nn.QuantizedLinear) else columns
+    columns = int(linear["weight"].shape[-1])
+    return columns * 32 // linear.bits if "scales" in linear else columns
 
 
 def _count(attention: nn.Module, names: tuple[str, ...], where: str, kind: str) -> int:
