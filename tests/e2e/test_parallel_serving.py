@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from tests.e2e.server import VllmServer
+from tests.family_models import cached_family_model
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.engine_death import EXIT_STATUS
 
@@ -43,8 +44,9 @@ def _model() -> str:
                                  hidden_size=192))
 
 
-def _complete(server: VllmServer, prompt: str, stream: bool = False) -> list[int]:
-    body = {"model": _model(), "prompt": prompt, "max_tokens": 24, "temperature": 0,
+def _complete(server: VllmServer, prompt: str, stream: bool = False,
+              model: str | None = None) -> list[int]:
+    body = {"model": model or _model(), "prompt": prompt, "max_tokens": 24, "temperature": 0,
             "logprobs": 1, "stream": stream, "ignore_eos": True}
     r = requests.post(server.base_url + "/v1/completions", json=body, timeout=300,
                       stream=stream)
@@ -119,6 +121,27 @@ def test_summing_tensor_ranks_with_int8_activations_are_reproducible():
         assert _concurrent(server, stream=True) == want
     finally:
         server.stop()
+
+
+def test_tensor_ranks_serve_a_mixture_of_experts_model():
+    # Experts' columns split and the block's output summed: one rank's tokens (fp32
+    # activations: the sum moves logits by rounding only), alone, in a batch, streamed.
+    model = str(cached_family_model("qwen3_moe", quantize_bits=4, group_size=32,
+                                    num_hidden_layers=2))
+    env = {**os.environ, "VLLM_METAL_CPU_INT8_ACTIVATIONS": "0"}
+    one = VllmServer(model, "--max-model-len", "512", env=env)
+    try:
+        want = [_complete(one, p, model=model) for p in PROMPTS]
+    finally:
+        one.stop()
+    two = VllmServer(model, "--max-model-len", "512", "--tensor-parallel-size", "2", env=env)
+    try:
+        assert "Loaded qwen3_moe (tensor rank 1 of 2)" in two.full_output()
+        assert [_complete(two, p, model=model) for p in PROMPTS] == want
+        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            assert list(pool.map(lambda p: _complete(two, p, True, model), PROMPTS)) == want
+    finally:
+        two.stop()
 
 
 def _descendants(pid: int) -> list[tuple[int, str]]:
