@@ -321,7 +321,7 @@ def _shard_mlp(mlp: nn.Module, shard: TensorShard, where: str) -> None:
     _refuse_other_parameters(mlp, (*into, out), {width}, None, where)
     # Gathered, a slice is any whole number of the int8 kernels' row tiles; summed, it
     # also starts on down's quantization group.
-    unit = _INT8_GROUP if shard.gather else _column_unit(down)
+    unit = _INT8_GROUP if shard.gather else _column_unit(down, f"{where}'s {out}")
     spans = _column_spans(width, unit, shard.size)
     if spans is None:
         raise TensorParallelError(f"{where}: {width} columns make fewer than {shard.size} "
@@ -374,7 +374,7 @@ def _shard_experts(block: nn.Module, experts: nn.Module, shard: TensorShard,
         if any(_out_dims(getattr(mlp, n)) != width for n in ("gate_proj", "up_proj")):
             raise TensorParallelError(f"{where}: the {what}' gate/up do not feed down's "
                                       f"{width} columns")
-        unit = _column_unit(down)
+        unit = _column_unit(down, f"{where}: the {what}' down")
         spans = _column_spans(width, unit, shard.size)
         if spans is None:
             raise TensorParallelError(f"{where}: the {what}' {width} columns make fewer "
@@ -443,7 +443,7 @@ def _take(array: mx.array, axis: int, start: int, end: int) -> mx.array:
 def _columns(linear: nn.Module, start: int, end: int, shard: TensorShard,
              where: str) -> ShardedToAll:
     """``linear`` keeping input columns [start, end), as a ShardedToAll."""
-    unit = _column_unit(linear)
+    unit = _column_unit(linear, where)
     if start % unit or (end % unit and end != _in_dims(linear)):
         raise TensorParallelError(
             f"{where}: this rank's input columns [{start}, {end}) do not start on a "
@@ -470,15 +470,17 @@ def _keep_columns(linear: nn.Module, start: int, end: int) -> None:
         linear["weight"] = mx.contiguous(linear["weight"][..., start:end])
 
 
-def _column_unit(linear: nn.Module) -> int:
+def _column_unit(linear: nn.Module, where: str) -> int:
     """Input columns a slice must start on: the quantization group (and whole packed
     words), and the int8 kernels' rounding group."""
     if "scales" in linear:
         if getattr(linear, "mode", "affine") != "affine":
-            raise TensorParallelError(f"{linear.mode} weights are not cut by tensor parallel")
+            raise TensorParallelError(f"{where}: {linear.mode} weights are not cut along "
+                                      "their input columns by tensor parallel")
         if (32 % linear.bits) or linear.group_size % (32 // linear.bits):
-            raise TensorParallelError(f"{linear.bits}-bit weights do not pack whole into "
-                                      "32-bit words per group; tensor parallel cannot cut them")
+            raise TensorParallelError(f"{where}: {linear.bits}-bit weights do not pack whole "
+                                      "into 32-bit words per group; tensor parallel cannot "
+                                      "cut them")
         return math.lcm(linear.group_size, _INT8_GROUP)
     return 1
 
