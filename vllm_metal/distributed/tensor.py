@@ -322,10 +322,7 @@ def _shard_mlp(mlp: nn.Module, shard: TensorShard, where: str) -> None:
     # Gathered, a slice is any whole number of the int8 kernels' row tiles; summed, it
     # also starts on down's quantization group.
     unit = _INT8_GROUP if shard.gather else _column_unit(down, f"{where}'s {out}")
-    spans = _column_spans(width, unit, shard.size)
-    if spans is None:
-        raise TensorParallelError(f"{where}: {width} columns make fewer than {shard.size} "
-                                  f"slices of {unit}")
+    spans = _column_spans(width, unit, shard.size, where)
     start, end = spans[shard.rank]
     # Gathered, every rank's slice has one width (all_gather's rule): padded with
     # phantom columns of zero weights, cut off again before down.
@@ -375,11 +372,7 @@ def _shard_experts(block: nn.Module, experts: nn.Module, shard: TensorShard,
             raise TensorParallelError(f"{where}: the {what}' gate/up do not feed down's "
                                       f"{width} columns")
         unit = _column_unit(down, f"{where}: the {what}' down")
-        spans = _column_spans(width, unit, shard.size)
-        if spans is None:
-            raise TensorParallelError(f"{where}: the {what}' {width} columns make fewer "
-                                      f"than {shard.size} slices of {unit}")
-        start, end = spans[shard.rank]
+        start, end = _column_spans(width, unit, shard.size, f"{where}: the {what}'")[shard.rank]
         for name in ("gate_proj", "up_proj"):
             _rows(getattr(mlp, name), [(start, end, end - start)])
         _keep_columns(down, start, end)
@@ -387,12 +380,14 @@ def _shard_experts(block: nn.Module, experts: nn.Module, shard: TensorShard,
             down["bias"] = mx.zeros_like(down["bias"])
 
 
-def _column_spans(width: int, unit: int, size: int) -> list[tuple[int, int]] | None:
+def _column_spans(width: int, unit: int, size: int, where: str) -> list[tuple[int, int]]:
     """Each rank's [start, end) of ``width`` MLP columns, cut on multiples of ``unit``
-    (the last may end on ``width``); None when some rank would get none."""
+    (the last may end on ``width``). Raises TensorParallelError when some rank would
+    get none."""
     units = -(-width // unit)
     if units < size:
-        return None
+        raise TensorParallelError(f"{where}: {width} columns make fewer than {size} "
+                                  f"slices of {unit}")
     return [(unit * (units * r // size), min(width, unit * (units * (r + 1) // size)))
             for r in range(size)]
 
@@ -419,10 +414,9 @@ def _rows(linear: nn.Module, spans: list[tuple[int, int, int]]) -> None:
         array = linear.get(name)
         if array is None:
             continue
-        # Rows are the second-to-last axis of an expert stack [E, out, in] (a bias
-        # [E, out]: the last), the first of a linear's.
-        axis = 0 if array.ndim <= 2 and linear["weight"].ndim == 2 else (
-            array.ndim - 2 if name != "bias" else array.ndim - 1)
+        # Rows: a bias's last axis, the others' second-to-last ([out] / [out, in], or
+        # an expert stack's [E, out] / [E, out, in]).
+        axis = array.ndim - (1 if name == "bias" else 2)
         parts = []
         for start, end, padded in spans:
             parts.append(_take(array, axis, start, end))
@@ -458,9 +452,8 @@ def _columns(linear: nn.Module, start: int, end: int, shard: TensorShard,
 
 def _keep_columns(linear: nn.Module, start: int, end: int) -> None:
     """``linear`` (or an expert stack) keeping input columns [start, end), in place."""
-    bits = getattr(linear, "bits", None)
     if "scales" in linear:
-        per_word = 32 // bits
+        per_word = 32 // linear.bits
         linear["weight"] = mx.contiguous(linear["weight"][..., start // per_word:end // per_word])
         group = linear.group_size
         for name in ("scales", "biases"):
