@@ -6,6 +6,11 @@ failure (launchd's KeepAlive on a crash, systemd's Restart=on-failure) never res
 it. vLLM decides to shut down in one function, `terminate_if_errored` (called by its
 watchdog and its engine-error handler); we note when it does, and turn the process's
 exit status into 1 at exit. A server stopped by a signal still exits as before.
+
+Before that exit, no process the server started outlives it: vLLM's own shutdown
+gives its engine core a grace period and then kills its process tree, but a rank that
+was blocked in a collective when its peer died, or any process still tearing down,
+could otherwise be orphaned. Those left after a short wait are killed.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ logger = logging.getLogger("vllm_metal")
 EXIT_STATUS = 1
 _MARK = "_vllm_metal_engine_death"
 _died = False
+# Seconds the server's remaining descendants get to exit before they are killed.
+_GRACE = 3.0
 
 # Modules that hold vLLM's terminate_if_errored by name.
 _HOLDERS = ("vllm.entrypoints.launchers.launcher",
@@ -70,6 +77,37 @@ def _note_death() -> None:
 
 def _exit_failed_if_died() -> None:
     if _died:
+        _reap_descendants(_GRACE)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(EXIT_STATUS)
+
+
+def _reap_descendants(grace: float) -> None:
+    """Wait up to `grace` seconds for this process's descendants, then SIGKILL the rest.
+
+    multiprocessing's resource tracker is spared: it exits when this process does,
+    after unlinking what it tracks (killing it would leak shared memory)."""
+    import psutil
+
+    try:
+        children = [child for child in psutil.Process().children(recursive=True)
+                    if not _is_resource_tracker(child)]
+        _, alive = psutil.wait_procs(children, timeout=grace)
+    except psutil.Error:
+        return
+    for child in alive:
+        try:
+            logger.error("Process %d (%s) outlived the engine; killing it", child.pid,
+                         child.name())
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+
+
+def _is_resource_tracker(process) -> bool:
+    try:
+        return any("resource_tracker" in part for part in process.cmdline())
+    except Exception:  # gone, or not ours to read: nothing to spare
+        return False
