@@ -1,7 +1,7 @@
 """Parallel settings the platform cannot run are refused when the engine's config is
 made, naming the flag; pipeline, tensor or data parallel alone is accepted, tensor
 parallel also where it does not divide the query heads, in every process that
-verifies it."""
+verifies it. Pooling runners are refused by name."""
 
 from __future__ import annotations
 
@@ -60,3 +60,17 @@ def test_expert_parallel_is_refused_by_flag(tmp_path):
     with pytest.raises(Exception, match="--enable-expert-parallel"):
         EngineArgs(model=model, max_model_len=256,
                    enable_expert_parallel=True).create_engine_config()
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    (dict(runner="pooling"), "LlamaForCausalLM as --runner pooling"),
+    (dict(convert="embed"), "--convert embed"),
+    (dict(convert="classify"), "--convert classify")])
+def test_pooling_runners_are_refused_by_name(kwargs, named):
+    with pytest.raises(Exception, match=named) as refused:
+        _config(**kwargs)
+    assert "not served by vllm-metal yet" in str(refused.value)
+
+
+def test_the_generate_runner_is_accepted():
+    assert _config(runner="generate").model_config.runner_type == "generate"

@@ -29,6 +29,7 @@ class UnsupportedConfigError(ValueError):
 
 
 def check_vllm_config(vllm_config: VllmConfig) -> None:
+    _check_runner(vllm_config)
     parallel = vllm_config.parallel_config
     for flag, value in (("--decode-context-parallel-size", parallel.decode_context_parallel_size),
                         ("--prefill-context-parallel-size",
@@ -88,6 +89,21 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
         raise UnsupportedConfigError(
             f"--block-size {block_size} is not supported: it must be a multiple of "
             f"{smallest} (the paged kernels use pages of {KERNEL_BLOCK_SIZES})")
+
+
+def _check_runner(vllm_config: VllmConfig) -> None:
+    """Pooling runners (embeddings, classification, scores) are refused by name: the
+    model runner returns sampled tokens only, so a pooling request would otherwise be
+    served by a generating model or not at all."""
+    model = vllm_config.model_config
+    if model is None or getattr(model, "runner_type", "generate") != "pooling":
+        return
+    convert = getattr(model, "convert_type", "none")
+    how = "--runner pooling" + (f" (--convert {convert})" if convert not in (None, "none") else "")
+    raise UnsupportedConfigError(
+        f"{model.architecture} as {how}: pooling models (embeddings, classification, "
+        "rerank and score) are not served by vllm-metal yet; serve a text-generation "
+        "model (--runner generate)")
 
 
 def _check_parallel(vllm_config: VllmConfig, given: str) -> None:
