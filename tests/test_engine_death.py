@@ -8,10 +8,11 @@ the test session started."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
+
+from tests.e2e.server import running
 
 SCRIPT = r"""
 import json, subprocess, sys, time
@@ -38,15 +39,6 @@ spared.kill()
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
-                           text=True).stdout.strip()
-    return state not in ("", "Z")
-
 
 def test_descendants_left_after_the_grace_period_are_killed():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
@@ -54,9 +46,9 @@ def test_descendants_left_after_the_grace_period_are_killed():
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout.strip().splitlines()[-1])
     deadline = time.monotonic() + 10
-    while any(_running(pid) for pid in report["pids"]) and time.monotonic() < deadline:
+    while any(running(pid) for pid in report["pids"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in report["pids"] if _running(pid)]
+    assert not [pid for pid in report["pids"] if running(pid)]
     # The grace period was waited out (the stubborn child ignored it), not skipped.
     assert 0.5 <= report["seconds"] < 10
     assert "outlived the engine; killing it" in out.stderr

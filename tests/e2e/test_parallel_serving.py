@@ -23,7 +23,7 @@ import time
 import pytest
 import requests
 
-from tests.e2e.server import VllmServer
+from tests.e2e.server import VllmServer, running
 from tests.family_models import cached_family_model
 from tests.tiny_models import cached_tiny_model
 from vllm_metal.engine_death import EXIT_STATUS
@@ -178,18 +178,10 @@ def test_a_killed_rank_fails_the_server_within_seconds(flag, process):
         # A killed process may take a moment to finish dying after the server's exit
         # (the server waits for or kills each of them first: vllm_metal.engine_death).
         deadline = time.monotonic() + 5
-        while any(_alive(pid) for pid, _ in before) and time.monotonic() < deadline:
+        while any(running(pid) for pid, _ in before) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = [(pid, args) for pid, args in before if _alive(pid)]
+        left = [(pid, args) for pid, args in before if running(pid)]
         assert not left, f"still running after the server exited: {left}\n{server.output()}"
     finally:
         server.stop()
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
-                          text=True).stdout.strip() not in ("", "Z")
