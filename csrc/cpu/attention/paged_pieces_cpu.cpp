@@ -43,9 +43,12 @@ class PiecePlan {
   void run(int split_keys, ThreadPool& pool) {
     plan(split_keys);
     if (split_floats() * 4 > kMaxSplitBytes) plan(0);
-    m_.resize(static_cast<size_t>(split_states_));
-    l_.resize(static_cast<size_t>(split_states_));
-    acc_.resize(static_cast<size_t>(split_states_) * d_);
+    // Uninitialized: the kernel resets each piece's states as the piece starts, and
+    // item 0 writes each split chunk's head states (a zero-filled vector here cleared
+    // ~1 MB a layer at 8k keys on the stream thread while the pool waited).
+    m_ = scratch_array<float>(split_states_);
+    l_ = scratch_array<float>(split_states_);
+    acc_ = scratch_array<float>(split_states_ * d_);
     pool.parallel_for(static_cast<int>(items_.size()),
                       [this](int i) { run_item(items_[order_[i]]); });
     if (split_.empty()) return;
@@ -154,9 +157,9 @@ class PiecePlan {
     a.key_hi = it.key_hi;
     a.piece = kPieceKeys;
     if (!fold) {
-      a.m = m_.data() + it.states;
-      a.l = l_.data() + it.states;
-      a.acc = acc_.data() + it.states * d_;
+      a.m = m_.get() + it.states;
+      a.l = l_.get() + it.states;
+      a.acc = acc_.get() + it.states * d_;
       kernel_(a);
       return;
     }
@@ -177,9 +180,9 @@ class PiecePlan {
       }
       return;
     }
-    std::copy(a.fold_m, a.fold_m + n, m_.data() + c.head);
-    std::copy(a.fold_l, a.fold_l + n, l_.data() + c.head);
-    std::copy(a.fold_acc, a.fold_acc + qd, acc_.data() + c.head * d_);
+    std::copy(a.fold_m, a.fold_m + n, m_.get() + c.head);
+    std::copy(a.fold_l, a.fold_l + n, l_.get() + c.head);
+    std::copy(a.fold_acc, a.fold_acc + qd, acc_.get() + c.head * d_);
   }
 
   // Query vectors [i0, i1) of a split chunk: item 0's folded states, then every
@@ -192,13 +195,13 @@ class PiecePlan {
     for (int i = i0; i < i1; ++i) {
       const int64_t h = c.head + i;
       float m = m_[h], l = l_[h];
-      float* acc = acc_.data() + h * d_;
+      float* acc = acc_.get() + h * d_;
       for (int k = 1; k < c.num_items; ++k) {
         const Item& it = items_[item + k];
         const int pieces = (it.key_hi - 1) / kPieceKeys - it.key_lo / kPieceKeys + 1;
         for (int pc = 0; pc < pieces; ++pc) {
           const int64_t s = it.states + int64_t(pc) * n + i;
-          fold_state(m, l, acc, m_[s], l_[s], acc_.data() + s * d_, d_);
+          fold_state(m, l, acc, m_[s], l_[s], acc_.get() + s * d_, d_);
         }
       }
       write_output(p_, first_token + i / heads_, i % heads_, m, l, acc);
@@ -214,7 +217,7 @@ class PiecePlan {
   std::vector<int> order_;
   std::vector<int> split_;
   int64_t split_states_ = 0;
-  ScratchVector<float> m_, l_, acc_;
+  ScratchArray<float> m_, l_, acc_;
   struct Merge {
     int chunk;
     int first; // query vector
