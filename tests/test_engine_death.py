@@ -39,7 +39,6 @@ spared.kill()
 """
 
 
-
 def test_descendants_left_after_the_grace_period_are_killed():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                          timeout=120)

@@ -96,10 +96,10 @@ def _check_runner(vllm_config: VllmConfig) -> None:
     model runner returns sampled tokens only, so a pooling request would otherwise be
     served by a generating model or not at all."""
     model = vllm_config.model_config
-    if model is None or getattr(model, "runner_type", "generate") != "pooling":
+    if model is None or model.runner_type != "pooling":
         return
-    convert = getattr(model, "convert_type", "none")
-    how = "--runner pooling" + (f" (--convert {convert})" if convert not in (None, "none") else "")
+    convert = model.convert_type
+    how = "--runner pooling" + (f" (--convert {convert})" if convert != "none" else "")
     raise UnsupportedConfigError(
         f"{model.architecture} as {how}: pooling models (embeddings, classification, "
         "rerank and score) are not served by vllm-metal yet; serve a text-generation "
