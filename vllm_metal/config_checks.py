@@ -92,18 +92,36 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
 
 
 def _check_runner(vllm_config: VllmConfig) -> None:
-    """Pooling runners (embeddings, classification, scores) are refused by name: the
-    model runner returns sampled tokens only, so a pooling request would otherwise be
-    served by a generating model or not at all."""
+    """A pooling runner is served for a causal decoder converted to embeddings or to a
+    classifier (--convert embed / classify, which vLLM also picks for
+    sentence-transformers and *ForSequenceClassification checkpoints); the other
+    pooling models are refused by name rather than served as something else."""
     model = vllm_config.model_config
     if model is None or model.runner_type != "pooling":
         return
+    from vllm_metal.v1.pooling import SERVED_CONVERSIONS
+
     convert = model.convert_type
-    how = "--runner pooling" + (f" (--convert {convert})" if convert != "none" else "")
-    raise UnsupportedConfigError(
-        f"{model.architecture} as {how}: pooling models (embeddings, classification, "
-        "rerank and score) are not served by vllm-metal yet; serve a text-generation "
-        "model (--runner generate)")
+    how = (f"{model.architecture} as --runner pooling"
+           + (f" --convert {convert}" if convert != "none" else ""))
+    if convert not in SERVED_CONVERSIONS:
+        raise UnsupportedConfigError(
+            f"{how}: pooling architectures of their own (encoders such as BERT) are not "
+            "served by vllm-metal yet; decoders are, as --convert embed or --convert "
+            "classify")
+    if model.attn_type != "decoder":
+        # The paged kernels attend causally: a bidirectional decoder would pool
+        # hidden states it was never trained to give.
+        raise UnsupportedConfigError(
+            f"{how}: its attention is bidirectional ({model.attn_type}); "
+            "vllm-metal pools causal decoders only yet")
+    stages = vllm_config.parallel_config.pipeline_parallel_size
+    if stages != 1:
+        raise UnsupportedConfigError(f"--pipeline-parallel-size {stages} with {how}: pooling "
+                                     "runs on one pipeline stage on vllm-metal; use 1")
+    if vllm_config.speculative_config is not None:
+        raise UnsupportedConfigError(f"--speculative-config with {how}: a pooling model "
+                                     "samples nothing to speculate on; drop it")
 
 
 def _check_parallel(vllm_config: VllmConfig, given: str) -> None:

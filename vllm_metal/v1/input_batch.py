@@ -11,6 +11,7 @@ from vllm_metal.v1.sampling_batch import RequestSamplingState
 
 if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
+    from vllm.pooling_params import PoolingParams
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.output import SchedulerOutput
 
@@ -21,22 +22,29 @@ class RequestState:
 
     req_id: str
     prompt_token_ids: list[int]
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams | None   # None: a pooling request
     block_ids: list[list[int]]   # per KV cache group
     num_computed_tokens: int
     lora_request: LoRARequest | None = None  # its adapter; None: the base model
-    sampling: RequestSamplingState = field(init=False, repr=False)
+    pooling_params: PoolingParams | None = None
+    sampling: RequestSamplingState | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.sampling = RequestSamplingState(self.sampling_params, self.prompt_token_ids)
+        self.sampling = (None if self.sampling_params is None else
+                         RequestSamplingState(self.sampling_params, self.prompt_token_ids))
 
     @property
     def output_token_ids(self) -> list[int]:
-        """Tokens this runner sampled; vLLM does not send them back on decode steps."""
-        return self.sampling.output_token_ids
+        """Tokens this runner sampled; vLLM does not send them back on decode steps.
+        A pooling request's list is empty, always (a fresh one each time)."""
+        return [] if self.sampling is None else self.sampling.output_token_ids
 
     @output_token_ids.setter
     def output_token_ids(self, tokens: list[int]) -> None:
+        if self.sampling is None:
+            if tokens:
+                raise ValueError(f"request {self.req_id} pools its prompt and samples nothing")
+            return
         self.sampling.output_token_ids = tokens
 
     @property

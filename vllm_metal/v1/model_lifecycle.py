@@ -16,6 +16,7 @@ from vllm_metal.distributed.pipeline import PipelineStage, StageLink, cut_layers
 from vllm_metal.distributed.tensor import TensorShard, check_probed_heads, shard_layer
 from vllm_metal.models.adapter import (ModelAdapter, UnsupportedModelError, backbone_layers,
                                        family_name)
+from vllm_metal.v1.classifier import SCORE_PREFIX
 
 logger = logging.getLogger("vllm_metal")
 
@@ -67,7 +68,7 @@ class LoadedModel:
 def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
                wrap: Callable[[nn.Module], None] | None = None,
                pipeline: tuple[int, int, StageLink] | None = None,
-               tensor: TensorShard | None = None) -> LoadedModel:
+               tensor: TensorShard | None = None, pooling: bool = False) -> LoadedModel:
     """Load a local HF-format model directory (float or MLX-quantized) with mlx-lm,
     or a GGUF file, and prepare it for ``backend``.
 
@@ -76,7 +77,9 @@ def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
     before the backend plans its backbone, which then sees the modules that run.
     ``pipeline``: (stage rank, stages, link): only that stage's layers are loaded and
     run (vllm_metal.distributed.pipeline). ``tensor``: this rank's share of every
-    layer's heads and MLP columns (vllm_metal.distributed.tensor).
+    layer's heads and MLP columns (vllm_metal.distributed.tensor). ``pooling``: the
+    engine pools hidden states (--runner pooling), so a checkpoint of the bare decoder
+    (embedding models are often saved without the LM head) is loaded too.
     """
     stage = family = None
     heads: list = []
@@ -93,7 +96,8 @@ def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
     def shard(index: int, layer: nn.Module) -> None:   # before its weights are evaluated
         heads.append(shard_layer(index, layer, tensor, family))
 
-    model = _load_mlx_model(model_path, dtype, cut, shard if tensor is not None else None)
+    model = _load_mlx_model(model_path, dtype, cut, shard if tensor is not None else None,
+                            pooling)
     backend.prepare_weights(model)
     mx.eval(model.parameters())
     adapter = ModelAdapter(model, stage, tensor)
@@ -116,11 +120,11 @@ def load_model(model_path: str, dtype: mx.Dtype, backend: Backend,
 def _load_mlx_model(model_path: str, dtype: mx.Dtype,
                     arrange: Callable[[nn.Module], None] = lambda model: None,
                     settle: Callable[[int, nn.Module], None] | None = None,
-                    ) -> nn.Module:
+                    pooling: bool = False) -> nn.Module:
     """A GGUF file through our GGUF loader; an HF-format directory through mlx-lm (lazily:
     nothing is read until evaluated). ``arrange(model)`` runs before any weight is read,
     ``settle(index, layer)`` on each decoder layer holding parameters before its weights
-    are evaluated (load_gguf_model's)."""
+    are evaluated (load_gguf_model's). ``pooling``: see load_model."""
     from vllm_metal.gguf.loader import gguf_source, layers_with_parameters
     from vllm_metal.gguf_plugin import gguf_model_file
 
@@ -130,6 +134,7 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype,
         from vllm_metal.gguf.loader import load_gguf_model
 
         return load_gguf_model(gguf, dtype, arrange, settle)[0]
+    from mlx_lm.utils import _get_classes
     from mlx_lm.utils import load_model as mlx_lm_load_model
 
     path = Path(model_path)
@@ -138,7 +143,9 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype,
             f"model path {model_path!r} is neither a local model directory nor a .gguf "
             "file; vllm-metal loads models from disk (download it first, e.g. with "
             "`hf download`)")
-    model, _config = mlx_lm_load_model(path, lazy=True)
+    model, _config = mlx_lm_load_model(path, lazy=True, model_config=_legacy_rope(path),
+                                       get_model_classes=_bare_decoder_classes(_get_classes,
+                                                                               pooling))
     arrange(model)
     model.set_dtype(dtype)
     if settle is not None:
@@ -147,6 +154,73 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype,
             if index in held:
                 settle(index, layer)
     return model
+
+
+def _legacy_rope(path: Path) -> dict:
+    """Config overrides giving a transformers-5 checkpoint's rotary settings in the
+    keys mlx-lm's model args read: transformers 5 saves them as ``rope_parameters``
+    ({"rope_theta", "rope_type", factor, ...}) with no ``rope_theta`` or
+    ``rope_scaling``, and most of mlx-lm's families would then rotate with their
+    default base (10000 for Llama), silently. Families that read ``rope_parameters``
+    themselves get the same values twice; per-layer-type parameters (Gemma's) are left
+    to their family."""
+    import json
+
+    config = json.loads((path / "config.json").read_text())
+
+    def legacy(section: dict) -> dict:
+        rope = section.get("rope_parameters")
+        if not isinstance(rope, dict) or "rope_theta" not in rope:
+            return {}
+        out = {} if "rope_theta" in section else {"rope_theta": rope["rope_theta"]}
+        kind = rope.get("rope_type", "default")
+        if kind != "default" and not section.get("rope_scaling"):
+            out["rope_scaling"] = {**{k: v for k, v in rope.items() if k != "rope_theta"},
+                                   "type": kind}
+        return out
+
+    overrides = legacy(config)
+    text = config.get("text_config")
+    if isinstance(text, dict) and legacy(text):
+        overrides["text_config"] = {**text, **legacy(text)}
+    return overrides
+
+
+def _bare_decoder_classes(get_classes: Callable, pooling: bool) -> Callable:
+    """mlx-lm's choice of model classes, whose models also take the weights of a bare
+    decoder (``layers.*``, ``embed_tokens.*``, ``norm.*`` where mlx-lm's causal LM holds
+    ``model.layers.*``: how transformers saves an AutoModel, e.g. embedding models).
+    With ``pooling``, a checkpoint without the LM head gets the embedding matrix in its
+    place (a pooling engine never reads the head's output; the profiling forward runs
+    it for its memory peak only), and a classification checkpoint's score matrix is
+    left to the classifier (vllm_metal.v1.classifier reads it)."""
+    def classes(config: dict):
+        model_class, args_class = get_classes(config)
+
+        def build(args):
+            model = model_class(args)
+            own = getattr(model, "sanitize", None)
+
+            def sanitize(weights: dict) -> dict:
+                if "model" in model and not any(k.startswith("model.") for k in weights):
+                    weights = {f"model.{k}": v for k, v in weights.items()}
+                if pooling:
+                    weights = {k: v for k, v in weights.items()
+                               if not k.startswith(SCORE_PREFIX)}
+                if own is not None:
+                    weights = own(weights)
+                if pooling and "lm_head" in model and "lm_head.weight" not in weights:
+                    for part in ("weight", "scales", "biases"):
+                        if f"model.embed_tokens.{part}" in weights:
+                            weights[f"lm_head.{part}"] = weights[f"model.embed_tokens.{part}"]
+                return weights
+
+            model.sanitize = sanitize
+            return model
+
+        return build, args_class
+
+    return classes
 
 
 # The page geometry of a model without attention layers: one head of 64 per token

@@ -37,6 +37,7 @@ from vllm_metal.v1.memory_budget import ActivationEstimate
 from vllm_metal.v1.model_lifecycle import LoadedModel, load_model
 from vllm_metal.v1.packed_forward import packed_forward
 from vllm_metal.v1.pending_tokens import InflightStep, PendingTokens
+from vllm_metal.v1.pooling import Pooling
 from vllm_metal.v1.prompt_logprobs import PromptLogprobsTracker
 from vllm_metal.v1.request_updates import apply_scheduler_output
 from vllm_metal.v1.sampler import Sampler, SamplerResult
@@ -111,6 +112,8 @@ class MetalModelRunner:
         self._proposal_ids: list[str] = []
         # With --kv-offloading-size / --kv-transfer-config: vLLM's connector.
         self.connector: ConnectorLink | None = None
+        # A --runner pooling engine: steps return pooled prompts, never tokens.
+        self.pooling: Pooling | None = None
 
     # -- setup -------------------------------------------------------------
 
@@ -127,7 +130,8 @@ class MetalModelRunner:
             def wrap(model):
                 self.lora = LoRAManager(model, lora_config, adapters, max_positions)
         self.loaded = load_model(self.model_config.model, dtype, self.backend, wrap,
-                                 self._pipeline_stage(), self._tensor_shard())
+                                 self._pipeline_stage(), self._tensor_shard(),
+                                 pooling=self.model_config.runner_type == "pooling")
         self._check_quantized_kv()
         if self.vllm_config.speculative_config is not None:
             self._check_speculative_target()
@@ -138,6 +142,8 @@ class MetalModelRunner:
         kernels = self.backend.sampling_kernels
         self.sampler = Sampler(vocab, self.logprobs_mode, cpu_kernel=kernels)
         self.prompt_logprobs = PromptLogprobsTracker(vocab, self.logprobs_mode, cpu_kernel=kernels)
+        if self.model_config.runner_type == "pooling":
+            self.pooling = Pooling(self.vllm_config, self.loaded)
 
     def _pipeline_stage(self) -> tuple[int, int, StageLink] | None:
         """(stage, stages, link) under --pipeline-parallel-size, else None."""
@@ -468,6 +474,9 @@ class MetalModelRunner:
                 link.send()   # the last stage computes the logits and samples
                 return None
             link.clear()
+        if self.pooling is not None:
+            kv_output = None if self.connector is None else self.connector.end(scheduler_output)
+            return self._pooled_output(step, hidden, kv_output)
         logits = rows = None
         if not len(step.logits_indices):
             # Nothing to sample (prompt chunks only): run the step anyway. The decoder
@@ -498,6 +507,16 @@ class MetalModelRunner:
             plain = all(_greedy_plain(s.sampling_params) for s in states)
             mx.async_eval(rows if plain else logits)
         return None
+
+    def _pooled_output(self, step: StepInputs, hidden: mx.array,
+                       kv_output: KVConnectorOutput | None) -> ModelRunnerOutput:
+        """A pooling step's output: each request's pooled prompt once its last chunk
+        ran (None before), and no tokens."""
+        output = ModelRunnerOutput(req_ids=step.req_ids,
+                                   req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
+                                   kv_connector_output=kv_output)
+        output.pooler_output = self.pooling.pool(step, hidden)
+        return output
 
     def sample_tokens(self, grammar_output: GrammarOutput | None):
         """Sample this step's tokens. With the decode pipeline on, returns at once and the
@@ -595,6 +614,8 @@ class MetalModelRunner:
         # A stage before the last samples nothing: vLLM sends it the sampled tokens.
         apply_scheduler_output(self.input_batch, scheduler_output, self.prompt_logprobs,
                                takes_sampled=self.link is not None and self.link.next is not None)
+        if self.pooling is not None:
+            self._update_pooling(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
         copies = getattr(scheduler_output, "kv_cache_block_copies", None)
@@ -604,6 +625,20 @@ class MetalModelRunner:
         zero = getattr(scheduler_output, "new_block_ids_to_zero", None)
         if zero:
             self.kv_cache.zero_blocks(zero)
+
+    def _update_pooling(self, scheduler_output: SchedulerOutput) -> None:
+        """Pooling inputs follow the requests; a preempted request's chunks are
+        recomputed from its start, so what its earlier chunks left is dropped."""
+        pooling = self.pooling
+        for req_id in scheduler_output.finished_req_ids:
+            pooling.remove_request(req_id)
+        for req_id in scheduler_output.preempted_req_ids or ():
+            pooling.restart(req_id)
+        for new in scheduler_output.scheduled_new_reqs:
+            if new.pooling_params is None:
+                raise ValueError(f"request {new.req_id}: a pooling engine serves pooling "
+                                 "requests only (it has no sampling)")
+            pooling.add_request(new.req_id, new.pooling_params, list(new.prompt_token_ids))
 
     @staticmethod
     def _state_blocks(step: StepInputs, state_groups: dict[int, int]

@@ -29,7 +29,7 @@ class PromptLogprobsTracker:
         self._pending: dict[str, _InProgress] = {}
 
     def add_request(self, state: RequestState) -> None:
-        k = state.sampling_params.prompt_logprobs
+        k = None if state.sampling_params is None else state.sampling_params.prompt_logprobs
         if k is None or len(state.prompt_token_ids) == 0:
             return
         k = self.vocab_size if k == -1 else int(k)
@@ -73,7 +73,8 @@ class PromptLogprobsTracker:
                 logits, targets, pending.num_logprobs, self.logprobs_mode,
                 cpu_kernel=self.cpu_kernel)
             rows = slice(start, start + num_rows)
-            pending.tensors.logprob_token_ids[rows] = torch.from_numpy(np.array(ids, dtype=np.int32))
+            pending.tensors.logprob_token_ids[rows] = torch.from_numpy(
+                np.array(ids, dtype=np.int32))
             pending.tensors.logprobs[rows] = torch.from_numpy(np.array(lps, dtype=np.float32))
             pending.tensors.selected_token_ranks[rows] = torch.from_numpy(
                 np.array(ranks).astype(np.int32))

@@ -36,6 +36,7 @@ def apply_scheduler_output(batch: InputBatch, out: SchedulerOutput,
             block_ids=[list(group) for group in new.block_ids],
             num_computed_tokens=new.num_computed_tokens,
             lora_request=new.lora_request,
+            pooling_params=new.pooling_params,
         )
         batch.reset_row(new.req_id)
         batch.add_request(state)

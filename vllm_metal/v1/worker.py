@@ -139,7 +139,8 @@ class MetalWorker(WorkerBase):
         return None
 
     def get_supported_tasks(self):
-        return ("generate",)
+        pooling = self.model_runner.pooling
+        return ("generate",) if pooling is None else pooling.supported_tasks()
 
     def execute_model(self, scheduler_output: SchedulerOutput):
         return self.model_runner.execute_model(scheduler_output)

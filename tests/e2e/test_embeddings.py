@@ -1,0 +1,99 @@
+"""Embeddings from a pooling engine (`--runner pooling`) against transformers' own
+forward of the same checkpoint, pooled in float64: last-token pooling normalised (a
+Qwen3-Embedding-shaped checkpoint), mean pooling not normalised (a bare decoder
+saved as transformers saves an AutoModel, without the LM head), per-token
+embeddings, chunked prompts, prefix-cache hits and batch invariance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.e2e.conftest import PROMPTS, make_llm
+from tests.pooling_models import ReferenceEmbedder, cached_embedding_model, cosine
+
+# A prompt longer than the chunk of the chunked engine below (about 150 tokens).
+LONG = " ".join(PROMPTS) * 2
+
+
+@pytest.fixture(scope="module")
+def last_dir():
+    return cached_embedding_model("qwen3", pooling="last", normalize=True)
+
+
+@pytest.fixture(scope="module")
+def mean_dir():
+    return cached_embedding_model("llama", pooling="mean", normalize=False, bare=True)
+
+
+@pytest.fixture(scope="module")
+def last_llm(last_dir):
+    llm = make_llm(last_dir, runner="pooling")
+    yield llm
+    del llm
+
+
+def _embeddings(outputs) -> list[np.ndarray]:
+    return [np.array(o.outputs.embedding, dtype=np.float64) for o in outputs]
+
+
+def test_the_engine_reports_the_embedding_tasks(last_llm):
+    assert set(last_llm.supported_tasks) == {"embed", "token_embed"}
+
+
+def test_last_token_embeddings_match_transformers(last_llm, last_dir):
+    ref = ReferenceEmbedder(last_dir)
+    outputs = last_llm.embed([*PROMPTS, LONG])
+    for out, got in zip(outputs, _embeddings(outputs)):
+        want = ref.embed(out.prompt_token_ids, "last", normalize=True)
+        assert cosine(got, want) > 0.9999
+        np.testing.assert_allclose(got, want, atol=2e-4)
+        assert abs(np.linalg.norm(got) - 1.0) < 1e-5
+
+
+def test_an_embedding_is_the_same_alone_and_in_a_batch(last_llm):
+    batch = _embeddings(last_llm.embed(PROMPTS))
+    for prompt, together in zip(PROMPTS[:3], batch):
+        alone, = _embeddings(last_llm.embed([prompt]))
+        np.testing.assert_array_equal(alone, together)
+
+
+def test_a_prefix_cache_hit_gives_the_same_embedding(last_llm):
+    first, = _embeddings(last_llm.embed([LONG]))
+    again, = _embeddings(last_llm.embed([LONG]))   # its blocks are cached by now
+    np.testing.assert_array_equal(first, again)
+
+
+def test_per_token_embeddings_match_transformers_in_chunks_too(last_dir):
+    # Chunks of 32 tokens: a long prompt's states are gathered across steps.
+    llm = make_llm(last_dir, runner="pooling", pooler_config={"task": "token_embed"},
+                   max_num_batched_tokens=32, enable_chunked_prefill=True)
+    ref = ReferenceEmbedder(last_dir)
+    outputs = llm.encode([*PROMPTS[:3], LONG], pooling_task="token_embed")
+    assert len(outputs[-1].prompt_token_ids) > 3 * 32
+    for out in outputs:
+        got = out.outputs.data.double().numpy()
+        want = ref.hidden(out.prompt_token_ids)
+        want /= np.linalg.norm(want, axis=1, keepdims=True)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=2e-4)
+
+
+def test_mean_pooling_of_a_bare_decoder_matches_transformers(mean_dir):
+    llm = make_llm(mean_dir, runner="pooling")
+    assert llm.llm_engine.model_config.pooler_config.seq_pooling_type == "MEAN"
+    ref = ReferenceEmbedder(mean_dir)
+    outputs = llm.embed(PROMPTS)
+    for out, got in zip(outputs, _embeddings(outputs)):
+        want = ref.embed(out.prompt_token_ids, "mean", normalize=False)
+        assert cosine(got, want) > 0.9999
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-4)
+
+
+def test_a_prompt_in_chunks_pools_as_one(last_dir, last_llm):
+    whole, = _embeddings(last_llm.embed([LONG]))
+    chunked = make_llm(last_dir, runner="pooling", max_num_batched_tokens=32,
+                       enable_chunked_prefill=True, enable_prefix_caching=False)
+    out, = chunked.embed([LONG])
+    assert len(out.prompt_token_ids) > 3 * 32
+    np.testing.assert_array_equal(np.array(out.outputs.embedding, np.float64), whole)
