@@ -1,6 +1,7 @@
-"""`/v1/embeddings` through `vllm serve` and the `openai` SDK (base64 by default, as
-the SDK asks), against transformers' forward of the same checkpoint: texts and token
-ids, matryoshka `dimensions`, and the 4xx answers for what the model cannot do."""
+"""Pooling through `vllm serve`: `/v1/embeddings` with the `openai` SDK (base64 by
+default, as the SDK asks), and `/v1/score` and `/v1/rerank` over HTTP, against
+transformers' forward of the same checkpoints: texts and token ids, matryoshka
+`dimensions`, ranking, and the 4xx answers for what a model cannot do."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import requests
 
 from tests.e2e.conftest import PROMPTS
-from tests.pooling_models import ReferenceEmbedder, cached_embedding_model, cosine
+from tests.pooling_models import (ReferenceEmbedder, cached_classifier_model,
+                                  cached_embedding_model, cosine, reference_logits, sigmoid)
 
 pytest.importorskip("openai")
 
@@ -36,8 +38,8 @@ def client(server):
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="none")
 
 
-def _tokens(server, text: str) -> list[int]:
-    r = requests.post(server.base_url + "/tokenize", json={"model": "emb", "prompt": text},
+def _tokens(server, text: str, model: str = "emb") -> list[int]:
+    r = requests.post(server.base_url + "/tokenize", json={"model": model, "prompt": text},
                       timeout=30)
     r.raise_for_status()
     return r.json()["tokens"]
@@ -84,3 +86,63 @@ def test_what_the_model_cannot_do_is_a_4xx_and_the_server_stays_up(server, clien
         assert 400 <= r.status_code < 500, (path, r.status_code, r.text)
     assert requests.get(server.base_url + "/health", timeout=10).status_code == 200
     assert len(client.embeddings.create(model="emb", input="still here").data) == 1
+
+
+QUERY = "Which city has many people who lived there"
+
+
+@pytest.fixture(scope="module")
+def scorer_dir():
+    return cached_classifier_model("qwen3", num_labels=1)
+
+
+@pytest.fixture(scope="module")
+def scorer(scorer_dir):
+    from tests.e2e.server import VllmServer
+
+    srv = VllmServer(str(scorer_dir), "--max-model-len", "512", "--max-num-seqs", "8",
+                     "--gpu-memory-utilization", "0.3", "--served-model-name", "rank")
+    yield srv
+    srv.stop()
+
+
+def _pair_score(server, scorer_dir, document: str) -> float:
+    """transformers' probability for (QUERY, document), tokenized as vLLM joins a
+    decoder reranker's pair: the query's tokens, then the document's."""
+    ids = _tokens(server, QUERY, "rank") + _tokens(server, document, "rank")
+    return float(sigmoid(reference_logits(scorer_dir, ids))[0])
+
+
+def _post(server, path: str, body: dict) -> requests.Response:
+    return requests.post(server.base_url + path, json={"model": "rank", **body}, timeout=60)
+
+
+def test_score_of_a_query_against_documents_matches_transformers(scorer, scorer_dir):
+    r = _post(scorer, "/v1/score", {"text_1": QUERY, "text_2": PROMPTS[:4]})
+    assert r.status_code == 200, r.text
+    data = sorted(r.json()["data"], key=lambda d: d["index"])
+    assert len(data) == 4
+    for item, doc in zip(data, PROMPTS[:4]):
+        assert abs(item["score"] - _pair_score(scorer, scorer_dir, doc)) < 1e-5
+
+
+def test_rerank_orders_documents_by_score_and_keeps_their_indices(scorer):
+    docs = PROMPTS[:6]
+    scores = {d["index"]: d["score"] for d in _post(
+        scorer, "/v1/score", {"text_1": QUERY, "text_2": docs}).json()["data"]}
+    r = _post(scorer, "/v1/rerank", {"query": QUERY, "documents": docs, "top_n": 3})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    want = sorted(scores, key=scores.get, reverse=True)[:3]
+    assert [x["index"] for x in results] == want
+    for x in results:
+        assert x["relevance_score"] == scores[x["index"]]
+        assert x["document"]["text"] == docs[x["index"]]
+
+
+def test_a_classifier_has_no_embeddings_and_stays_up(scorer):
+    r = _post(scorer, "/v1/embeddings", {"input": "hi"})
+    assert 400 <= r.status_code < 500, r.text
+    r = _post(scorer, "/v1/rerank", {"query": QUERY, "documents": []})
+    assert r.status_code in (200, 400), r.text
+    assert requests.get(scorer.base_url + "/health", timeout=10).status_code == 200
