@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from vllm_metal.attention.kv_quant import CACHE_DTYPES as QUANTIZED_CACHE_DTYPES
@@ -12,6 +13,8 @@ from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
+
+logger = logging.getLogger("vllm_metal")
 
 # auto: the model's dtype (vLLM resolves it before the checks run). On the CPU
 # stack, a half dtype halves the adapter bytes a step reads; the update is still
@@ -94,8 +97,9 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
 def _check_runner(vllm_config: VllmConfig) -> None:
     """A pooling runner is served for a causal decoder converted to embeddings or to a
     classifier (--convert embed / classify, which vLLM also picks for
-    sentence-transformers and *ForSequenceClassification checkpoints); the other
-    pooling models are refused by name rather than served as something else."""
+    sentence-transformers and *ForSequenceClassification checkpoints) and for the
+    BERT-class encoders of vllm_metal.models.encoder; other pooling models are refused
+    by name rather than served as something else."""
     model = vllm_config.model_config
     if model is None or model.runner_type != "pooling":
         return
@@ -104,17 +108,19 @@ def _check_runner(vllm_config: VllmConfig) -> None:
     convert = model.convert_type
     how = (f"{model.architecture} as --runner pooling"
            + (f" --convert {convert}" if convert != "none" else ""))
-    if convert not in SERVED_CONVERSIONS:
+    if model.attn_type == "encoder_only" and convert == "none":
+        _check_encoder(vllm_config, how)
+    elif convert not in SERVED_CONVERSIONS:
         raise UnsupportedConfigError(
-            f"{how}: pooling architectures of their own (encoders such as BERT) are not "
-            "served by vllm-metal yet; decoders are, as --convert embed or --convert "
-            "classify")
-    if model.attn_type != "decoder":
+            f"{how}: this pooling architecture is not served by vllm-metal yet; causal "
+            "decoders are (as --convert embed or --convert classify), and BERT, RoBERTa "
+            "and XLM-RoBERTa encoders")
+    elif model.attn_type != "decoder":
         # The paged kernels attend causally: a bidirectional decoder would pool
         # hidden states it was never trained to give.
         raise UnsupportedConfigError(
             f"{how}: its attention is bidirectional ({model.attn_type}); "
-            "vllm-metal pools causal decoders only yet")
+            "vllm-metal pools causal decoders and BERT-class encoders only yet")
     stages = vllm_config.parallel_config.pipeline_parallel_size
     if stages != 1:
         raise UnsupportedConfigError(f"--pipeline-parallel-size {stages} with {how}: pooling "
@@ -122,6 +128,35 @@ def _check_runner(vllm_config: VllmConfig) -> None:
     if vllm_config.speculative_config is not None:
         raise UnsupportedConfigError(f"--speculative-config with {how}: a pooling model "
                                      "samples nothing to speculate on; drop it")
+
+
+def _check_encoder(vllm_config: VllmConfig, how: str) -> None:
+    """A BERT-class encoder: its family and layout are ours, it runs on one rank, and
+    prompts stop where its position embeddings do (RoBERTa numbers positions from
+    padding_idx + 1, so it holds two fewer tokens than max_position_embeddings, which
+    vLLM takes for the limit)."""
+    from vllm_metal.models.encoder import EncoderConfig, UnsupportedEncoderError
+
+    model = vllm_config.model_config
+    try:
+        encoder = EncoderConfig.from_dict(model.hf_config.to_dict())
+    except (UnsupportedEncoderError, KeyError) as e:
+        raise UnsupportedConfigError(f"{how}: {e}") from None
+    parallel = vllm_config.parallel_config
+    if parallel.world_size != 1:
+        raise UnsupportedConfigError(f"{how}: encoders run on one rank on vllm-metal; drop "
+                                     "the parallel flags")
+    for flag, on in (("--enable-lora", vllm_config.lora_config is not None),
+                     ("--kv-offloading-size / --kv-transfer-config",
+                      vllm_config.kv_transfer_config is not None)):
+        if on:
+            raise UnsupportedConfigError(f"{flag} with {how}: an encoder keeps no cache and "
+                                         "takes no adapters on vllm-metal; drop it")
+    if model.max_model_len > encoder.max_tokens:
+        logger.info("%s: max_model_len %d -> %d (its position embeddings' reach)",
+                    model.architecture, model.max_model_len, encoder.max_tokens)
+        model.max_model_len = encoder.max_tokens
+        vllm_config.scheduler_config.max_model_len = encoder.max_tokens
 
 
 def _check_parallel(vllm_config: VllmConfig, given: str) -> None:

@@ -146,3 +146,41 @@ def test_a_classifier_has_no_embeddings_and_stays_up(scorer):
     r = _post(scorer, "/v1/rerank", {"query": QUERY, "documents": []})
     assert r.status_code in (200, 400), r.text
     assert requests.get(scorer.base_url + "/health", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_dir():
+    from tests.encoder_models import cached_encoder_model
+
+    return cached_encoder_model("bert", task="classify", num_labels=1)
+
+
+@pytest.fixture(scope="module")
+def cross_encoder(cross_encoder_dir):
+    from tests.e2e.server import VllmServer
+
+    srv = VllmServer(str(cross_encoder_dir), "--max-num-seqs", "8",
+                     "--gpu-memory-utilization", "0.3", "--served-model-name", "rank")
+    yield srv
+    srv.stop()
+
+
+def test_a_bert_cross_encoder_reranks_as_transformers_scores(cross_encoder, cross_encoder_dir):
+    import torch
+    import transformers
+
+    docs = PROMPTS[:5]
+    r = _post(cross_encoder, "/v1/rerank", {"query": QUERY, "documents": docs})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(cross_encoder_dir))
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(
+        str(cross_encoder_dir), dtype=torch.float32)
+    want = {}
+    for i, doc in enumerate(docs):
+        with torch.no_grad():
+            logit = model(**tokenizer(QUERY, doc, return_tensors="pt")).logits[0, 0]
+        want[i] = float(sigmoid(logit.double()))
+    assert [x["index"] for x in results] == sorted(want, key=want.get, reverse=True)
+    for x in results:
+        assert abs(x["relevance_score"] - want[x["index"]]) < 1e-5

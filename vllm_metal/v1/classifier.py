@@ -45,22 +45,25 @@ def make_classifier(model_config: ModelConfig, loaded: LoadedModel):
         raise ValueError(f"{model_config.architecture}: score.weight is {tuple(weight.shape)}, "
                          f"expected ({labels}, {text.hidden_size}) from num_labels and "
                          "hidden_size")
-    return _Linear(weight, bias)
+    return RowLinear(weight, bias)
 
 
-class _Linear:
-    """Each row's products summed in float64 on their own: torch's matmul picks its
-    kernel (and summation order) by the batch's size, and a request's scores must not
-    depend on what shares its step."""
+class RowLinear:
+    """torch [B, in] -> [B, out]: ``x W^T + b`` (then ``activation``), in float64 one
+    row at a time: torch's matmul picks its kernel (and summation order) by the
+    batch's size, and a request's scores must not depend on what shares its step."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        self.weight = weight.double()
-        self.bias = None if bias is None else bias.double()
+    def __init__(self, weight, bias=None, activation=None) -> None:
+        self.weight = torch.as_tensor(weight).double()
+        self.bias = None if bias is None else torch.as_tensor(bias).double()
+        self.activation = activation
 
-    def __call__(self, pooled: torch.Tensor) -> torch.Tensor:
-        out = (pooled.double()[:, None, :] * self.weight[None]).sum(-1)
-        if self.bias is not None:
-            out = out + self.bias
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.double()
+        out = torch.cat([torch.nn.functional.linear(x[i:i + 1], self.weight, self.bias)
+                         for i in range(x.shape[0])]) if x.shape[0] else x[:, :0]
+        if self.activation is not None:
+            out = self.activation(out)
         return out.float()
 
 
@@ -125,3 +128,35 @@ def _score_matrix(model_config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor
                          "classification checkpoint in safetensors, or an LLM reranker with "
                          "classifier_from_token and method, is served)")
     return found[SCORE_PREFIX + "weight"], found.get(SCORE_PREFIX + "bias")
+
+
+def encoder_classifier(model_config: ModelConfig, heads: dict):
+    """(pooling, classifier) of a BERT-class ``*ForSequenceClassification`` checkpoint
+    from its head tensors (``heads``: name -> mx.array, the family prefix removed), as
+    vLLM builds them: BERT pools its CLS row through ``pooler.dense`` and tanh, then
+    ``classifier``; RoBERTa and XLM-R take the CLS row to ``classifier.dense``, tanh
+    and ``classifier.out_proj``. (None, None) for an embedding checkpoint."""
+    from vllm.model_executor.layers.pooler.seqwise.heads import EmbeddingPoolerHead
+    from vllm.model_executor.layers.pooler.seqwise.methods import get_seq_pooling_method
+    from vllm.model_executor.layers.pooler.seqwise.poolers import SequencePooler
+
+    if not any(k.startswith("classifier.") for k in heads):
+        return None, None
+
+    def t(name: str) -> torch.Tensor:
+        if name not in heads:
+            raise ValueError(f"{model_config.architecture}: the checkpoint has no {name}")
+        return mlx_to_torch(heads[name].astype(mx.float32), copy=True)
+
+    if "classifier.out_proj.weight" in heads:
+        dense = RowLinear(t("classifier.dense.weight"), t("classifier.dense.bias"), torch.tanh)
+        out = RowLinear(t("classifier.out_proj.weight"), t("classifier.out_proj.bias"))
+        return None, lambda x: out(dense(x))
+    method = model_config.pooler_config.seq_pooling_type
+    pooling = SequencePooler(
+        pooling=get_seq_pooling_method(method),
+        head=EmbeddingPoolerHead(
+            head_dtype=model_config.head_dtype,
+            projector=RowLinear(t("pooler.dense.weight"), t("pooler.dense.bias"), torch.tanh)))
+    bias = t("classifier.bias") if "classifier.bias" in heads else None
+    return pooling, RowLinear(t("classifier.weight"), bias)

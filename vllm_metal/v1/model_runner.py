@@ -143,7 +143,12 @@ class MetalModelRunner:
         self.sampler = Sampler(vocab, self.logprobs_mode, cpu_kernel=kernels)
         self.prompt_logprobs = PromptLogprobsTracker(vocab, self.logprobs_mode, cpu_kernel=kernels)
         if self.model_config.runner_type == "pooling":
-            self.pooling = Pooling(self.vllm_config, self.loaded)
+            classifier = None
+            if self.model_config.convert_type == "classify":
+                from vllm_metal.v1.classifier import make_classifier
+
+                classifier = make_classifier(self.model_config, self.loaded)
+            self.pooling = Pooling(self.vllm_config, classifier)
 
     def _pipeline_stage(self) -> tuple[int, int, StageLink] | None:
         """(stage, stages, link) under --pipeline-parallel-size, else None."""
@@ -515,7 +520,8 @@ class MetalModelRunner:
         output = ModelRunnerOutput(req_ids=step.req_ids,
                                    req_id_to_index={r: i for i, r in enumerate(step.req_ids)},
                                    kv_connector_output=kv_output)
-        output.pooler_output = self.pooling.pool(step, hidden)
+        output.pooler_output = self.pooling.pool(step.req_ids, step.cu_seqlens_q, step.seq_lens,
+                                                 hidden)
         return output
 
     def sample_tokens(self, grammar_output: GrammarOutput | None):

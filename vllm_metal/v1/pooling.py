@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.pooling_params import PoolingParams
 
-    from vllm_metal.v1.input_batch import StepInputs
-    from vllm_metal.v1.model_lifecycle import LoadedModel
 
 # --convert (vLLM's name for how a generating checkpoint becomes a pooling one) ->
 # the tasks it serves. config_checks refuses the rest before load.
@@ -33,20 +31,21 @@ SERVED_CONVERSIONS = ("embed", "classify")
 class Pooling:
     """vLLM's pooler for the served model, and each live request's pooling inputs."""
 
-    def __init__(self, vllm_config: VllmConfig, loaded: LoadedModel) -> None:
+    def __init__(self, vllm_config: VllmConfig, classifier=None, pooling=None) -> None:
+        """classifier: torch [B, hidden] -> [B, num_labels] for a classification model
+        (vLLM's classify, score and rerank), None for an embedding model; pooling: what
+        pools a classifier's input in place of the pooler config's method (a BERT
+        classifier's dense layer after its CLS token)."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.pooler import DispatchPooler
 
-        model_config = vllm_config.model_config
-        pooler_config = model_config.pooler_config
+        pooler_config = vllm_config.model_config.pooler_config
         # vLLM's pooler factories read the current config (head dtype, projector files,
         # the classifier's activation).
         with set_current_vllm_config(vllm_config):
-            if model_config.convert_type == "classify":
-                from vllm_metal.v1.classifier import make_classifier
-
-                self.pooler = DispatchPooler.for_seq_cls(
-                    pooler_config, classifier=make_classifier(model_config, loaded))
+            if classifier is not None:
+                self.pooler = DispatchPooler.for_seq_cls(pooler_config, pooling=pooling,
+                                                         classifier=classifier)
             else:
                 self.pooler = DispatchPooler.for_embedding(pooler_config)
         self._params: dict[str, PoolingParams] = {}
@@ -74,16 +73,21 @@ class Pooling:
         if states is not None:
             states.clean()
 
+    def params(self, req_id: str) -> PoolingParams:
+        return self._params[req_id]
+
     def restart(self, req_id: str) -> None:
         """Forget what a request's earlier chunks left (it runs again from its start)."""
         states = self._states.get(req_id)
         if states is not None:
             states.clean()
 
-    def pool(self, step: StepInputs, hidden: mx.array) -> list[torch.Tensor | None]:
-        """hidden [total_q, hidden] of ``step`` (lazy) -> per scheduled request, its
-        pooled output once its prompt is complete, else None (a chunk before the last)."""
-        req_ids = step.req_ids
+    def pool(self, req_ids: list[str], cu_seqlens_q: np.ndarray, seq_lens: np.ndarray,
+             hidden: mx.array) -> list[torch.Tensor | None]:
+        """hidden [total_q, hidden] (lazy) of the scheduled requests' tokens, request i's
+        at rows cu_seqlens_q[i]:cu_seqlens_q[i + 1], its context seq_lens[i] tokens
+        long after them -> per request, its pooled output once its prompt is complete,
+        else None (a chunk before the last)."""
         params = [self._params[r] for r in req_ids]
         prompt_lens = np.array([len(self._prompts[r]) for r in req_ids], dtype=np.int64)
         token_ids = None
@@ -97,10 +101,10 @@ class Pooling:
             pooling_states=[self._states[r] for r in req_ids],
         )
         meta.build_pooling_cursor(
-            np.diff(step.cu_seqlens_q).astype(np.int64),
-            torch.from_numpy(step.seq_lens.astype(np.int64)),
+            np.diff(cu_seqlens_q).astype(np.int64),
+            torch.from_numpy(np.asarray(seq_lens, np.int64)),
             device=torch.device("cpu"),
-            query_start_loc_gpu=torch.from_numpy(step.cu_seqlens_q.astype(np.int64)),
+            query_start_loc_gpu=torch.from_numpy(np.asarray(cu_seqlens_q, np.int64)),
         )
         with torch.inference_mode():
             outputs = self.pooler(mlx_to_torch(hidden), meta)

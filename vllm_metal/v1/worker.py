@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
+    from vllm_metal.v1.encoder_runner import EncoderRunner
+
 logger = logging.getLogger("vllm_metal")
 
 
@@ -28,7 +30,7 @@ class MetalWorker(WorkerBase):
                  distributed_init_method: str, is_driver_worker: bool = False) -> None:
         super().__init__(vllm_config, local_rank, rank, distributed_init_method,
                          is_driver_worker)
-        self.model_runner: MetalModelRunner | None = None
+        self.model_runner: MetalModelRunner | EncoderRunner | None = None
         self.backend: Backend | None = None
         self._activation_bytes = 0
 
@@ -47,7 +49,12 @@ class MetalWorker(WorkerBase):
         if seed is not None:
             mx.random.seed(seed)
         mlx_group = self._init_distributed()
-        self.model_runner = MetalModelRunner(self.vllm_config, self.backend, mlx_group)
+        runner = MetalModelRunner
+        if self.model_config.attn_type == "encoder_only":
+            from vllm_metal.v1.encoder_runner import EncoderRunner
+
+            runner = EncoderRunner   # config_checks let through BERT-class ones only
+        self.model_runner = runner(self.vllm_config, self.backend, mlx_group)
 
     def _init_distributed(self):
         """Join vLLM's process groups (gloo: its control traffic, and what vLLM's code
