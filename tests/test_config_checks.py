@@ -1,8 +1,8 @@
 """Parallel settings the platform cannot run are refused when the engine's config is
 made, naming the flag; pipeline, tensor or data parallel alone is accepted, tensor
 parallel also where it does not divide the query heads, in every process that
-verifies it. Pooling runners other than embeddings from a causal decoder are refused
-by name."""
+verifies it. Pooling runners that are not served (a bidirectional decoder, pooling
+across pipeline stages) are refused by name."""
 
 from __future__ import annotations
 
@@ -64,7 +64,6 @@ def test_expert_parallel_is_refused_by_flag(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,named", [
-    (dict(convert="classify"), "--runner pooling --convert classify"),
     (dict(runner="pooling", pipeline_parallel_size=2), "--pipeline-parallel-size 2 with"),
     (dict(runner="pooling", hf_overrides={"is_causal": False}), "bidirectional")])
 def test_pooling_runners_we_cannot_serve_are_refused_by_name(kwargs, named):
@@ -73,10 +72,12 @@ def test_pooling_runners_we_cannot_serve_are_refused_by_name(kwargs, named):
     assert "LlamaForCausalLM" in str(refused.value)
 
 
-@pytest.mark.parametrize("kwargs", [dict(runner="pooling"), dict(convert="embed")])
-def test_embedding_runners_are_accepted(kwargs):
+@pytest.mark.parametrize("kwargs,convert", [(dict(runner="pooling"), "embed"),
+                                            (dict(convert="embed"), "embed"),
+                                            (dict(convert="classify"), "classify")])
+def test_decoder_pooling_runners_are_accepted(kwargs, convert):
     config = _config(**kwargs).model_config
-    assert (config.runner_type, config.convert_type) == ("pooling", "embed")
+    assert (config.runner_type, config.convert_type) == ("pooling", convert)
 
 
 def test_the_generate_runner_is_accepted():
