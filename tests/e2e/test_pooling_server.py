@@ -14,6 +14,10 @@ from tests.pooling_models import (ReferenceEmbedder, cached_classifier_model,
                                   cached_embedding_model, cosine, reference_logits, sigmoid)
 
 pytest.importorskip("openai")
+# Four servers (about a minute): with the slow tests, which CI runs; the parity tests
+# of the same paths (test_embeddings, test_classify, test_encoders) are in the
+# README's test command.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +188,15 @@ def test_a_bert_cross_encoder_reranks_as_transformers_scores(cross_encoder, cros
     assert [x["index"] for x in results] == sorted(want, key=want.get, reverse=True)
     for x in results:
         assert abs(x["relevance_score"] - want[x["index"]]) < 1e-5
+
+
+def test_a_generating_model_refuses_pooling_requests(plain_server):
+    """The other way round: a generate engine reports no pooling task, and vLLM
+    answers its pooling endpoints with a 4xx."""
+    for path, body in (("/v1/embeddings", {"input": "hi"}),
+                       ("/v1/score", {"text_1": "a", "text_2": "b"}),
+                       ("/v1/rerank", {"query": "a", "documents": ["b"]})):
+        r = requests.post(plain_server.base_url + path, json={"model": "tiny", **body},
+                          timeout=30)
+        assert 400 <= r.status_code < 500, (path, r.status_code, r.text)
+    assert requests.get(plain_server.base_url + "/health", timeout=10).status_code == 200

@@ -2,9 +2,8 @@
 all-MiniLM, bge, e5, and cross-encoders such as ms-marco-MiniLM or bge-reranker).
 
 Written here rather than taken from mlx-embeddings, whose GPL-3.0 licence does not
-go with this Apache-2.0 project. Each request runs alone (bidirectional attention
-over its own tokens, no cache, no padding), so its hidden states do not depend on
-what shares its step.
+go with this Apache-2.0 project. The sequences of a step are packed row after row
+with no padding, and each attends to its own tokens (bidirectionally, no cache).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 # model_type -> the prefix a task checkpoint (``*ForSequenceClassification``) puts
 # before the encoder's weights.
@@ -88,23 +88,31 @@ class _Layer(nn.Module):
         self.out_norm = nn.LayerNorm(h, eps=c.eps)
         self.act = _ACTIVATIONS[c.activation]
 
-    def __call__(self, x: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, spans: list[tuple[int, int]]) -> mx.array:
+        """x [T, H], the rows of several sequences; spans: each one's (start, end)."""
         t, h = x.shape
         heads = self.num_heads
         d = h // heads
+        q, k, v = self.query(x), self.key(x), self.value(x)
+        attended = []
+        for start, end in spans:
+            def split(y: mx.array) -> mx.array:   # [n, H] -> [1, heads, n, d]
+                return y[start:end].reshape(end - start, heads, d).transpose(1, 0, 2)[None]
 
-        def split(y: mx.array) -> mx.array:   # [T, H] -> [1, heads, T, d]
-            return y.reshape(t, heads, d).transpose(1, 0, 2)[None]
-
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        a = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(d))
-        a = a[0].transpose(1, 0, 2).reshape(t, h)
+            a = mx.fast.scaled_dot_product_attention(split(q), split(k), split(v),
+                                                     scale=1.0 / math.sqrt(d))
+            attended.append(a[0].transpose(1, 0, 2).reshape(end - start, h))
+        a = attended[0] if len(attended) == 1 else mx.concatenate(attended)
         x = self.attention_norm(x + self.attention_out(a))
         return self.out_norm(x + self.out(self.act(self.intermediate(x))))
 
 
 class Encoder(nn.Module):
-    """token ids int32 [T] (and token types [T]) -> last hidden states [T, hidden]."""
+    """Sequences packed row after row -> their last hidden states, each sequence
+    attending to its own tokens only. The row-wise layers (linears, norms, the
+    activation) run over all rows at once; on the CPU backend the linears are the
+    extension's, which compute a row alike whatever rows share the call, so a
+    sequence's hidden states do not depend on its batch."""
 
     def __init__(self, c: EncoderConfig) -> None:
         super().__init__()
@@ -115,19 +123,26 @@ class Encoder(nn.Module):
         self.embeddings_norm = nn.LayerNorm(c.hidden_size, eps=c.eps)
         self.layers = [_Layer(c) for _ in range(c.num_layers)]
 
-    def __call__(self, ids: mx.array, types: mx.array | None = None) -> mx.array:
-        t = ids.shape[0]
+    def __call__(self, ids: mx.array, lengths: list[int],
+                 types: mx.array | None = None) -> mx.array:
+        """ids int32 [T] (sequences of ``lengths`` tokens, T their sum), types int32
+        [T] or None (all 0) -> [T, hidden]."""
         offset = self.config.position_offset
-        if t + offset > self.config.max_positions:
-            raise ValueError(f"{t} tokens: this encoder takes at most "
-                             f"{self.config.max_positions - offset}")
+        if max(lengths) > self.config.max_tokens:
+            raise ValueError(f"{max(lengths)} tokens: this encoder takes at most "
+                             f"{self.config.max_tokens}")
+        spans, start = [], 0
+        for n in lengths:
+            spans.append((start, start + n))
+            start += n
+        positions = mx.array(np.concatenate([np.arange(offset, offset + n) for n in lengths]))
         if types is None:
-            types = mx.zeros((t,), dtype=mx.int32)
+            types = mx.zeros((start,), dtype=mx.int32)
         x = (self.word_embeddings(ids) + self.token_type_embeddings(types)
-             + self.position_embeddings(mx.arange(offset, offset + t)))
+             + self.position_embeddings(positions))
         x = self.embeddings_norm(x)
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, spans)
         return x
 
 
