@@ -15,7 +15,6 @@ Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -69,17 +68,10 @@ def checkpoint(name: str) -> Path:
                                           pad_token_id=2)
         model = transformers.Qwen3ForCausalLM(config)
     model.save_pretrained(str(path))
-    mode = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token",
-            "last": "pooling_mode_lasttoken"}[spec["pooling"]]
-    (path / "1_Pooling").mkdir(exist_ok=True)
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": spec["config"]["hidden_size"], mode: True}))
-    (path / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling",
-         "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"}]))
+    from tests.pooling_models import write_sentence_transformers_files
+
+    write_sentence_transformers_files(path, spec["config"]["hidden_size"], spec["pooling"],
+                                      normalize=True)
     return path
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tests.pooling_models import write_sentence_transformers_files
 from tests.tiny_models import CORPUS, cached_build
 
 VOCAB = 600
@@ -52,18 +53,7 @@ def make_encoder_model(path: str | Path, kind: str = "bert", *, task: str = "emb
     saved.setdefault("position_embedding_type", "absolute")
     config_path.write_text(json.dumps(saved, indent=1))
     if task == "embed":
-        modules = [{"idx": 0, "name": "0", "path": "",
-                    "type": "sentence_transformers.models.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Pooling",
-                    "type": "sentence_transformers.models.Pooling"}]
-        if normalize:
-            modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                            "type": "sentence_transformers.models.Normalize"})
-        (path / "modules.json").write_text(json.dumps(modules))
-        (path / "1_Pooling").mkdir()
-        mode = {"cls": "pooling_mode_cls_token", "mean": "pooling_mode_mean_tokens"}[pooling]
-        (path / "1_Pooling" / "config.json").write_text(
-            json.dumps({"word_embedding_dimension": 64, mode: True}))
+        write_sentence_transformers_files(path, config.hidden_size, pooling, normalize)
     return path
 
 

@@ -23,7 +23,25 @@ import numpy as np
 
 from tests.tiny_models import cached_build, make_tiny_model
 
-POOLING_MODES = {"last": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_tokens"}
+POOLING_MODES = {"last": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_tokens",
+                 "cls": "pooling_mode_cls_token"}
+
+
+def write_sentence_transformers_files(path: Path, hidden_size: int, pooling: str,
+                                      normalize: bool) -> None:
+    """modules.json and 1_Pooling/config.json as sentence-transformers saves a model
+    that pools with ``pooling`` (a POOLING_MODES key), then normalises or not."""
+    modules = [{"idx": 0, "name": "0", "path": "",
+                "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling",
+                "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
+                        "type": "sentence_transformers.models.Normalize"})
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "1_Pooling").mkdir(exist_ok=True)
+    (path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": hidden_size, POOLING_MODES[pooling]: True}))
 
 
 def make_embedding_model(path: str | Path, family: str = "qwen3", *, pooling: str = "last",
@@ -42,17 +60,7 @@ def make_embedding_model(path: str | Path, family: str = "qwen3", *, pooling: st
     if matryoshka:
         config["matryoshka_dimensions"] = matryoshka
     (path / "config.json").write_text(json.dumps(config, indent=1))
-    modules = [{"idx": 0, "name": "0", "path": "",
-                "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling"}]
-    if normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "1_Pooling").mkdir()
-    (path / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": config["hidden_size"], POOLING_MODES[pooling]: True}))
+    write_sentence_transformers_files(path, config["hidden_size"], pooling, normalize)
     return path
 
 
