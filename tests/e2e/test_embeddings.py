@@ -97,3 +97,17 @@ def test_a_prompt_in_chunks_pools_as_one(last_dir, last_llm):
     out, = chunked.embed([LONG])
     assert len(out.prompt_token_ids) > 3 * 32
     np.testing.assert_array_equal(np.array(out.outputs.embedding, np.float64), whole)
+
+
+def test_no_request_state_outlives_its_request(last_dir):
+    """Pooling inputs (params, chunk states, prompts) leave with their requests, a
+    chunked token_embed's gathered states included: vLLM names a step's finished
+    requests in the next step, so what stays is the last round's, never an earlier's."""
+    llm = make_llm(last_dir, runner="pooling", pooler_config={"task": "token_embed"},
+                   max_num_batched_tokens=32, enable_chunked_prefill=True)
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    rounds = [{o.request_id for o in llm.encode([*PROMPTS, LONG], pooling_task="token_embed")}
+              for _ in range(3)]
+    pooling = runner.pooling
+    for held in (pooling._params, pooling._states, pooling._prompts, runner.input_batch.requests):
+        assert {r.split("-")[0] for r in held} <= rounds[-1]

@@ -125,3 +125,14 @@ def test_encoders_not_served_are_refused_at_startup(tmp_path):
         (path / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(Exception, match=named):
             EngineArgs(model=str(path), runner="pooling").create_engine_config()
+
+
+def test_an_encoder_keeps_nothing_of_finished_requests():
+    """vLLM names a step's finished requests in the next step: what the runner holds
+    after three rounds is the last round's requests at most."""
+    path = cached_encoder_model("bert", task="classify", num_labels=1)
+    llm = _llm(path)
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    rounds = [{o.request_id for o in llm.score(QUERY, PROMPTS)} for _ in range(3)]
+    for held in (runner._prompts, runner.pooling._params):
+        assert {r.split("-")[0] for r in held} <= rounds[-1]
