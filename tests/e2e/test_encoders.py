@@ -136,3 +136,17 @@ def test_an_encoder_keeps_nothing_of_finished_requests():
     rounds = [{o.request_id for o in llm.score(QUERY, PROMPTS)} for _ in range(3)]
     for held in (runner._prompts, runner.pooling._params):
         assert {r.split("-")[0] for r in held} <= rounds[-1]
+
+
+def test_weights_in_pytorch_model_bin_load_as_safetensors_do(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    source = cached_encoder_model("bert", task="embed")
+    path = tmp_path / "bin"
+    shutil.copytree(source, path)
+    (path / "model.safetensors").unlink()
+    torch.save(load_file(str(source / "model.safetensors")), str(path / "pytorch_model.bin"))
+    from_bin, = _llm(path, runner="pooling").embed([PROMPTS[1]])
+    from_safetensors, = _llm(source, runner="pooling").embed([PROMPTS[1]])
+    assert from_bin.outputs.embedding == from_safetensors.outputs.embedding

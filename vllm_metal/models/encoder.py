@@ -164,13 +164,7 @@ def load_encoder(path: str | Path, dtype: mx.Dtype) -> tuple[Encoder, dict[str, 
     without the family's prefix: ``pooler.dense.*``, ``classifier.*``)."""
     path = Path(path)
     config = EncoderConfig.from_dict(json.loads((path / "config.json").read_text()))
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise UnsupportedEncoderError(f"{path}: no safetensors weights (vllm-metal does not "
-                                      "read pytorch_model.bin; convert it to safetensors)")
-    tensors: dict[str, mx.array] = {}
-    for f in files:
-        tensors.update(mx.load(str(f)))
+    tensors = _read_weights(path)
     prefix = FAMILIES[config.model_type]
     tensors = {k.removeprefix(prefix): v for k, v in tensors.items()}
     model = Encoder(config)
@@ -191,6 +185,27 @@ def load_encoder(path: str | Path, dtype: mx.Dtype) -> tuple[Encoder, dict[str, 
     model.load_weights(list(mine.items()), strict=True)
     mx.eval(model.parameters())
     return model, rest
+
+
+def _read_weights(path: Path) -> dict[str, mx.array]:
+    """Every tensor of the checkpoint: its safetensors files, else (older BERT-class
+    checkpoints ship nothing else) its pytorch_model*.bin read by torch as plain
+    tensors (weights_only: no code in the file runs)."""
+    tensors: dict[str, mx.array] = {}
+    files = sorted(path.glob("*.safetensors"))
+    for f in files:
+        tensors.update(mx.load(str(f)))
+    if files:
+        return tensors
+    pickles = sorted(path.glob("pytorch_model*.bin"))
+    if not pickles:
+        raise UnsupportedEncoderError(f"{path}: no *.safetensors or pytorch_model*.bin weights")
+    import torch
+
+    for f in pickles:
+        for name, t in torch.load(str(f), map_location="cpu", weights_only=True).items():
+            tensors[name] = mx.array(t.float().numpy() if t.is_floating_point() else t.numpy())
+    return tensors
 
 
 def _our_name(name: str) -> str | None:
