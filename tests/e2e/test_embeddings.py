@@ -111,3 +111,27 @@ def test_no_request_state_outlives_its_request(last_dir):
     pooling = runner.pooling
     for held in (pooling._params, pooling._states, pooling._prompts, runner.input_batch.requests):
         assert {r.split("-")[0] for r in held} <= rounds[-1]
+
+
+def test_a_lora_adapter_embeds_as_its_merged_checkpoint(tmp_path):
+    """--enable-lora on an embedding model: a request's adapter gives the embeddings of
+    the checkpoint with that adapter merged into its weights (float64 merge)."""
+    from vllm.lora.request import LoRARequest
+
+    from tests.lora_adapters import merged_checkpoint, random_updates, write_peft
+    from tests.pooling_models import make_embedding_model
+
+    base = make_embedding_model(tmp_path / "base", "llama", pooling="last", normalize=True)
+    updates = random_updates(base, rank=8)
+    adapter = write_peft(tmp_path / "adapter", updates, rank=8, alpha=16)
+    merged = merged_checkpoint(base, updates, 2.0, tmp_path / "merged")
+    assert (merged / "1_Pooling").is_dir()   # the copy keeps the pooling files
+    served = make_llm(base, runner="pooling", enable_lora=True, max_lora_rank=8)
+    lora = LoRARequest("adapter", 1, str(adapter))
+    got = _embeddings(served.embed(PROMPTS[:4], lora_request=lora))
+    plain = _embeddings(served.embed(PROMPTS[:4]))
+    del served
+    want = _embeddings(make_llm(merged, runner="pooling").embed(PROMPTS[:4]))
+    for g, p, w in zip(got, plain, want):
+        assert cosine(g, w) > 0.9999
+        assert cosine(p, w) < 0.99   # the adapter changes them
