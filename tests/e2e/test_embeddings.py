@@ -135,3 +135,33 @@ def test_a_lora_adapter_embeds_as_its_merged_checkpoint(tmp_path):
     for g, p, w in zip(got, plain, want):
         assert cosine(g, w) > 0.9999
         assert cosine(p, w) < 0.99   # the adapter changes them
+
+
+@pytest.mark.slow
+def test_two_tensor_ranks_embed_as_one(last_dir, last_llm):
+    """--tensor-parallel-size 2 (each rank a share of the heads and MLP columns,
+    gathered): the same embeddings, bit for bit, as one rank."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    one = _embeddings(last_llm.embed(PROMPTS[:3]))
+    script = textwrap.dedent(f"""
+        import json
+        from vllm import LLM
+        llm = LLM(model={str(last_dir)!r}, runner="pooling", max_model_len=512,
+                  gpu_memory_utilization=0.3, tensor_parallel_size=2)
+        out = llm.embed({PROMPTS[:3]!r}, use_tqdm=False)
+        print("EMBEDDINGS" + json.dumps([o.outputs.embedding for o in out]))
+    """)
+    # The ranks are processes of their own: the engine too, as vllm serve runs it.
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=600, env=env)
+    line = next((x for x in run.stdout.splitlines() if x.startswith("EMBEDDINGS")), None)
+    assert line is not None, run.stdout[-3000:] + run.stderr[-3000:]
+    two = [np.array(v, np.float64) for v in json.loads(line.removeprefix("EMBEDDINGS"))]
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
