@@ -111,10 +111,13 @@ class MetalPlatform(Platform):
 
     @classmethod
     def validate_request(cls, processed_inputs: Any, params: Any) -> None:
-        """Reject request parameters the runner cannot honour, and structured-output
-        options vLLM would drop (answered as HTTP 400)."""
+        """Reject request parameters and inputs the runner cannot honour, and
+        structured-output options vLLM would drop (answered as HTTP 400)."""
         from vllm import SamplingParams
 
+        from vllm_metal.v1.param_support import check_engine_input
+
+        check_engine_input(processed_inputs)
         if isinstance(params, SamplingParams):
             from vllm_metal.structured_output_options import check_structured_output_options
             from vllm_metal.v1.param_support import check_sampling_params

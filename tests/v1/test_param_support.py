@@ -93,3 +93,28 @@ def test_prompt_logprob_token_ids_array_form_is_refused():
     params.prompt_logprob_token_ids = np.array([[1, 2]], dtype=np.int32)
     with pytest.raises(ValueError, match="prompt_logprob_token_ids"):
         check_sampling_params(params)
+
+
+@pytest.mark.parametrize("engine_input,named", [
+    ({"type": "multimodal", "prompt_token_ids": [1, 2, 3],
+      "mm_placeholders": {"image": [object()]}, "mm_kwargs": {}}, "image inputs"),
+    ({"type": "multimodal", "prompt_token_ids": [1],
+      "mm_placeholders": {"audio": [object()], "image": []}, "mm_kwargs": {}}, "audio inputs"),
+    ({"type": "embeds", "prompt_embeds": None}, "prompt embeddings"),
+    ({"type": "enc_dec", "encoder": {"type": "multimodal", "prompt_token_ids": [1],
+                                     "mm_placeholders": {"audio": [object()]}},
+      "decoder": {"type": "token", "prompt_token_ids": [1]}}, "audio inputs"),
+])
+def test_inputs_the_runner_cannot_feed_are_refused(engine_input, named):
+    from vllm_metal.v1.param_support import check_engine_input
+
+    with pytest.raises(ValueError, match=named):
+        check_engine_input(engine_input)
+
+
+def test_text_inputs_pass():
+    from vllm_metal.v1.param_support import check_engine_input
+
+    check_engine_input({"type": "token", "prompt_token_ids": [1, 2]})
+    check_engine_input({"type": "multimodal", "prompt_token_ids": [1],
+                        "mm_placeholders": {}, "mm_kwargs": {}})

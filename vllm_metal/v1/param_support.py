@@ -27,6 +27,27 @@ def _refuse(parameter: str, message: str) -> None:
     raise UnsupportedSamplingError(f"vllm-metal: {message}", parameter=parameter)
 
 
+def check_engine_input(engine_input) -> None:
+    """Refuse (HTTP 400) inputs the runner cannot feed a model: images, audio or video
+    (no multimodal encoder runs here yet: the runner would pass their placeholder
+    tokens to the language model as text, a silent wrong answer) and prompt
+    embeddings (the runner feeds token ids). ``engine_input``: vLLM's EngineInput
+    (a decoder-only input, or an encoder/decoder pair of them)."""
+    parts = [engine_input.get("encoder"), engine_input.get("decoder")] if (
+        "encoder" in engine_input or "decoder" in engine_input) else [engine_input]
+    for part in parts:
+        if not part:
+            continue
+        if part.get("type") == "embeds":
+            _refuse("prompt_embeds", "prompt embeddings are not supported; send text or "
+                    "token ids")
+        placeholders = part.get("mm_placeholders") or {}
+        modalities = sorted(k for k, v in placeholders.items() if v)
+        if modalities:
+            _refuse("messages", f"{' and '.join(modalities)} inputs are not served yet (the "
+                    "model's encoder for them does not run on this platform); send text only")
+
+
 def check_sampling_params(params: SamplingParams) -> None:
     """Raise UnsupportedSamplingError (a ValueError) naming the field to change."""
     if not isinstance(params, SamplingParams):
