@@ -134,7 +134,7 @@ def test_an_encoder_keeps_nothing_of_finished_requests():
     llm = _llm(path)
     runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     rounds = [{o.request_id for o in llm.score(QUERY, PROMPTS)} for _ in range(3)]
-    for held in (runner._prompts, runner.pooling._params):
+    for held in (runner.pooling._prompts, runner.pooling._params):
         assert {r.split("-")[0] for r in held} <= rounds[-1]
 
 

@@ -48,7 +48,6 @@ class EncoderRunner:
         self.pooling: Pooling | None = None
         # What the worker asks of every runner: an encoder has none of them.
         self.lora = self.connector = self.drafter = None
-        self._prompts: dict[str, list[int]] = {}
 
     def load_model(self) -> None:
         dtype = mlx_dtype_from_torch(self.model_config.dtype)
@@ -73,28 +72,26 @@ class EncoderRunner:
     def execute_model(self, scheduler_output: SchedulerOutput, intermediate_tensors=None):
         pooling = self.pooling
         for req_id in scheduler_output.finished_req_ids:
-            self._prompts.pop(req_id, None)
             pooling.remove_request(req_id)
         for new in scheduler_output.scheduled_new_reqs:
             if new.pooling_params is None or new.prompt_token_ids is None:
                 raise ValueError(f"request {new.req_id}: an encoder serves pooling requests "
                                  "of token ids only")
-            self._prompts[new.req_id] = list(new.prompt_token_ids)
-            pooling.add_request(new.req_id, new.pooling_params, self._prompts[new.req_id])
+            pooling.add_request(new.req_id, new.pooling_params, list(new.prompt_token_ids))
         scheduled = scheduler_output.num_scheduled_tokens
         req_ids = list(scheduled)
         if not req_ids:
             return EMPTY_MODEL_RUNNER_OUTPUT
         lengths = []
         for req_id in req_ids:
-            if scheduled[req_id] != len(self._prompts[req_id]):
+            if scheduled[req_id] != len(pooling.prompt(req_id)):
                 # vLLM schedules bidirectional prompts whole; a part would be a prompt
                 # this encoder never saw.
                 raise RuntimeError(f"request {req_id}: {scheduled[req_id]} of its "
-                                   f"{len(self._prompts[req_id])} tokens scheduled; an "
+                                   f"{len(pooling.prompt(req_id))} tokens scheduled; an "
                                    "encoder runs whole prompts")
             lengths.append(scheduled[req_id])
-        ids = mx.array(np.concatenate([self._prompts[r] for r in req_ids]).astype(np.int32))
+        ids = mx.array(np.concatenate([pooling.prompt(r) for r in req_ids]).astype(np.int32))
         types = [self._token_types(r, n) for r, n in zip(req_ids, lengths)]
         hidden = self.loaded.model(ids, lengths, None if all(t is None for t in types) else
                                    mx.array(np.concatenate([

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from vllm.pooling_params import PoolingParams
 
 
-# --convert (vLLM's name for how a generating checkpoint becomes a pooling one) ->
-# the tasks it serves. config_checks refuses the rest before load.
+# The --convert values (vLLM's name for how a generating checkpoint becomes a pooling
+# one) served here; config_checks refuses the rest before load.
 SERVED_CONVERSIONS = ("embed", "classify")
 
 
@@ -75,6 +75,9 @@ class Pooling:
 
     def params(self, req_id: str) -> PoolingParams:
         return self._params[req_id]
+
+    def prompt(self, req_id: str) -> list[int]:
+        return self._prompts[req_id]
 
     def restart(self, req_id: str) -> None:
         """Forget what a request's earlier chunks left (it runs again from its start)."""
