@@ -31,9 +31,14 @@ set -Eeuo pipefail
 # success, because bash 3.2 runs the ERR trap inside a failing command substitution
 # even where the caller tests its status.
 
-TORCH_VERSION=2.13.0
+TORCH_VERSION=2.14.1
+# vLLM's vision processors (Qwen-VL, Gemma 3, LLaVA) import torchvision; its release
+# must match torch's.
+TORCHVISION_VERSION=0.29.1
 MLX_VERSION=0.32.4
 MLX_LM_VERSION=0.32.2
+# The vision towers of vision-language checkpoints (vllm_metal/models/vision.py).
+MLX_VLM_VERSION=0.7.10
 NANOBIND_VERSION=3.1.0
 VLLM_VERSION=0.33.0
 SMOLLM2_VERSION=0.1.2
@@ -348,26 +353,28 @@ else
   done_step
 fi
 # Pins every later pip call: no step may swap torch (a CUDA build) or MLX underneath.
-constraints=("torch==$TORCH_VERSION" "mlx==$MLX_VERSION")
+constraints=("torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION" "mlx==$MLX_VERSION")
 [ "$OS" != Linux ] || constraints+=("mlx-cpu==$MLX_VERSION")
 constraints+=("mlx-lm==$MLX_LM_VERSION" "nanobind==$NANOBIND_VERSION")
 write_file "$VENV/vllm-metal-constraints.txt" "${constraints[@]}"
 
 # ---------------------------------------------------------------- 3. torch
-begin 3 "Installing torch $TORCH_VERSION"
-if [[ "$(version_of torch)" == "$TORCH_VERSION"* ]]; then
+begin 3 "Installing torch $TORCH_VERSION and torchvision $TORCHVISION_VERSION"
+if [[ "$(version_of torch)" == "$TORCH_VERSION"* ]] &&
+   [[ "$(version_of torchvision)" == "$TORCHVISION_VERSION"* ]]; then
   skip_step
 else
   # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of words on purpose
-  pip_install ${TORCH_PIP_ARGS:-} "torch==$TORCH_VERSION"
+  pip_install ${TORCH_PIP_ARGS:-} "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
   done_step
 fi
 
 # ---------------------------------------------------------------- 4. MLX + build tools
-begin 4 "Installing MLX $MLX_VERSION, mlx-lm $MLX_LM_VERSION, nanobind $NANOBIND_VERSION and build tools"
+begin 4 "Installing MLX $MLX_VERSION, mlx-lm $MLX_LM_VERSION, mlx-vlm $MLX_VLM_VERSION, nanobind $NANOBIND_VERSION and build tools"
 need_cmake=0
 version_at_least "$(fact CMAKE_VERSION)" "$CMAKE_MIN" || need_cmake=1  # then the pip wheel brings one
 if [ "$(version_of mlx)" = "$MLX_VERSION" ] && [ "$(version_of mlx-lm)" = "$MLX_LM_VERSION" ] &&
+   [ "$(version_of mlx-vlm)" = "$MLX_VLM_VERSION" ] &&
    [ "$(version_of nanobind)" = "$NANOBIND_VERSION" ] &&
    { [ "$OS" != Linux ] || [ "$(version_of mlx-cpu)" = "$MLX_VERSION" ]; } &&
    all_installed "${BUILD_TOOLS[@]}" && { [ $need_cmake = 0 ] || all_installed cmake; }; then
@@ -377,6 +384,10 @@ else
   [ $need_cmake = 0 ] || cmake_spec=("$CMAKE_SPEC")
   pip_install "${MLX_SPECS[@]}" "mlx-lm==$MLX_LM_VERSION" "nanobind==$NANOBIND_VERSION" \
     "${BUILD_TOOLS[@]}" ${cmake_spec[@]+"${cmake_spec[@]}"}
+  # Without its declared dependencies: the towers import only MLX, numpy, Pillow and
+  # transformers (which vLLM brings); the rest (datasets, mlx-audio, opencv-python,
+  # miniaudio) serve its own CLI, training and audio models.
+  pip_install --no-deps "mlx-vlm==$MLX_VLM_VERSION"
   done_step
 fi
 

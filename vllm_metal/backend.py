@@ -30,9 +30,11 @@ class Backbone(Protocol):
 
     summary: str  # how the backend runs it, for the load log
 
-    def __call__(self, input_ids: mx.array) -> mx.array:
+    def __call__(self, input_ids: mx.array, embeddings: mx.array | None = None) -> mx.array:
         """input_ids int32 [1, total_q] -> final hidden states [1, total_q, hidden],
-        inside the runner's forward_context."""
+        inside the runner's forward_context. embeddings [total_q, hidden]: the
+        backbone's input in place of the token embeddings (a multimodal step's merged
+        rows), before any embedding scale the family applies."""
 
 
 class Backend(ABC):

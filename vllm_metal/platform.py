@@ -91,11 +91,13 @@ class MetalPlatform(Platform):
         from vllm_metal.config_checks import check_vllm_config
         from vllm_metal.distributed.host_share import remember_engines
         from vllm_metal.structured_output_options import remember_server_config
+        from vllm_metal.v1.param_support import remember_modalities
 
         compat.apply_all()
         check_vllm_config(vllm_config)
         remember_engines(vllm_config)
         remember_server_config(vllm_config)
+        remember_modalities(vllm_config)
 
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":

@@ -102,11 +102,14 @@ def _mac_run_checks(run: DryRun, tmp_path: Path) -> None:
                                "--upgrade", "pip"]
     mac_torch = PINS["TORCH_VERSION"]
     assert run.writes[str(venv / "vllm-metal-constraints.txt")].split() == [
-        f"torch=={mac_torch}", f"mlx=={PINS['MLX_VERSION']}",
-        f"mlx-lm=={PINS['MLX_LM_VERSION']}", f"nanobind=={PINS['NANOBIND_VERSION']}"]
-    assert run.installing(f"torch=={mac_torch}")[-1] == f"torch=={mac_torch}"
+        f"torch=={mac_torch}", f"torchvision=={PINS['TORCHVISION_VERSION']}",
+        f"mlx=={PINS['MLX_VERSION']}", f"mlx-lm=={PINS['MLX_LM_VERSION']}",
+        f"nanobind=={PINS['NANOBIND_VERSION']}"]
+    assert run.installing(f"torch=={mac_torch}")[-2:] == [
+        f"torch=={mac_torch}", f"torchvision=={PINS['TORCHVISION_VERSION']}"]
     mlx = run.installing(f"mlx=={PINS['MLX_VERSION']}")
     assert f"mlx-lm=={PINS['MLX_LM_VERSION']}" in mlx and "cmake>=3.24,<4" in mlx
+    assert run.installing(f"mlx-vlm=={PINS['MLX_VLM_VERSION']}")[-2] == "--no-deps"
     assert not any("mlx[cpu]" in arg or "mlx-cpu" in arg for c in run.commands for arg in c)
     # vLLM: its sdist unpacked, the macOS override opened for 'empty', built from there.
     src = REPO / "build" / "vllm-sdist"
@@ -271,11 +274,12 @@ def test_linux_install_commands(tmp_path):
     venv = tmp_path / "venv"
     assert run.commands[0] == [str(tmp_path / "bin/python3"), "-m", "venv", str(venv)]
     assert run.writes[str(venv / "vllm-metal-constraints.txt")].split() == [
-        f"torch=={PINS['TORCH_VERSION']}", f"mlx=={PINS['MLX_VERSION']}",
-        f"mlx-cpu=={PINS['MLX_VERSION']}", f"mlx-lm=={PINS['MLX_LM_VERSION']}",
-        f"nanobind=={PINS['NANOBIND_VERSION']}"]
+        f"torch=={PINS['TORCH_VERSION']}", f"torchvision=={PINS['TORCHVISION_VERSION']}",
+        f"mlx=={PINS['MLX_VERSION']}", f"mlx-cpu=={PINS['MLX_VERSION']}",
+        f"mlx-lm=={PINS['MLX_LM_VERSION']}", f"nanobind=={PINS['NANOBIND_VERSION']}"]
     assert run.installing(f"torch=={PINS['TORCH_VERSION']}")
     mlx = run.installing(f"mlx[cpu]=={PINS['MLX_VERSION']}")
+    assert run.installing(f"mlx-vlm=={PINS['MLX_VLM_VERSION']}")[-2] == "--no-deps"
     assert not any(a.startswith("cmake") for a in mlx)   # the system's 3.25 does for csrc/
     vllm = run.installing(f"vllm=={PINS['VLLM_VERSION']}")
     assert "VLLM_TARGET_DEVICE=empty" in vllm and "VLLM_TARGET_DEVICE=cpu" not in vllm

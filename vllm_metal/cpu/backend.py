@@ -41,14 +41,14 @@ class CpuBackbone:
         if self.adapter.stage is not None:
             self.link = link_of(self.adapter.backbone.layers)
 
-    def __call__(self, input_ids: mx.array) -> mx.array:
-        """input_ids int32 [1, total_q] -> hidden [1, total_q, hidden]."""
+    def __call__(self, input_ids: mx.array, embeddings: mx.array | None = None) -> mx.array:
+        """input_ids int32 [1, total_q] -> hidden [1, total_q, hidden] (see Backbone)."""
         from vllm_metal.attention.context import get_forward_context
         from vllm_metal.cpu.fast_functions import fast_functions
 
         if self.stack is not None:
             ctx = get_forward_context()
-            x, embedded = self._stack_input(input_ids)
+            x, embedded = self._stack_input(input_ids, embeddings)
             if self.stack.accepts(x, ctx):
                 out = self.stack(x, ctx, embedded)
                 stage = self.adapter.stage
@@ -56,9 +56,10 @@ class CpuBackbone:
                     self.link.outgoing = out
                 return out
         with fast_functions():
-            return self.adapter.hidden(input_ids[0])[None]
+            return self.adapter.hidden(input_ids[0], embeddings)[None]
 
-    def _stack_input(self, input_ids: mx.array) -> tuple[mx.array, bool]:
+    def _stack_input(self, input_ids: mx.array, embeddings: mx.array | None
+                     ) -> tuple[mx.array, bool]:
         """(the stack's input [1, T, hidden], whether it is the embeddings): a pipeline
         stage after the first starts from what the previous stage sent (a step that
         receives nothing, the memory profile, from the embeddings as the module path
@@ -68,6 +69,8 @@ class CpuBackbone:
             got = self.link.incoming
             if got is not None:
                 return got.reshape(1, -1, got.shape[-1]), False
+        if embeddings is not None:
+            return embeddings[None], True
         return self.adapter.backbone.embed_tokens(input_ids), True
 
 

@@ -25,9 +25,9 @@ class MetalBackbone:
     def __init__(self, adapter: ModelAdapter) -> None:
         self.adapter = adapter
 
-    def __call__(self, input_ids: mx.array) -> mx.array:
-        """input_ids int32 [1, total_q] -> hidden [1, total_q, hidden]."""
-        return self.adapter.hidden(input_ids[0])[None]
+    def __call__(self, input_ids: mx.array, embeddings: mx.array | None = None) -> mx.array:
+        """input_ids int32 [1, total_q] -> hidden [1, total_q, hidden] (see Backbone)."""
+        return self.adapter.hidden(input_ids[0], embeddings)[None]
 
 
 class MetalBackend(Backend):

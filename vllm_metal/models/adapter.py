@@ -114,10 +114,15 @@ class ModelAdapter:
 
     # -- the two halves of a forward ------------------------------------
 
-    def hidden(self, input_ids: mx.array) -> mx.array:
+    def hidden(self, input_ids: mx.array, embeddings: mx.array | None = None) -> mx.array:
         """int32 [T] -> [T, hidden]: the backbone over T rows of one token each,
-        inside a forward_context."""
-        out = self.backbone(input_ids[:, None], cache=self.model_caches)
+        inside a forward_context. embeddings [T, hidden]: its input in place of the
+        token embeddings (mlx-lm's input_embeddings)."""
+        if embeddings is not None:
+            out = self.backbone(input_ids[:, None], cache=self.model_caches,
+                                input_embeddings=embeddings[:, None, :])
+        else:
+            out = self.backbone(input_ids[:, None], cache=self.model_caches)
         return out.reshape(out.shape[0], out.shape[-1])
 
     def logits(self, rows: mx.array) -> mx.array:

@@ -25,12 +25,14 @@ from vllm_metal.distributed.pipeline import StageLink
 from vllm_metal.distributed.tensor import TensorShard
 from vllm_metal.kv_offload.connector_link import ConnectorLink
 from vllm_metal.lora.manager import LoRAManager
+from vllm_metal.models.vision import load_vision_tower
 from vllm_metal.native import get_ops
 from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
 from vllm_metal.spec_decode.drafters import Drafter, make_drafter
 from vllm_metal.spec_decode.support import CACHELESS_METHODS
 from vllm_metal.spec_decode.verification import verify_drafts
 from vllm_metal.pytorch_backend.tensor_bridge import mlx_dtype_from_torch, torch_dtype_from_mlx
+from vllm_metal.v1.encoder_cache import EncoderCache
 from vllm_metal.v1.input_batch import InputBatch, StepInputs
 from vllm_metal.v1.logits_processing import grammar_bitmask_words
 from vllm_metal.v1.memory_budget import ActivationEstimate
@@ -114,6 +116,8 @@ class MetalModelRunner:
         self.connector: ConnectorLink | None = None
         # A --runner pooling engine: steps return pooled prompts, never tokens.
         self.pooling: Pooling | None = None
+        # A vision-language model: its image encoder's outputs, merged into prompts.
+        self.encoder_cache: EncoderCache | None = None
 
     # -- setup -------------------------------------------------------------
 
@@ -133,6 +137,10 @@ class MetalModelRunner:
                                  self._pipeline_stage(), self._tensor_shard(),
                                  pooling=self.model_config.runner_type == "pooling")
         self._check_quantized_kv()
+        if self.model_config.is_multimodal_model:
+            tower = load_vision_tower(self.model_config.model, dtype)
+            if tower is not None:
+                self.encoder_cache = EncoderCache(tower)
         if self.vllm_config.speculative_config is not None:
             self._check_speculative_target()
             self.drafter = make_drafter(self.vllm_config, self.backend, dtype,
@@ -473,7 +481,9 @@ class MetalModelRunner:
         link = self.link
         if link is not None and link.prev is not None:
             link.receive(len(step.input_ids), self.loaded.adapter.hidden_size)
-        hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step), slots)
+        merged = None if self.encoder_cache is None else self.encoder_cache.gather(step)
+        hidden = self._forward(step, self.kv_cache, self.pending_tokens.fill_inputs(step), slots,
+                               merged)
         if link is not None:
             if link.next is not None:
                 link.send()   # the last stage computes the logits and samples
@@ -622,6 +632,8 @@ class MetalModelRunner:
                                takes_sampled=self.link is not None and self.link.next is not None)
         if self.pooling is not None:
             self._update_pooling(scheduler_output)
+        if self.encoder_cache is not None:
+            self.encoder_cache.update(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
         copies = getattr(scheduler_output, "kv_cache_block_copies", None)
@@ -681,10 +693,13 @@ class MetalModelRunner:
         return blocks
 
     def _forward(self, step: StepInputs, cache: PagedKVCache,
-                 input_ids: mx.array | None = None, state_slots: dict | None = None) -> mx.array:
+                 input_ids: mx.array | None = None, state_slots: dict | None = None,
+                 merged: tuple[np.ndarray, mx.array] | None = None) -> mx.array:
         """Packed forward over all scheduled tokens -> hidden [total_q, hidden] (lazy).
-        state_slots: _state_blocks of the step (hybrids only)."""
-        hidden = packed_forward(self.loaded, step, cache, self._states, input_ids, state_slots)
+        state_slots: _state_blocks of the step (hybrids only); merged: the step's
+        encoder outputs (EncoderCache.gather)."""
+        hidden = packed_forward(self.loaded, step, cache, self._states, input_ids, state_slots,
+                                merged)
         if self._debug_sync:
             mx.eval(hidden)  # surfaces kernel errors at the forward that caused them
         return hidden

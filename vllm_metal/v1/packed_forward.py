@@ -17,12 +17,15 @@ if TYPE_CHECKING:
 
 def packed_forward(model: LoadedModel, step: StepInputs, cache: PagedKVCache,
                    states: dict | None = None, input_ids: mx.array | None = None,
-                   state_slots: dict | None = None) -> mx.array:
+                   state_slots: dict | None = None,
+                   merged: tuple[np.ndarray, mx.array] | None = None) -> mx.array:
     """All of ``step``'s tokens through ``model`` -> final hidden [total_q, hidden]
     (lazy); the cache's entries are written as the graph runs. states: the model's
     recurrent-state entries (entry -> shape); state_slots: per state group, the
     (previous, current) state block of each request (hybrids only); input_ids int32
-    [total_q] in place of step.input_ids (device-fed tokens)."""
+    [total_q] in place of step.input_ids (device-fed tokens); merged: (packed rows
+    int32 [n], embeddings [n, hidden]) that replace those rows' token embeddings
+    (a multimodal step's encoder outputs)."""
     meta = AttentionMetadata(
         positions=mx.array(step.positions),
         cu_seqlens_q=mx.array(step.cu_seqlens_q),
@@ -42,4 +45,9 @@ def packed_forward(model: LoadedModel, step: StepInputs, cache: PagedKVCache,
     with forward_context(ctx):
         if input_ids is None:
             input_ids = mx.array(step.input_ids)
-        return model.backbone(input_ids[None])[0]
+        if merged is None:
+            return model.backbone(input_ids[None])[0]
+        rows, features = merged
+        embeddings = model.adapter.backbone.embed_tokens(input_ids)
+        embeddings[mx.array(rows)] = features.astype(embeddings.dtype)
+        return model.backbone(input_ids[None], embeddings)[0]

@@ -27,12 +27,26 @@ def _refuse(parameter: str, message: str) -> None:
     raise UnsupportedSamplingError(f"vllm-metal: {message}", parameter=parameter)
 
 
+# Input modalities the served model's encoders take (models.vision), set once the
+# process knows its model.
+_served_modalities: frozenset[str] = frozenset()
+
+
+def remember_modalities(vllm_config: VllmConfig) -> None:
+    global _served_modalities
+    from vllm_metal.models.vision import vision_model_type
+
+    config = getattr(vllm_config.model_config, "hf_config", None)
+    served = config is not None and vision_model_type(config.to_dict()) is not None
+    _served_modalities = frozenset({"image"} if served else ())
+
+
 def check_engine_input(engine_input) -> None:
     """Refuse (HTTP 400) inputs the runner cannot feed a model: images, audio or video
-    (no multimodal encoder runs here yet: the runner would pass their placeholder
-    tokens to the language model as text, a silent wrong answer) and prompt
-    embeddings (the runner feeds token ids). ``engine_input``: vLLM's EngineInput
-    (a decoder-only input, or an encoder/decoder pair of them)."""
+    of a model whose encoder for them does not run here (the runner would pass their
+    placeholder tokens to the language model as text, a silent wrong answer) and
+    prompt embeddings (the runner feeds token ids). ``engine_input``: vLLM's
+    EngineInput (a decoder-only input, or an encoder/decoder pair of them)."""
     parts = [engine_input.get("encoder"), engine_input.get("decoder")] if (
         "encoder" in engine_input or "decoder" in engine_input) else [engine_input]
     for part in parts:
@@ -42,7 +56,8 @@ def check_engine_input(engine_input) -> None:
             _refuse("prompt_embeds", "prompt embeddings are not supported; send text or "
                     "token ids")
         placeholders = part.get("mm_placeholders") or {}
-        modalities = sorted(k for k, v in placeholders.items() if v)
+        modalities = sorted(k for k, v in placeholders.items()
+                            if v and k not in _served_modalities)
         if modalities:
             _refuse("messages", f"{' and '.join(modalities)} inputs are not served yet (the "
                     "model's encoder for them does not run on this platform); send text only")

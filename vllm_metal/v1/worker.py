@@ -171,7 +171,10 @@ class MetalWorker(WorkerBase):
         return None
 
     def reset_encoder_cache(self) -> None:
-        return None
+        """Forget every encoder output (vLLM's scheduler forgets its side alongside)."""
+        cache = self.model_runner.encoder_cache
+        if cache is not None:
+            cache.outputs.clear()
 
     def add_lora(self, lora_request) -> bool:
         return self._lora().add(lora_request)

@@ -1,0 +1,103 @@
+"""The runner's multimodal encoder outputs: encoded once per item, sliced into steps.
+
+vLLM's scheduler decides which items (``MultiModalFeatureSpec``) a step encodes
+(``scheduled_encoder_inputs``) and when an output may go
+(``free_encoder_mm_hashes``); its encoder-cache budget counts the embeddings kept
+here. A prompt chunk may start or end inside an item's placeholder span: the
+chunk takes the rows of the item's output that its own span rows stand for,
+as vLLM's GPU runner gathers them, so a span split across steps is merged
+exactly as a whole one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import mlx.core as mx
+import numpy as np
+
+if TYPE_CHECKING:
+    from vllm.multimodal.inputs import MultiModalFeatureSpec
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from vllm_metal.models.vision import VisionTower
+    from vllm_metal.v1.input_batch import StepInputs
+
+
+class EncoderCache:
+    """Encoder outputs by item identifier, and each live request's items."""
+
+    def __init__(self, tower: VisionTower) -> None:
+        self.tower = tower
+        self.outputs: dict[str, mx.array] = {}      # identifier -> [num_embeds, hidden]
+        self.features: dict[str, list[MultiModalFeatureSpec]] = {}   # req_id -> its items
+
+    def update(self, out: SchedulerOutput) -> None:
+        """Follow the step's requests and encode its scheduled items (before the
+        forward that reads them)."""
+        for identifier in out.free_encoder_mm_hashes:
+            self.outputs.pop(identifier, None)
+        for req_id in out.finished_req_ids:
+            self.features.pop(req_id, None)
+        for new in out.scheduled_new_reqs:
+            if new.mm_features:
+                self.features[new.req_id] = list(new.mm_features)
+        self._encode(out.scheduled_encoder_inputs)
+
+    def _encode(self, scheduled: dict[str, list[int]]) -> None:
+        todo: dict[str, MultiModalFeatureSpec] = {}
+        for req_id, indices in scheduled.items():
+            for i in indices:
+                feature = self.features[req_id][i]
+                if feature.data is None or feature.identifier in self.outputs:
+                    continue   # covered by a prefix hit, or encoded already
+                if feature.modality != self.tower.modality:
+                    raise ValueError(f"request {req_id}: {feature.modality} inputs are not "
+                                     "served by this model")
+                todo.setdefault(feature.identifier, feature)
+        if not todo:
+            return
+        items = [{k: v for k, v in f.data.get_data().items()} for f in todo.values()]
+        encoded = self.tower.encode(items)
+        mx.eval(encoded)
+        for (identifier, feature), rows in zip(todo.items(), encoded):
+            expected = feature.mm_position.get_num_embeds()
+            if rows.shape[0] != expected:
+                raise RuntimeError(f"item {identifier}: the encoder gave {rows.shape[0]} rows "
+                                   f"for {expected} placeholder embeddings")
+            self.outputs[identifier] = rows
+
+    def gather(self, step: StepInputs) -> tuple[np.ndarray, mx.array] | None:
+        """(packed rows int32 [n], their embeddings [n, hidden]) of the step's
+        placeholder rows that take an encoder output; None when it has none."""
+        rows: list[np.ndarray] = []
+        parts: list[mx.array] = []
+        for i, req_id in enumerate(step.req_ids):
+            features = self.features.get(req_id)
+            if not features:
+                continue
+            first = int(step.cu_seqlens_q[i])
+            computed = int(step.positions[first])
+            scheduled = int(step.cu_seqlens_q[i + 1]) - first
+            for feature in features:
+                pos = feature.mm_position
+                if pos.offset >= computed + scheduled:
+                    break   # sorted by offset: the rest start later
+                if pos.offset + pos.length <= computed:
+                    continue
+                start = max(computed - pos.offset, 0)
+                end = min(computed - pos.offset + scheduled, pos.length)
+                output = self.outputs.get(feature.identifier)
+                if output is None:
+                    raise RuntimeError(f"request {req_id}: item {feature.identifier} was not "
+                                       "encoded before the step that reads it")
+                lo, hi = pos.get_embeds_indices_in_range(start, end)
+                span = np.arange(start, end)
+                if pos.is_embed is not None:
+                    span = span[pos.is_embed[start:end].numpy()]
+                if hi > lo:
+                    rows.append(first + pos.offset - computed + span)
+                    parts.append(output[lo:hi])
+        if not rows:
+            return None
+        return np.concatenate(rows).astype(np.int32), mx.concatenate(parts)
