@@ -386,6 +386,7 @@ module); filled (L ints per module, nonzero where the slot's adapter targets it)
       "begin"_a = std::pair<int, int>{0, 0},
       "end"_a = std::pair<int, int>{-1, 0},
       "carry"_a = nb::none(),
+      "rope_angles"_a = nb::none(),
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
 [1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,
@@ -403,7 +404,8 @@ point 0 a layer's start, 1 before o, 2 before down; end (-1, 0) through the fina
 norm. carry: begun at o or down, that projection's whole input float32
 [1, T, in_features] (every rank's slice, gathered). Ended at o or down, returns
 [residual stream [1, T, hidden], this rank's slice of that projection's input
-[1, T, width]].)");
+[1, T, width]]. rope_angles: float32 [2, T, rope_dims / 2], cos then sin of each
+row's rotary angles, in place of those formed from positions (M-RoPE).)");
 
   m.def(
       "lora_delta",

@@ -235,11 +235,15 @@ class ReferenceVLM:
         sequence each step (no cache to get wrong)."""
         import torch
 
-        extra = dict(self.images(images, return_tensors="pt")) if images else {}
+        extra = ({k: torch.as_tensor(v) for k, v in self.images(images, return_tensors="pt").items()}
+                 if images else {})
         ids = list(prompt_ids)
         tokens, logprobs = [], []
         for _ in range(max_tokens):
             x = torch.tensor([ids])
+            if self.model.config.model_type == "qwen2_5_vl":
+                # Without the token types transformers silently rotates at 1-D positions.
+                extra["mm_token_type_ids"] = (x == self.model.config.image_token_id).int()
             with torch.no_grad():
                 logits = self.model(input_ids=x, attention_mask=torch.ones_like(x),
                                     **extra).logits[0, -1].double()

@@ -99,6 +99,13 @@ class MetalPlatform(Platform):
         remember_server_config(vllm_config)
         remember_modalities(vllm_config)
 
+        mm = getattr(vllm_config.model_config, "multimodal_config", None)
+        if mm is not None:
+            # The vision towers (models.vision) take pixels as the HF processor
+            # normalises them; vLLM would otherwise send raw uint8 bytes for some
+            # models (Qwen2.5-VL) and leave the rescale to its own torch tower.
+            mm.mm_device_do_normalize = False
+
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_QUALNAME

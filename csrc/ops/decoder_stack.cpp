@@ -31,7 +31,7 @@ LinearIndex take_linear_at(const int* spec, int& next) {
 }
 
 // x, positions, seq_lens, cu_seqlens_q, then each group's slot mapping, then each
-// group's block table.
+// group's block table; then, each when given: lora_rows, the carry, the rotary angles.
 constexpr int kFixedInputs = 4;
 const char* const kLinearNames[kStackLinears] = {"q_proj", "k_proj", "v_proj", "o_proj",
                                                  "gate_proj", "up_proj", "down_proj"};
@@ -324,6 +324,7 @@ std::vector<mx::array> decoder_stack(
     std::pair<int, int> begin_at,
     std::pair<int, int> end_at,
     const std::optional<mx::array>& carry,
+    const std::optional<mx::array>& rope_angles,
     mx::StreamOrDevice s) {
   const cpu::StackPoint begin{begin_at.first, begin_at.second};
   const cpu::StackPoint end{end_at.first, end_at.second};
@@ -409,6 +410,23 @@ std::vector<mx::array> decoder_stack(
   if (lora) inputs.push_back(as_int32(*lora_rows, stream));
   check_segment(*weights, begin, end, carry, t, lora != nullptr);
   if (carry) inputs.push_back(*carry);
+  if (rope_angles) {
+    int half = 0;
+    for (const auto& l : weights->layers()) {
+      if (l.rope_dims == 0) continue;
+      if (half != 0 && l.rope_dims / 2 != half) {
+        fail("rope_angles: the layers rotate different widths");
+      }
+      half = l.rope_dims / 2;
+    }
+    if (half == 0) fail("rope_angles given to layers without rotary embeddings");
+    if (rope_angles->dtype() != mx::float32 || rope_angles->ndim() != 3 ||
+        rope_angles->shape(0) != 2 || rope_angles->shape(1) != t ||
+        rope_angles->shape(2) != half) {
+      fail("rope_angles must be float32 [2, T, " + std::to_string(half) + "] (cos, sin)");
+    }
+    inputs.push_back(*rope_angles);
+  }
   std::vector<mx::Shape> shapes = {x.shape()};
   if (end.layer != -1) {
     shapes.push_back({1, t, static_cast<int>(projection_input(*weights, end, false))});
@@ -417,7 +435,8 @@ std::vector<mx::array> decoder_stack(
   return mx::array::make_arrays(
       std::move(shapes), dtypes,
       std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches), layer_groups,
-                                     std::move(lora), quant, key_columns, begin, end),
+                                     std::move(lora), quant, key_columns, begin, end,
+                                     rope_angles.has_value()),
       std::move(inputs));
 }
 
@@ -431,8 +450,9 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   std::vector<RowContiguous> in;
   for (const auto& i : inputs) in.push_back(row_contiguous(i, encoder));
   const bool carry = begin_.at != cpu::kLayerStart;
-  const int groups =
-      (static_cast<int>(inputs.size()) - kFixedInputs - (lora_ ? 1 : 0) - (carry ? 1 : 0)) / 2;
+  const int groups = (static_cast<int>(inputs.size()) - kFixedInputs - (lora_ ? 1 : 0) -
+                      (carry ? 1 : 0) - (rope_angles_ ? 1 : 0)) / 2;
+  int optional = kFixedInputs + 2 * groups;   // the next optional input
 
   cpu::StackArgs a;
   const auto& x = in[0].view;
@@ -470,11 +490,16 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   }
   if (lora_) {
     a.lora = &lora_->sites();
-    a.lora_rows = in.back().view.data<int32_t>();
+    a.lora_rows = in[optional++].view.data<int32_t>();
   }
   a.begin = begin_;
   a.end = end_;
-  if (carry) a.carry_in = in.back().view.data<float>();
+  if (carry) a.carry_in = in[optional++].view.data<float>();
+  if (rope_angles_) {
+    const auto& angles = in[optional++].view;
+    a.rope_cos = angles.data<float>();
+    a.rope_sin = a.rope_cos + angles.size() / 2;
+  }
   if (outputs.size() > 1) a.carry_out = outputs[1].data<float>();
 
   for (const auto& i : inputs) encoder.set_input_array(i);
@@ -491,7 +516,8 @@ bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
   if (weights_ != o.weights_ || caches_->size() != o.caches_->size() ||
       layer_groups_ != o.layer_groups_ || lora_ != o.lora_ || kv_quant_ != o.kv_quant_ ||
-      key_columns_ != o.key_columns_ || begin_.layer != o.begin_.layer ||
+      key_columns_ != o.key_columns_ || rope_angles_ != o.rope_angles_ ||
+      begin_.layer != o.begin_.layer ||
       begin_.at != o.begin_.at || end_.layer != o.end_.layer || end_.at != o.end_.at) {
     return false;
   }

@@ -130,6 +130,10 @@ class DecoderStackWeights {
  *                Ended at o or down, returns [residual stream [1, T, hidden],
  *                this rank's slice of that projection's input [1, T, width]].
  *                No LoRA in a segment.
+ * rope_angles    float32 [2, T, rope_dims / 2]: cos then sin of each row's rotary
+ *                angles, used by every rotating layer instead of those formed from
+ *                positions (M-RoPE, whose frequencies read three positions; the
+ *                layers must all rotate rope_dims). positions then only name rows.
  *
  * The new keys and values are written into the caches' own buffers, which are
  * neither outputs nor inputs of the node but held by the primitive (lazy ones
@@ -159,6 +163,7 @@ std::vector<mlx::core::array> decoder_stack(
     std::pair<int, int> begin = {0, cpu::kLayerStart},
     std::pair<int, int> end = {-1, cpu::kLayerStart},
     const std::optional<mlx::core::array>& carry = std::nullopt,
+    const std::optional<mlx::core::array>& rope_angles = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
 class DecoderStack : public CpuOnlyPrimitive {
@@ -166,12 +171,12 @@ class DecoderStack : public CpuOnlyPrimitive {
   // caches: every layer's key cache, then every layer's value cache.
   // lora: as decoder_stack's; with it, lora_rows is the node's last input.
   // begin, end: the segment the node runs (decoder_stack); begun mid-layer, the
-  // carry is the node's last input.
+  // carry follows lora_rows. rope_angles: the rotary angles are the last input.
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
                std::vector<mlx::core::array> caches, std::vector<int> layer_groups,
                std::shared_ptr<const DecoderStackLora> lora, KvQuant kv_quant, bool key_columns,
                cpu::StackPoint begin = {0, cpu::kLayerStart},
-               cpu::StackPoint end = {-1, cpu::kLayerStart})
+               cpu::StackPoint end = {-1, cpu::kLayerStart}, bool rope_angles = false)
       : CpuOnlyPrimitive(stream, "the model runs module by module"),
         weights_(std::move(weights)),
         caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))),
@@ -180,7 +185,8 @@ class DecoderStack : public CpuOnlyPrimitive {
         kv_quant_(kv_quant),
         key_columns_(key_columns),
         begin_(begin),
-        end_(end) {}
+        end_(end),
+        rope_angles_(rope_angles) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -202,6 +208,7 @@ class DecoderStack : public CpuOnlyPrimitive {
   KvQuant kv_quant_;
   bool key_columns_;
   cpu::StackPoint begin_, end_;
+  bool rope_angles_;
 };
 
 } // namespace vllm_metal

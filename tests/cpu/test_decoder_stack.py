@@ -492,3 +492,53 @@ def test_layers_of_two_kv_cache_groups_share_buffers_as_the_runner_lays_them_out
     want = run(module_path(loaded).backbone)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
+
+
+def _run_with_angles(loaded, angles, seed: int):
+    """STEPS with each row's rotary angles given (M-RoPE): random positions on the
+    three axes, as images give them."""
+    d = loaded.dims
+    shape = (4, BLOCK, d.num_kv_heads, d.head_dim)
+    kc = [mx.zeros(shape) for _ in range(d.num_layers)]
+    vc = [mx.zeros(shape) for _ in range(d.num_layers)]
+    rng = np.random.default_rng(seed)   # the token ids _run draws
+    spread = np.random.default_rng(seed + 1)
+    outs = []
+    for seqs in STEPS:
+        meta = _meta(seqs)
+        rows = int(meta.positions.shape[0])
+        grid = np.array(meta.positions)[None] + spread.integers(0, 5, (3, rows))
+        meta.rope_angles = mx.array(angles.table(grid))
+        ids = mx.array(rng.integers(0, d.vocab_size, (1, rows)), dtype=mx.int32)
+        ctx = ForwardContext(meta, kc, vc)
+        with forward_context(ctx):
+            h = loaded.backbone(ids)
+        mx.eval(h, ctx.key_caches, ctx.value_caches)
+        kc, vc = ctx.key_caches, ctx.value_caches
+        outs.append(np.array(h))
+    return outs
+
+
+def test_given_rotary_angles_in_the_stack_match_the_module_paths_sectioned_rope():
+    from vllm_metal.models.mrope import use_sectioned_rope
+
+    loaded = load_model(str(cached_tiny_model("qwen2")), mx.float32, CpuBackend())
+    angles = use_sectioned_rope(loaded.model, [8, 12, 12], interleaved=False)
+    assert loaded.backbone.stack is not None
+    got = _run_with_angles(loaded, angles, seed=3)
+    want = _run_with_angles(module_path(loaded), angles, seed=3)
+    plain = _run(loaded, STEPS, seed=3)[0]
+    for g, w, p in zip(got, want, plain):
+        np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
+        assert np.abs(g - p).max() > 1e-2   # the angles were used, not the positions
+
+
+def test_rotary_angles_of_the_wrong_width_are_refused():
+    loaded = load_cpu(str(cached_tiny_model("qwen2")))
+    meta = _meta([(0, 0, 3)])
+    meta.rope_angles = mx.zeros((2, 3, 7))
+    d = loaded.dims
+    caches = [mx.zeros((4, BLOCK, d.num_kv_heads, d.head_dim)) for _ in range(d.num_layers)]
+    ctx = ForwardContext(meta, caches, [mx.zeros_like(c) for c in caches])
+    with forward_context(ctx), pytest.raises(ValueError, match="rope_angles must be float32"):
+        loaded.backbone(mx.zeros((1, 3), dtype=mx.int32))

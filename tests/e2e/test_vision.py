@@ -100,7 +100,7 @@ def test_an_image_split_across_prompt_chunks_matches_transformers(model_dir, ref
     llm = make_llm(model_dir, max_num_batched_tokens=8, enable_chunked_prefill=True,
                    enable_prefix_caching=False)
     assert llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens == 8
-    image = make_image(7, (60, 44))
+    image = make_image(7, (112, 112))
     output, = _greedy(llm, [_chat("What is in the picture?", image)])
     assert output.prompt_token_ids.count(_image_token(model_dir)) > 8
     _check(reference, output, [image])
@@ -111,12 +111,13 @@ def test_nothing_of_a_finished_request_is_kept(model_dir, reference):
     llm = make_llm(model_dir, max_num_batched_tokens=32, enable_chunked_prefill=True)
     manager = llm.llm_engine.engine_core.engine_core.scheduler.encoder_cache_manager
     cache = _runner(llm).encoder_cache
-    assert manager.cache_size == 32
-    images = [make_image(20 + i) for i in range(5)]
+    # 16 image tokens each (LLaVA's fixed count; Qwen's 112 x 112 pictures).
+    images = [make_image(20 + i, (112, 112)) for i in range(manager.cache_size // 16 + 3)]
     for image in images:
         output, = _greedy(llm, [_chat("What now?", image)])
         assert set(cache.outputs) <= set(manager.cached)
         assert sum(o.shape[0] for o in cache.outputs.values()) <= manager.cache_size
+    assert len(cache.outputs) < len(images)   # some were evicted
     _check(reference, output, [images[-1]])
     # vLLM names finished requests with the next step.
     _greedy(llm, [[{"role": "user", "content": "Text only."}]])

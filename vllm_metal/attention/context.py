@@ -32,6 +32,9 @@ class AttentionMetadata:
                    holding each request's recurrent state (None for attention groups)
     has_state:     int32 [num_seqs]: 1 where the request continues a state (its
                    first row is not position 0)
+    rope_angles:   float32 [2, total_q, rope_dims / 2]: cos and sin of each row's
+                   rotary angles, for models whose rotation is not one position per
+                   row (M-RoPE, models.mrope); positions then hold the time axis
 
     vLLM's hybrid cache gives full and sliding-window layers their blocks in
     separate groups; a model with one kind of layer has one group.
@@ -44,6 +47,7 @@ class AttentionMetadata:
     slot_mapping: list[mx.array]
     state_slots: list[mx.array | None] | None = None
     has_state: mx.array | None = None
+    rope_angles: mx.array | None = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ language model. mlx-vlm is MIT-licensed and imported, not copied.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,12 +40,19 @@ class VisionTower:
     def __init__(self, config: dict, weights: dict[str, mx.array], dtype: mx.Dtype) -> None:
         self.config = config
         self.dtype = dtype
-        self.modules = self._build(config)
+        with _processors_untouched():
+            self.modules = self._build(config)
         self.modules.load_weights(list(self._sanitize(weights).items()), strict=True)
         self.modules.set_dtype(dtype)
         mx.eval(self.modules.parameters())
 
     def encode(self, items: list[dict[str, torch.Tensor]]) -> list[mx.array]:
+        # One item at a time: an image's rows never depend on what else the step
+        # encodes (greedy output is the same alone and in a batch).
+        return [_given_embeds(item, self.dtype) if "image_embeds" in item
+                else self._encode_one(item) for item in items]
+
+    def _encode_one(self, item: dict[str, torch.Tensor]) -> mx.array:
         raise NotImplementedError
 
     def _build(self, config: dict) -> nn.Module:
@@ -87,21 +95,46 @@ class LlavaTower(VisionTower):
             nested[key] = value
         return self.modules.vision_tower.sanitize(nested)
 
-    def encode(self, items: list[dict[str, torch.Tensor]]) -> list[mx.array]:
-        if any("image_embeds" in item for item in items):
-            return [_given_embeds(item, self.dtype) for item in items]
-        pixels = mx.stack([_to_mx(item["pixel_values"], self.dtype) for item in items])
+    def _encode_one(self, item: dict[str, torch.Tensor]) -> mx.array:
+        pixels = _to_mx(item["pixel_values"], self.dtype)[None]
         _, _, states = self.modules.vision_tower(pixels.transpose(0, 2, 3, 1),
                                                  output_hidden_states=True)
         picked = [states[i] for i in self.layers]
         if self.strategy == "default":
             picked = [s[:, 1:] for s in picked]
-        features = self.modules.multi_modal_projector(mx.concatenate(picked, axis=-1))
-        return list(features)
+        return self.modules.multi_modal_projector(mx.concatenate(picked, axis=-1))[0]
+
+
+class QwenVLTower(VisionTower):
+    """Qwen2-VL / Qwen2.5-VL: a ViT over the processor's flattened patches (windowed
+    attention in 2.5) and a 2x2 patch merger. Item: pixel_values [patches, C*T*P*P]
+    and image_grid_thw [3] -> [patches / merge^2, text_hidden]."""
+
+    def _build(self, config: dict) -> nn.Module:
+        import importlib
+
+        family = importlib.import_module(f"mlx_vlm.models.{config['model_type']}")
+        # transformers 5 names the sub-config "<model_type>_vision"; mlx-vlm wants the
+        # model's own type there.
+        vision = family.config.VisionConfig.from_dict(
+            {**config["vision_config"], "model_type": config["model_type"]})
+        modules = nn.Module()
+        modules.vision_tower = family.vision.VisionModel(vision)
+        return modules
+
+    def _sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        renamed = {("vision_tower." + k.removeprefix("visual.") if k.startswith("visual.")
+                    else k): v for k, v in weights.items()}
+        return self.modules.vision_tower.sanitize(renamed)
+
+    def _encode_one(self, item: dict[str, torch.Tensor]) -> mx.array:
+        grid = mx.array(_numpy(item["image_grid_thw"]).reshape(1, 3).astype(np.int32))
+        return self.modules.vision_tower(_to_mx(item["pixel_values"], self.dtype), grid)
 
 
 # model_type -> its tower.
-TOWERS: dict[str, type[VisionTower]] = {"llava": LlavaTower}
+TOWERS: dict[str, type[VisionTower]] = {"llava": LlavaTower, "qwen2_vl": QwenVLTower,
+                                        "qwen2_5_vl": QwenVLTower}
 
 
 def vision_model_type(config: dict) -> str | None:
@@ -120,6 +153,21 @@ def load_vision_tower(path: str | Path, dtype: mx.Dtype) -> VisionTower | None:
     return TOWERS[kind](config, _vision_weights(path), dtype)
 
 
+@contextlib.contextmanager
+def _processors_untouched():
+    """Importing an mlx-vlm model module replaces transformers'
+    ``AutoProcessor.from_pretrained`` process-wide with mlx-vlm's own processors
+    (numpy outputs, its own resizing): vLLM's front end in the same process (an
+    offline ``LLM``) would then prepare images differently. Put it back."""
+    from transformers import AutoProcessor
+
+    before = AutoProcessor.__dict__["from_pretrained"]
+    try:
+        yield
+    finally:
+        AutoProcessor.from_pretrained = before
+
+
 def _vision_weights(path: Path) -> dict[str, mx.array]:
     """The checkpoint's vision and projector tensors, keyed without the model prefix
     (``vision_tower.…``, ``multi_modal_projector.…``)."""
@@ -135,10 +183,16 @@ def _vision_weights(path: Path) -> dict[str, mx.array]:
     return weights
 
 
+def _numpy(tensor: torch.Tensor | np.ndarray) -> np.ndarray:
+    """float32 for floating tensors (numpy has no bfloat16)."""
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    return (tensor.detach().float() if tensor.is_floating_point() else tensor.detach()).numpy()
+
+
 def _to_mx(tensor: torch.Tensor, dtype: mx.Dtype) -> mx.array:
-    return mx.array(tensor.detach().float().numpy()).astype(dtype)
+    return mx.array(_numpy(tensor).astype(np.float32)).astype(dtype)
 
 
 def _given_embeds(item: dict[str, Any], dtype: mx.Dtype) -> mx.array:
-    embeds = item["image_embeds"]
-    return mx.array(np.asarray(embeds.detach().float().numpy())).astype(dtype)
+    return _to_mx(item["image_embeds"], dtype)

@@ -74,6 +74,9 @@ class StepInputs:
                                           rows of its drafts
     num_drafts:     int32 [num_reqs]      draft tokens ending each request's query
                                           (None: a step without drafts)
+    mrope:          int32 [3, total_q]    M-RoPE positions of each row (models.mrope;
+                                          None: the model rotates at ``positions``)
+    rope_angles:    float32 [2, total_q, rope_dims / 2]  cos, sin of mrope's angles
     """
 
     req_ids: list[str]
@@ -86,6 +89,8 @@ class StepInputs:
     sample_mask: np.ndarray
     logits_indices: np.ndarray
     num_drafts: np.ndarray | None = None
+    mrope: np.ndarray | None = None
+    rope_angles: np.ndarray | None = None
 
     @property
     def sampling_req_ids(self) -> list[str]:

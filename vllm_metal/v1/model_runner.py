@@ -25,6 +25,8 @@ from vllm_metal.distributed.pipeline import StageLink
 from vllm_metal.distributed.tensor import TensorShard
 from vllm_metal.kv_offload.connector_link import ConnectorLink
 from vllm_metal.lora.manager import LoRAManager
+from vllm_metal.models.mrope import (RequestRopePositions, RopeAngles, mrope_sections,
+                                     use_sectioned_rope)
 from vllm_metal.models.vision import load_vision_tower
 from vllm_metal.native import get_ops
 from vllm_metal.native.constants import KERNEL_BLOCK_SIZES
@@ -116,8 +118,11 @@ class MetalModelRunner:
         self.connector: ConnectorLink | None = None
         # A --runner pooling engine: steps return pooled prompts, never tokens.
         self.pooling: Pooling | None = None
-        # A vision-language model: its image encoder's outputs, merged into prompts.
+        # A vision-language model: its image encoder's outputs, merged into prompts,
+        # and with M-RoPE (Qwen2-VL class) each request's three positions per token.
         self.encoder_cache: EncoderCache | None = None
+        self.rope_positions: RequestRopePositions | None = None
+        self.rope_angles: RopeAngles | None = None
 
     # -- setup -------------------------------------------------------------
 
@@ -141,6 +146,10 @@ class MetalModelRunner:
             tower = load_vision_tower(self.model_config.model, dtype)
             if tower is not None:
                 self.encoder_cache = EncoderCache(tower)
+        sections = mrope_sections(self.model_config.hf_config)
+        if sections is not None:
+            self.rope_angles = use_sectioned_rope(self.loaded.model, *sections)
+            self.rope_positions = RequestRopePositions(self.model_config)
         if self.vllm_config.speculative_config is not None:
             self._check_speculative_target()
             self.drafter = make_drafter(self.vllm_config, self.backend, dtype,
@@ -472,6 +481,9 @@ class MetalModelRunner:
         self.pending_tokens.resolve_stale()
         self._step_drafts = scheduler_output.scheduled_spec_decode_tokens
         step = self.input_batch.prepare_inputs(scheduler_output)
+        if self.rope_positions is not None:
+            step.mrope = self.rope_positions.of_step(step)
+            step.rope_angles = self.rope_angles.table(step.mrope)
         if self.lora is not None:
             states = [self.input_batch.requests[r] for r in step.req_ids]
             per_request = np.array([s.lora_id for s in states], dtype=np.int64)
@@ -634,6 +646,11 @@ class MetalModelRunner:
             self._update_pooling(scheduler_output)
         if self.encoder_cache is not None:
             self.encoder_cache.update(scheduler_output)
+        if self.rope_positions is not None:
+            for req_id in scheduler_output.finished_req_ids:
+                self.rope_positions.remove(req_id)
+            for new in scheduler_output.scheduled_new_reqs:
+                self.rope_positions.add(new.req_id, new.prompt_token_ids, new.mm_features)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return
         copies = getattr(scheduler_output, "kv_cache_block_copies", None)

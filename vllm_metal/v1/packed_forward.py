@@ -27,11 +27,12 @@ def packed_forward(model: LoadedModel, step: StepInputs, cache: PagedKVCache,
     int32 [n], embeddings [n, hidden]) that replace those rows' token embeddings
     (a multimodal step's encoder outputs)."""
     meta = AttentionMetadata(
-        positions=mx.array(step.positions),
+        positions=mx.array(step.positions if step.mrope is None else step.mrope[0]),
         cu_seqlens_q=mx.array(step.cu_seqlens_q),
         seq_lens=mx.array(step.seq_lens),
         block_tables=[mx.array(t) for t in step.block_tables],
         slot_mapping=[mx.array(s) for s in step.slot_mapping],
+        rope_angles=None if step.rope_angles is None else mx.array(step.rope_angles),
     )
     if state_slots is not None:
         slots: list[mx.array | None] = [None] * len(step.block_tables)

@@ -71,12 +71,12 @@ bool same_angles(const StackLayer& a, const StackLayer& b) {
 }
 
 // x [t, heads, head_dim] in place, with the angles in `table` ([t, dims / 2] cos, then sin).
-void rotate(RopeArgs r, const ScratchVector<float>& table, float* x, int heads) {
+void rotate(RopeArgs r, const float* cos, const float* sin, float* x, int heads) {
   r.x = x;
   r.out = x;
   r.m = heads;
-  r.cos_table = table.data();
-  r.sin_table = table.data() + table.size() / 2;
+  r.cos_table = cos;
+  r.sin_table = sin;
   rope_cpu(r);
 }
 
@@ -427,13 +427,19 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
         // Every layer rotates q and k at the same positions: the angles (in
         // double, then cos/sin) are formed once per step, not 2 x layers times.
         const RopeArgs rope = rope_args(l, a.positions, t, a.head_dim);
-        if (angles_of == nullptr || !same_angles(*angles_of, l)) {
-          angles.resize(2 * t * (l.rope_dims / 2));
-          rope_table_cpu(rope, angles.data(), angles.data() + angles.size() / 2);
-          angles_of = &l;
+        const float* cos = a.rope_cos;
+        const float* sin = a.rope_sin;
+        if (cos == nullptr) {
+          if (angles_of == nullptr || !same_angles(*angles_of, l)) {
+            angles.resize(2 * t * (l.rope_dims / 2));
+            rope_table_cpu(rope, angles.data(), angles.data() + angles.size() / 2);
+            angles_of = &l;
+          }
+          cos = angles.data();
+          sin = angles.data() + angles.size() / 2;
         }
-        rotate(rope, angles, q.data(), a.num_heads);
-        rotate(rope, angles, k.data(), a.num_kv_heads);
+        rotate(rope, cos, sin, q.data(), a.num_heads);
+        rotate(rope, cos, sin, k.data(), a.num_kv_heads);
       }
       write_cache(a, li, k.data(), v.data());
 

@@ -135,6 +135,10 @@ struct StackArgs {
   KvQuant kv_quant = KvQuant::None; // quantized caches: uint8 rows (kv_quant.h)
   bool key_columns = false; // float key caches [num_blocks, num_kv_heads, head_dim, block_size]
   const int32_t* positions;    // [t]
+  // Rotary angles given per row, cos then sin [t, rope_dims / 2] each (M-RoPE:
+  // each frequency reads its own axis's position); null: formed from positions.
+  const float* rope_cos = nullptr;
+  const float* rope_sin = nullptr;
   const int32_t* seq_lens;     // [num_seqs]
   const int32_t* cu_seqlens_q; // [num_seqs + 1]
   int num_seqs;
