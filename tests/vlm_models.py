@@ -235,8 +235,10 @@ class ReferenceVLM:
         sequence each step (no cache to get wrong)."""
         import torch
 
-        extra = ({k: torch.as_tensor(v) for k, v in self.images(images, return_tensors="pt").items()}
-                 if images else {})
+        extra = {}
+        if images:
+            batch = self.images(images, return_tensors="pt")
+            extra = {k: torch.as_tensor(v) for k, v in batch.items()}
         ids = list(prompt_ids)
         tokens, logprobs = [], []
         for _ in range(max_tokens):
