@@ -6,6 +6,11 @@ and no encoder output kept for a finished request."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from tests.e2e.conftest import make_llm
@@ -135,3 +140,28 @@ def _image_token(model_dir) -> int:
 
 def _runner(llm):
     return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["tensor_parallel_size", "pipeline_parallel_size"])
+def test_two_ranks_give_one_ranks_tokens(flag, llm, kind, model_dir):
+    # Each rank encodes the images itself (vLLM sends every rank the schedule).
+    chats = [_chat("What is in the picture?", make_image(40, (112, 112))),
+             _chat("Describe it.", make_image(41, (84, 56)))]
+    want = [_tokens_and_logprobs(o)[0] for o in _greedy(llm, chats)]
+    script = (
+        "import json, sys\n"
+        "from tests.e2e.conftest import make_llm\n"
+        "from tests.e2e import test_vision as tv\n"
+        "from tests.vlm_models import make_image\n"
+        f"llm = make_llm({str(model_dir)!r}, {flag}=2, distributed_executor_backend='mp')\n"
+        "chats = [tv._chat('What is in the picture?', make_image(40, (112, 112))),\n"
+        "         tv._chat('Describe it.', make_image(41, (84, 56)))]\n"
+        "print('TOKENS', json.dumps([tv._tokens_and_logprobs(o)[0] "
+        "for o in tv._greedy(llm, chats)]))\n")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=600, env=env)
+    line = next((ln for ln in run.stdout.splitlines() if ln.startswith("TOKENS ")), None)
+    assert line is not None, run.stderr[-3000:]
+    assert json.loads(line.removeprefix("TOKENS ")) == want

@@ -118,3 +118,31 @@ def test_text_inputs_pass():
     check_engine_input({"type": "token", "prompt_token_ids": [1, 2]})
     check_engine_input({"type": "multimodal", "prompt_token_ids": [1],
                         "mm_placeholders": {}, "mm_kwargs": {}})
+
+
+def _config_of(model_type: str):
+    from types import SimpleNamespace
+
+    hf = SimpleNamespace(to_dict=lambda: {"model_type": model_type})
+    return SimpleNamespace(model_config=SimpleNamespace(hf_config=hf))
+
+
+@pytest.mark.parametrize("model_type,served", [("llava", True), ("qwen2_5_vl", True),
+                                               ("qwen2_vl", True), ("qwen3_vl", False),
+                                               ("idefics3", False), ("llama", False)])
+def test_images_pass_only_for_models_whose_tower_runs_here(model_type, served, monkeypatch):
+    from vllm_metal.v1 import param_support
+
+    monkeypatch.setattr(param_support, "_served_modalities", frozenset())
+    param_support.remember_modalities(_config_of(model_type))
+    image = {"type": "multimodal", "prompt_token_ids": [1, 2],
+             "mm_placeholders": {"image": [object()]}, "mm_kwargs": {}}
+    audio = {"type": "multimodal", "prompt_token_ids": [1],
+             "mm_placeholders": {"audio": [object()]}, "mm_kwargs": {}}
+    if served:
+        param_support.check_engine_input(image)
+    else:
+        with pytest.raises(ValueError, match="image inputs are not served"):
+            param_support.check_engine_input(image)
+    with pytest.raises(ValueError, match="audio inputs"):
+        param_support.check_engine_input(audio)
