@@ -82,3 +82,19 @@ def test_decoder_pooling_runners_are_accepted(kwargs, convert):
 
 def test_the_generate_runner_is_accepted():
     assert _config(runner="generate").model_config.runner_type == "generate"
+
+
+def test_a_llava_checkpoint_whose_language_model_mlx_lm_would_misbuild_is_refused(tmp_path):
+    import json
+    import shutil
+
+    from tests.vlm_models import cached_vlm_model
+
+    path = tmp_path / "llava-qwen2"
+    shutil.copytree(cached_vlm_model("llava"), path)
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["model_type"] = "qwen2"
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="with a qwen2 language model"):
+        EngineArgs(model=str(path), max_model_len=256).create_engine_config()
+    EngineArgs(model=str(cached_vlm_model("llava")), max_model_len=256).create_engine_config()

@@ -33,6 +33,7 @@ class UnsupportedConfigError(ValueError):
 
 def check_vllm_config(vllm_config: VllmConfig) -> None:
     _check_runner(vllm_config)
+    _check_vision(vllm_config)
     parallel = vllm_config.parallel_config
     for flag, value in (("--decode-context-parallel-size", parallel.decode_context_parallel_size),
                         ("--prefill-context-parallel-size",
@@ -92,6 +93,23 @@ def check_vllm_config(vllm_config: VllmConfig) -> None:
         raise UnsupportedConfigError(
             f"--block-size {block_size} is not supported: it must be a multiple of "
             f"{smallest} (the paged kernels use pages of {KERNEL_BLOCK_SIZES})")
+
+
+# LLaVA's language models mlx-lm builds (its llava wrapper builds Llama unless told
+# Ministral 3 or Mistral 4): any other would load into the wrong class.
+_LLAVA_TEXT = ("llama", "mistral", "ministral3", "mistral4")
+
+
+def _check_vision(vllm_config: VllmConfig) -> None:
+    model = vllm_config.model_config
+    config = getattr(model, "hf_config", None) if model is not None else None
+    if getattr(config, "model_type", None) != "llava":
+        return
+    text = getattr(config.get_text_config(), "model_type", "llama")
+    if text not in _LLAVA_TEXT:
+        raise UnsupportedConfigError(
+            f"{model.model}: a LLaVA checkpoint with a {text} language model is not served "
+            f"(mlx-lm builds LLaVA's language model as one of {', '.join(_LLAVA_TEXT)})")
 
 
 def _check_runner(vllm_config: VllmConfig) -> None:

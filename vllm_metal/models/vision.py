@@ -25,6 +25,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
+    from vllm_metal.backend import Backend
+
 # Checkpoint key prefixes of the vision weights, transformers 5's first: the
 # key is stored without them.
 _PREFIXES = ("model.vision_tower.", "vision_tower.", "model.multi_modal_projector.",
@@ -37,13 +39,15 @@ class VisionTower:
 
     modality = "image"
 
-    def __init__(self, config: dict, weights: dict[str, mx.array], dtype: mx.Dtype) -> None:
+    def __init__(self, config: dict, weights: dict[str, mx.array], dtype: mx.Dtype,
+                 backend: Backend) -> None:
         self.config = config
         self.dtype = dtype
         with _processors_untouched():
             self.modules = self._build(config)
         self.modules.load_weights(list(self._sanitize(weights).items()), strict=True)
         self.modules.set_dtype(dtype)
+        backend.prepare_weights(self.modules)   # the CPU backend's linears, as the LM's
         mx.eval(self.modules.parameters())
 
     def encode(self, items: list[dict[str, torch.Tensor]]) -> list[mx.array]:
@@ -143,14 +147,15 @@ def vision_model_type(config: dict) -> str | None:
     return kind if kind in TOWERS else None
 
 
-def load_vision_tower(path: str | Path, dtype: mx.Dtype) -> VisionTower | None:
+def load_vision_tower(path: str | Path, dtype: mx.Dtype, backend: Backend
+                      ) -> VisionTower | None:
     """The tower of the checkpoint at ``path`` (None: not a served VLM)."""
     path = Path(path)
     config = json.loads((path / "config.json").read_text())
     kind = vision_model_type(config)
     if kind is None:
         return None
-    return TOWERS[kind](config, _vision_weights(path), dtype)
+    return TOWERS[kind](config, _vision_weights(path), dtype, backend)
 
 
 @contextlib.contextmanager

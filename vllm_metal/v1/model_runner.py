@@ -143,7 +143,7 @@ class MetalModelRunner:
                                  pooling=self.model_config.runner_type == "pooling")
         self._check_quantized_kv()
         if self.model_config.is_multimodal_model:
-            tower = load_vision_tower(self.model_config.model, dtype)
+            tower = load_vision_tower(self.model_config.model, dtype, self.backend)
             if tower is not None:
                 self.encoder_cache = EncoderCache(tower)
         sections = mrope_sections(self.model_config.hf_config)
