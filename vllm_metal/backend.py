@@ -10,6 +10,7 @@ load and to the runner; the platform asks it for the device's facts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, Protocol
@@ -88,6 +89,11 @@ class Backend(ABC):
                          dims: ModelDims) -> Backbone:
         """After the adapter probed the model: refuse what this backend cannot run
         (UnsupportedModelError), place the weights, plan the step's forward."""
+
+    def encoder_context(self) -> contextlib.AbstractContextManager:
+        """Around an encoder's forward (a vision tower's): this backend's kernels
+        for what MLX runs slowly here."""
+        return contextlib.nullcontext()
 
     # -- the KV cache: the runner -------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -141,6 +142,11 @@ class CpuBackend(Backend):
                    f"{', decoder stack as one CPU node' if stack else ''}"
                    f"{', int8 activations' if int8 and fast else ''}")
         return CpuBackbone(adapter, stack, summary)
+
+    def encoder_context(self) -> contextlib.AbstractContextManager:
+        from vllm_metal.cpu.full_attention import full_attention
+
+        return full_attention()   # MLX's CPU attention is scalar and single-threaded
 
     def kv_cache_dtype(self, model: nn.Module) -> mx.Dtype | None:
         # Half precision may halve an fp32 model's cache (vLLM's own

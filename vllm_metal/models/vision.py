@@ -43,6 +43,7 @@ class VisionTower:
                  backend: Backend) -> None:
         self.config = config
         self.dtype = dtype
+        self.backend = backend
         with _processors_untouched():
             self.modules = self._build(config)
         self.modules.load_weights(list(self._sanitize(weights).items()), strict=True)
@@ -52,9 +53,16 @@ class VisionTower:
 
     def encode(self, items: list[dict[str, torch.Tensor]]) -> list[mx.array]:
         # One item at a time: an image's rows never depend on what else the step
-        # encodes (greedy output is the same alone and in a batch).
-        return [_given_embeds(item, self.dtype) if "image_embeds" in item
-                else self._encode_one(item) for item in items]
+        # encodes (greedy output is the same alone and in a batch). Evaluated inside
+        # the backend's encoder context, whose kernels replace MLX's there.
+        out = []
+        with self.backend.encoder_context():
+            for item in items:
+                rows = (_given_embeds(item, self.dtype) if "image_embeds" in item
+                        else self._encode_one(item))
+                mx.eval(rows)
+                out.append(rows)
+        return out
 
     def _encode_one(self, item: dict[str, torch.Tensor]) -> mx.array:
         raise NotImplementedError
