@@ -26,8 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-CACHE = Path(os.environ.get("VLLM_METAL_BENCH_CACHE",
-                            Path.home() / ".cache" / "vllm-metal-bench")) / "models"
+from benchmarks.bench_embeddings import CACHE  # noqa: E402 (the bench cache's models)
 
 SHAPES = {
     "qwen2-vl-2b": dict(
