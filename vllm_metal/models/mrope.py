@@ -9,7 +9,8 @@ consecutive chunks, or interleaved T H W T H W ... in Qwen3-VL).
 mlx-lm's language models for these checkpoints rotate with one position per token,
 which is right for text rows only. Here the per-request positions come from vLLM's
 own model class (``get_mrope_input_positions``, the function vLLM's GPU runner calls),
-each step gets them per packed row (``StepRopePositions``), and ``SectionedRope``
+each step gets them per packed row (``RequestRopePositions.of_step``), their angles
+are formed once on the host (``RopeAngles``), and ``SectionedRope``
 replaces each attention's rotary module to read them. Rows past the prompt (decode)
 are at ``position + delta`` on all three axes, as vLLM does.
 """
