@@ -93,10 +93,10 @@ class EncoderRunner:
             lengths.append(scheduled[req_id])
         ids = mx.array(np.concatenate([pooling.prompt(r) for r in req_ids]).astype(np.int32))
         types = [self._token_types(r, n) for r, n in zip(req_ids, lengths)]
-        hidden = self.loaded.model(ids, lengths, None if all(t is None for t in types) else
-                                   mx.array(np.concatenate([
-                                       np.zeros(n, np.int32) if t is None else t
-                                       for t, n in zip(types, lengths)])))
+        token_types = None if all(t is None for t in types) else mx.array(np.concatenate([
+            np.zeros(n, np.int32) if t is None else t for t, n in zip(types, lengths)]))
+        with self.backend.encoder_context():   # the graph is built here: its kernels
+            hidden = self.loaded.model(ids, lengths, token_types)
         cu = np.concatenate([[0], np.cumsum(lengths)])
         output = ModelRunnerOutput(req_ids=req_ids,
                                    req_id_to_index={r: i for i, r in enumerate(req_ids)})
