@@ -105,11 +105,13 @@ def test_prompt_logprob_token_ids_array_form_is_refused():
                                      "mm_placeholders": {"audio": [object()]}},
       "decoder": {"type": "token", "prompt_token_ids": [1]}}, "audio inputs"),
 ])
-def test_inputs_the_runner_cannot_feed_are_refused(engine_input, named):
-    from vllm_metal.v1.param_support import check_engine_input
+def test_inputs_the_runner_cannot_feed_are_refused(engine_input, named, monkeypatch):
+    from vllm_metal.v1 import param_support
 
+    # A text model's process (an earlier test's vision model may have set it).
+    monkeypatch.setattr(param_support, "_served_modalities", frozenset())
     with pytest.raises(ValueError, match=named):
-        check_engine_input(engine_input)
+        param_support.check_engine_input(engine_input)
 
 
 def test_text_inputs_pass():
