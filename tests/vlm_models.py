@@ -2,7 +2,8 @@
 
 `make_vlm_model(path, kind)` instantiates transformers' own class for the kind
 (LLaVA: a CLIP tower, a two-layer projector and a Llama; Qwen2.5-VL: its
-windowed ViT with the 2x2 merger and a Qwen2 with M-RoPE) from a small config,
+windowed ViT with the 2x2 merger and a Qwen2 with M-RoPE; Qwen2-VL: the same with
+full attention in every block) from a small config,
 refills its parameters with seeded values scaled for wide greedy margins (as
 tests/family_models.py does for text models), and saves it with
 ``save_pretrained`` (transformers 5's key layout), with the byte-level BPE
@@ -41,13 +42,14 @@ _CHAT = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
-KINDS = ("llava", "qwen2_5_vl")
+KINDS = ("llava", "qwen2_5_vl", "qwen2_vl")
 # kind -> (added special tokens, the placeholder text an image part renders as)
 _TOKENS = {
     "llava": (["<image>"], "<image>"),
     "qwen2_5_vl": (["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
                    "<|vision_start|><|image_pad|><|vision_end|>"),
 }
+_TOKENS["qwen2_vl"] = _TOKENS["qwen2_5_vl"]
 
 _GAIN = {"o_proj": 3.0, "down_proj": 3.0, "out_proj": 2.0, "fc2": 2.0, "proj": 2.0,
          "linear_2": 2.0}
@@ -104,7 +106,8 @@ def _model_class(kind: str):
     import transformers
 
     return {"llava": transformers.LlavaForConditionalGeneration,
-            "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration}[kind]
+            "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
+            "qwen2_vl": transformers.Qwen2VLForConditionalGeneration}[kind]
 
 
 def _text(vocab: int, tokenizer, overrides: dict) -> dict:
@@ -146,7 +149,25 @@ def _qwen2_5_vl_config(vocab: int, ids: dict, tokenizer, overrides: dict):
                             tie_word_embeddings=True)
 
 
-_CONFIGS = {"llava": _llava_config, "qwen2_5_vl": _qwen2_5_vl_config}
+def _qwen2_vl_config(vocab: int, ids: dict, tokenizer, overrides: dict):
+    from transformers import Qwen2VLConfig
+
+    text = {**_text(vocab, tokenizer, overrides), "model_type": "qwen2_vl_text",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "mrope_section": [4, 6, 6]}}
+    text.pop("head_dim")
+    # Qwen2-VL's ViT: full attention in every block, a LayerNorm'd MLP merger.
+    vision = dict(depth=2, embed_dim=64, hidden_size=TEXT["hidden_size"], num_heads=4,
+                  mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2,
+                  in_chans=3)
+    return Qwen2VLConfig(text_config=text, vision_config=vision,
+                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                         vision_start_token_id=ids["<|vision_start|>"],
+                         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
+
+
+_CONFIGS = {"llava": _llava_config, "qwen2_5_vl": _qwen2_5_vl_config,
+            "qwen2_vl": _qwen2_vl_config}
 
 
 def _init(name: str, p: np.ndarray, rng: np.random.Generator, vocab: int,
@@ -199,6 +220,7 @@ def _write_processor(path: Path, kind: str) -> None:
             "image_token": "<image>"})
     else:
         # 28-pixel units (patch 14 x merge 2); small images stay a few patches.
+        processor = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}[kind]
         _write_json(path / "preprocessor_config.json", {
             "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 14,
             "temporal_patch_size": 2, "merge_size": 2,
@@ -206,7 +228,7 @@ def _write_processor(path: Path, kind: str) -> None:
             "min_pixels": 28 * 28, "max_pixels": 28 * 28 * 16,
             "image_mean": [0.48145466, 0.4578275, 0.40821073],
             "image_std": [0.26862954, 0.26130258, 0.27577711]})
-        _write_json(path / "processor_config.json", {"processor_class": "Qwen2_5_VLProcessor"})
+        _write_json(path / "processor_config.json", {"processor_class": processor})
 
 
 def make_image(seed: int, size: tuple[int, int] = (48, 40)):
@@ -243,7 +265,7 @@ class ReferenceVLM:
         tokens, logprobs = [], []
         for _ in range(max_tokens):
             x = torch.tensor([ids])
-            if self.model.config.model_type == "qwen2_5_vl":
+            if self.model.config.model_type in ("qwen2_vl", "qwen2_5_vl"):
                 # Without the token types transformers silently rotates at 1-D positions.
                 extra["mm_token_type_ids"] = (x == self.model.config.image_token_id).int()
             with torch.no_grad():
