@@ -64,8 +64,7 @@ class RequestRopePositions:
 
     def add(self, req_id: str, prompt_ids: list[int], mm_features: list) -> None:
         if not mm_features:
-            self.delta[req_id] = 0   # text only: the plain positions
-            return
+            return   # text only: the plain positions (delta 0)
         positions, delta = self._model.get_mrope_input_positions(prompt_ids, mm_features)
         self.prompt[req_id] = np.asarray(positions, dtype=np.int32).reshape(3, -1)
         self.delta[req_id] = int(delta)

@@ -57,9 +57,7 @@ class EncoderCache:
                 todo.setdefault(feature.identifier, feature)
         if not todo:
             return
-        items = [{k: v for k, v in f.data.get_data().items()} for f in todo.values()]
-        encoded = self.tower.encode(items)
-        mx.eval(encoded)
+        encoded = self.tower.encode([f.data.get_data() for f in todo.values()])   # evaluated
         for (identifier, feature), rows in zip(todo.items(), encoded):
             expected = feature.mm_position.get_num_embeds()
             if rows.shape[0] != expected:
