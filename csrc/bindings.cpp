@@ -86,6 +86,7 @@ head_size, block_size].)");
       nb::kw_only(),
       "kv_quant"_a = 0,
       "key_columns"_a = false,
+      "key_ends"_a = nb::none(),
       "stream"_a = nb::none(),
       R"(Varlen causal attention through block tables. query [total_q, num_heads,
 head_size]; caches [num_blocks, block_size, num_kv_heads, head_size] (kv_quant
@@ -93,7 +94,9 @@ head_size]; caches [num_blocks, block_size, num_kv_heads, head_size] (kv_quant
 block_tables int32 [num_seqs, max_blocks]; seq_lens int32 [num_seqs];
 cu_seqlens_q int32 [num_seqs + 1]; sinks float [num_heads] or None;
 key_columns (float caches at head sizes 64/128/256, CPU): key_cache
-[num_blocks, num_kv_heads, head_size, block_size].
+[num_blocks, num_kv_heads, head_size, block_size]; key_ends int32 [total_q]
+or None: a row also attends to the keys after it up to its entry (capped at
+its context: bidirectional spans).
 Returns [total_q, num_heads, head_size] in query's dtype.)");
 
   m.def(
@@ -387,6 +390,7 @@ module); filled (L ints per module, nonzero where the slot's adapter targets it)
       "end"_a = std::pair<int, int>{-1, 0},
       "carry"_a = nb::none(),
       "rope_angles"_a = nb::none(),
+      "key_ends"_a = nb::none(),
       "stream"_a = nb::none(),
       R"(Every decoder layer, then the final RMSNorm, as one CPU node. x float32
 [1, T, hidden]; caches float32/float16/bfloat16 [num_blocks, block_size,
@@ -405,7 +409,8 @@ norm. carry: begun at o or down, that projection's whole input float32
 [1, T, in_features] (every rank's slice, gathered). Ended at o or down, returns
 [residual stream [1, T, hidden], this rank's slice of that projection's input
 [1, T, width]]. rope_angles: float32 [2, T, rope_dims / 2], cos then sin of each
-row's rotary angles, in place of those formed from positions (M-RoPE).)");
+row's rotary angles, in place of those formed from positions (M-RoPE). key_ends:
+int32 [T], each row's key end in attention (paged_attention's), or None.)");
 
   m.def(
       "lora_delta",

@@ -16,6 +16,7 @@ struct PagedAttentionParams {
   int sliding_window;      // keep the last W positions (used with use_sliding_window)
   float scale;             // softmax scale, natural-log units
   float softcap;           // c in c * tanh(s / c) (used with use_softcap)
+  int use_key_ends;        // 1: buffer(11) holds each query row's key end (varlen)
 };
 
 struct ReshapeAndCacheParams {

@@ -16,7 +16,9 @@
 // int [num_seqs + 1]; 6 sinks float [num_heads]; 7 out [total_q, num_heads, D];
 // 8 partial_stats float [total_q, num_heads, num_partitions, 2] (max, exp-sum,
 // log2 domain); 9 partial_out float [total_q, num_heads, num_partitions, D]
-// (normalized); 10 PagedAttentionParams.
+// (normalized); 10 PagedAttentionParams; 11 key_ends int [total_q] (read with
+// params.use_key_ends: a row of a bidirectional span also attends to the keys
+// after it, up to its entry, capped at the sequence's length).
 #pragma once
 
 #include "attention_utils.h"
@@ -36,6 +38,7 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
     device float* partial_stats [[buffer(8)]],
     device float* partial_out [[buffer(9)]],
     constant PagedAttentionParams& params [[buffer(10)]],
+    device const int* key_ends [[buffer(11)]],
     uint3 group [[threadgroup_position_in_grid]],
     uint lane [[thread_index_in_simdgroup]],
     uint simd_id [[simdgroup_index_in_threadgroup]],
@@ -50,6 +53,7 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
   const int pos = seq_lens[seq] - q_len + (row - q_start);
   int key_begin = use_sliding_window ? max(0, pos - params.sliding_window + 1) : 0;
   int key_end = pos + 1;
+  if (params.use_key_ends) key_end = max(key_end, min(key_ends[row], seq_lens[seq]));
   if (write_partials) {
     key_begin = max(key_begin, part * params.partition_size);
     key_end = min(key_end, (part + 1) * params.partition_size);

@@ -3,7 +3,9 @@
 `make_vlm_model(path, kind)` instantiates transformers' own class for the kind
 (LLaVA: a CLIP tower, a two-layer projector and a Llama; Qwen2.5-VL: its
 windowed ViT with the 2x2 merger and a Qwen2 with M-RoPE; Qwen2-VL: the same with
-full attention in every block) from a small config,
+full attention in every block; Gemma 3: a SigLIP tower pooled to 16 image tokens
+and a Gemma 3 with a sliding and a global layer, whose image tokens attend
+to their whole image) from a small config,
 refills its parameters with seeded values scaled for wide greedy margins (as
 tests/family_models.py does for text models), and saves it with
 ``save_pretrained`` (transformers 5's key layout), with the byte-level BPE
@@ -42,7 +44,8 @@ _CHAT = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
-KINDS = ("llava", "qwen2_5_vl", "qwen2_vl")
+KINDS = ("llava", "qwen2_5_vl", "qwen2_vl", "gemma3")
+GEMMA3_WINDOW = 48       # the sliding layer's window: longer than an image (16 tokens)
 # kind -> (added special tokens, the placeholder text an image part renders as)
 _TOKENS = {
     "llava": (["<image>"], "<image>"),
@@ -50,6 +53,10 @@ _TOKENS = {
                    "<|vision_start|><|image_pad|><|vision_end|>"),
 }
 _TOKENS["qwen2_vl"] = _TOKENS["qwen2_5_vl"]
+# Gemma 3's chat template writes <start_of_image>; its processor expands it into
+# "\n\n<start_of_image>" + 16 x <image_soft_token> + "<end_of_image>\n\n".
+_TOKENS["gemma3"] = (["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+                     "<start_of_image>")
 
 _GAIN = {"o_proj": 3.0, "down_proj": 3.0, "out_proj": 2.0, "fc2": 2.0, "proj": 2.0,
          "linear_2": 2.0}
@@ -70,6 +77,10 @@ def make_vlm_model(path: str | Path, kind: str = "llava", *, seed: int = 0,
     added, placeholder = _TOKENS[kind]
     tokenizer = _train_tokenizer(VOCAB)
     tokenizer.add_special_tokens(added)
+    if kind == "gemma3":
+        # vLLM's Gemma 3 processor merges the newlines around an image into the
+        # single tokens Gemma's vocabulary has for runs of them.
+        tokenizer.add_tokens(["\n", "\n\n", "\n\n\n", "\n\n\n\n"])
     ids = {t: tokenizer.token_to_id(t) for t in added}
     vocab = tokenizer.get_vocab_size()
     config = _CONFIGS[kind](vocab, ids, tokenizer, text_overrides)
@@ -107,7 +118,8 @@ def _model_class(kind: str):
 
     return {"llava": transformers.LlavaForConditionalGeneration,
             "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
-            "qwen2_vl": transformers.Qwen2VLForConditionalGeneration}[kind]
+            "qwen2_vl": transformers.Qwen2VLForConditionalGeneration,
+            "gemma3": transformers.Gemma3ForConditionalGeneration}[kind]
 
 
 def _text(vocab: int, tokenizer, overrides: dict) -> dict:
@@ -166,8 +178,31 @@ def _qwen2_vl_config(vocab: int, ids: dict, tokenizer, overrides: dict):
                          vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=True)
 
 
+def _gemma3_config(vocab: int, ids: dict, tokenizer, overrides: dict):
+    from transformers import Gemma3Config
+
+    # hidden 64: the embedding scale sqrt(64) = 8 is exact in bfloat16, as mlx-lm rounds it.
+    text = {**_text(vocab, tokenizer, overrides), "model_type": "gemma3_text",
+            "hidden_size": 64, "intermediate_size": 128, "head_dim": 64,
+            "query_pre_attn_scalar": 64, "sliding_window": GEMMA3_WINDOW,
+            # Untied: with a tied head the scaled input embedding dominates the last
+            # hidden state and a tiny model only repeats its last token.
+            "tie_word_embeddings": False,
+            "sliding_window_pattern": 2, "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}}
+    vision = dict(model_type="siglip_vision_model", hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, image_size=64, patch_size=8,
+                  layer_norm_eps=1e-6, vision_use_head=False)
+    return Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=16,
+                        boi_token_index=ids["<start_of_image>"],
+                        eoi_token_index=ids["<end_of_image>"],
+                        image_token_index=ids["<image_soft_token>"], tie_word_embeddings=False)
+
+
 _CONFIGS = {"llava": _llava_config, "qwen2_5_vl": _qwen2_5_vl_config,
-            "qwen2_vl": _qwen2_vl_config}
+            "qwen2_vl": _qwen2_vl_config, "gemma3": _gemma3_config}
 
 
 def _init(name: str, p: np.ndarray, rng: np.random.Generator, vocab: int,
@@ -187,6 +222,10 @@ def _init(name: str, p: np.ndarray, rng: np.random.Generator, vocab: int,
         return rng.normal(0.0, 1.0 / np.sqrt(fan_in), p.shape).astype(np.float32)
     if "position" in name:   # learned position tables
         return rng.normal(0.0, 0.5, p.shape).astype(np.float32)
+    if leaf == "mm_input_projection_weight":
+        # Gemma 3's image rows as large as its text rows, which the model scales by
+        # sqrt(hidden) = 8: otherwise the picture hardly moves the answer.
+        return rng.normal(0.0, 8.0 / np.sqrt(p.shape[0]), p.shape).astype(np.float32)
     gain = _GAIN.get(owner, _DEFAULT_GAIN)
     return rng.normal(0.0, gain / np.sqrt(p.shape[1]), p.shape).astype(np.float32)
 
@@ -195,10 +234,15 @@ def _write_tokenizer(path: Path, tokenizer, placeholder: str, config) -> None:
     text = config.text_config
     template = _CHAT.replace("IMAGE", repr(placeholder))
     tokenizer.save(str(path / "tokenizer.json"))
+    extra = {}
+    if config.model_type == "gemma3":   # the names Gemma 3's processor reads
+        extra = {"extra_special_tokens": {"boi_token": "<start_of_image>",
+                                          "eoi_token": "<end_of_image>",
+                                          "image_token": "<image_soft_token>"}}
     _write_json(path / "tokenizer_config.json", {
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
         "pad_token": PAD, "model_max_length": TEXT["max_position_embeddings"],
-        "clean_up_tokenization_spaces": False, "chat_template": template})
+        "clean_up_tokenization_spaces": False, "chat_template": template, **extra})
     _write_json(path / "chat_template.json", {"chat_template": template})
     _write_json(path / "generation_config.json", {
         "bos_token_id": text.bos_token_id, "eos_token_id": text.eos_token_id,
@@ -218,6 +262,14 @@ def _write_processor(path: Path, kind: str) -> None:
             "processor_class": "LlavaProcessor", "patch_size": PATCH,
             "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1,
             "image_token": "<image>"})
+    elif kind == "gemma3":
+        _write_json(path / "preprocessor_config.json", {
+            "image_processor_type": "Gemma3ImageProcessor", "do_resize": True,
+            "size": {"height": 64, "width": 64}, "resample": 2, "do_rescale": True,
+            "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True, "do_pan_and_scan": False})
+        _write_json(path / "processor_config.json", {"processor_class": "Gemma3Processor",
+                                                     "image_seq_length": 16})
     else:
         # 28-pixel units (patch 14 x merge 2); small images stay a few patches.
         processor = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}[kind]
@@ -268,6 +320,9 @@ class ReferenceVLM:
             if self.model.config.model_type in ("qwen2_vl", "qwen2_5_vl"):
                 # Without the token types transformers silently rotates at 1-D positions.
                 extra["mm_token_type_ids"] = (x == self.model.config.image_token_id).int()
+            elif self.model.config.model_type == "gemma3":
+                # Without them an image's tokens attend causally, not to the whole image.
+                extra["token_type_ids"] = (x == self.model.config.image_token_id).int()
             with torch.no_grad():
                 logits = self.model(input_ids=x, attention_mask=torch.ones_like(x),
                                     **extra).logits[0, -1].double()

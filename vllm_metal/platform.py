@@ -95,16 +95,33 @@ class MetalPlatform(Platform):
 
         compat.apply_all()
         check_vllm_config(vllm_config)
+        mm = getattr(vllm_config.model_config, "multimodal_config", None)
+        if mm is not None and not mm.language_model_only:
+            from vllm_metal.models.vision import lacks_tower_weights
+
+            model = vllm_config.model_config
+            if lacks_tower_weights(model.model, model.hf_config.to_dict()):
+                # No tower to encode images with: vLLM then serves the text model and
+                # refuses images itself (HTTP 400), as with --language-model-only.
+                logger.info("%s has no vision weights: serving its language model only",
+                            model.model)
+                mm.language_model_only = True
         remember_engines(vllm_config)
         remember_server_config(vllm_config)
         remember_modalities(vllm_config)
 
-        mm = getattr(vllm_config.model_config, "multimodal_config", None)
         if mm is not None:
             # The vision towers (models.vision) take pixels as the HF processor
             # normalises them; vLLM would otherwise send raw uint8 bytes for some
             # models (Qwen2.5-VL) and leave the rescale to its own torch tower.
             mm.mm_device_do_normalize = False
+        scheduler = vllm_config.scheduler_config
+        if (vllm_config.model_config is not None and vllm_config.model_config.is_mm_prefix_lm
+                and scheduler.is_multimodal_model):
+            # An image's tokens attend to the whole image (Gemma 3): its keys must all
+            # be in the step that computes them, so a prompt chunk never splits an
+            # image (vLLM's CUDA platform does the same).
+            scheduler.disable_chunked_mm_input = True
 
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":

@@ -224,7 +224,7 @@ void bind_dispatch_debug(nb::module_& m) {
       [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
          int num_kv_heads, int head_size, int block_size, const std::string& dtype, const std::string& route,
          int partition_size, float scale, int sliding_window, float softcap, bool has_sinks,
-         int max_blocks_per_seq, int kv_quant) {
+         int max_blocks_per_seq, int kv_quant, bool has_key_ends) {
         auto p = make_problem(seq_lens, query_lens, num_heads, num_kv_heads, head_size, block_size, dtype,
                               std::nullopt);
         p.kv_quant = kv_quant;
@@ -237,7 +237,8 @@ void bind_dispatch_debug(nb::module_& m) {
           d.partition_size = partition_size;
           d.num_partitions = (longest + partition_size - 1) / partition_size;
         }
-        dispatch::PagedAttentionFeatures f{scale, sliding_window, softcap, has_sinks, max_blocks_per_seq};
+        dispatch::PagedAttentionFeatures f{scale, sliding_window, softcap, has_sinks, max_blocks_per_seq,
+                                           has_key_ends};
         const auto plan = dispatch::plan_paged_attention(p, d, f);
         nb::list launches;
         for (const auto& l : plan.launches) launches.append(to_dict(l));
@@ -251,8 +252,10 @@ void bind_dispatch_debug(nb::module_& m) {
       "seq_lens"_a, "query_lens"_a, "num_heads"_a, "num_kv_heads"_a, "head_size"_a, "block_size"_a,
       "dtype"_a, "route"_a, "partition_size"_a = kPartitionSize, "scale"_a, "sliding_window"_a = 0,
       "softcap"_a = 0.0f, "has_sinks"_a = false, "max_blocks_per_seq"_a, "kv_quant"_a = 0,
+      "has_key_ends"_a = false,
       "The Metal launches eval_gpu encodes for this route (dict: launches, params bytes, partial_rows, "
-      "num_partitions); kv_quant > 0: a quantized cache of codes and scales.");
+      "num_partitions); kv_quant > 0: a quantized cache of codes and scales; has_key_ends: buffer(11) "
+      "holds each query row's key end.");
 
   m.def(
       "reshape_and_cache_plan",
@@ -297,6 +300,7 @@ void bind_dispatch_debug(nb::module_& m) {
         VLLM_METAL_FIELD(sliding_window)
         VLLM_METAL_FIELD(scale)
         VLLM_METAL_FIELD(softcap)
+        VLLM_METAL_FIELD(use_key_ends)
 #undef VLLM_METAL_FIELD
         return nb::make_tuple(fields, sizeof(P));
       },

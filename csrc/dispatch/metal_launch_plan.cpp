@@ -84,6 +84,7 @@ PagedAttentionPlan plan_paged_attention(
   plan.params.sliding_window = f.sliding_window;
   plan.params.scale = f.scale;
   plan.params.softcap = f.softcap;
+  plan.params.use_key_ends = f.has_key_ends ? 1 : 0;
 
   const std::array<uint32_t, 3> one_simdgroup = {kSimdWidth, 1, 1};
   if (d.route == PagedRoute::GqaDecode) {

@@ -33,6 +33,7 @@ struct PagedAttentionFeatures {
   float softcap = 0.0f;    // 0 = off
   bool has_sinks = false;
   int max_blocks_per_seq = 0;
+  bool has_key_ends = false;  // buffer(11): each query row's key end
 };
 
 struct PagedAttentionPlan {

@@ -39,8 +39,10 @@ void paged_attention_gpu(
   const int64_t head_size = problem.head_size;
   mx::array stats = scratch(enc, plan.partial_rows * problem.num_heads * plan.num_partitions * 2);
   mx::array partials = scratch(enc, plan.partial_rows * problem.num_heads * plan.num_partitions * head_size);
-  // Without sinks the kernels never read buffer(6), but it must be bound: seq_lens stands in.
-  const mx::array& sinks = inputs.size() > 6 ? inputs[6] : inputs[4];
+  // Without sinks (key ends) the kernels never read buffer(6) (11), but it must be
+  // bound: seq_lens stands in.
+  const mx::array& sinks = features.has_sinks ? inputs[6] : inputs[4];
+  const mx::array& key_ends = features.has_key_ends ? inputs.back() : inputs[4];
   for (const auto& launch : plan.launches) {
     enc.set_compute_pipeline_state(pipeline(device, launch));
     enc.set_input_array(inputs[0], 0);
@@ -54,6 +56,7 @@ void paged_attention_gpu(
     enc.set_output_array(stats, 8);
     enc.set_output_array(partials, 9);
     enc.set_bytes(plan.params, 10);
+    enc.set_input_array(key_ends, 11);
     dispatch_launch(enc, launch);
   }
 }

@@ -325,6 +325,7 @@ std::vector<mx::array> decoder_stack(
     std::pair<int, int> end_at,
     const std::optional<mx::array>& carry,
     const std::optional<mx::array>& rope_angles,
+    const std::optional<mx::array>& key_ends,
     mx::StreamOrDevice s) {
   const cpu::StackPoint begin{begin_at.first, begin_at.second};
   const cpu::StackPoint end{end_at.first, end_at.second};
@@ -427,6 +428,12 @@ std::vector<mx::array> decoder_stack(
     }
     inputs.push_back(*rope_angles);
   }
+  if (key_ends) {
+    if (key_ends->ndim() != 1 || key_ends->shape(0) != t || !mx::issubdtype(key_ends->dtype(), mx::integer)) {
+      fail("key_ends must be integer [T]");
+    }
+    inputs.push_back(as_int32(*key_ends, stream));
+  }
   std::vector<mx::Shape> shapes = {x.shape()};
   if (end.layer != -1) {
     shapes.push_back({1, t, static_cast<int>(projection_input(*weights, end, false))});
@@ -436,7 +443,7 @@ std::vector<mx::array> decoder_stack(
       std::move(shapes), dtypes,
       std::make_shared<DecoderStack>(stream, std::move(weights), std::move(caches), layer_groups,
                                      std::move(lora), quant, key_columns, begin, end,
-                                     rope_angles.has_value()),
+                                     rope_angles.has_value(), key_ends.has_value()),
       std::move(inputs));
 }
 
@@ -451,7 +458,7 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
   for (const auto& i : inputs) in.push_back(row_contiguous(i, encoder));
   const bool carry = begin_.at != cpu::kLayerStart;
   const int groups = (static_cast<int>(inputs.size()) - kFixedInputs - (lora_ ? 1 : 0) -
-                      (carry ? 1 : 0) - (rope_angles_ ? 1 : 0)) / 2;
+                      (carry ? 1 : 0) - (rope_angles_ ? 1 : 0) - (key_ends_ ? 1 : 0)) / 2;
   int optional = kFixedInputs + 2 * groups;   // the next optional input
 
   cpu::StackArgs a;
@@ -500,6 +507,7 @@ void DecoderStack::eval_cpu(const std::vector<mx::array>& inputs,
     a.rope_cos = angles.data<float>();
     a.rope_sin = a.rope_cos + angles.size() / 2;
   }
+  if (key_ends_) a.key_ends = in[optional++].view.data<int32_t>();
   if (outputs.size() > 1) a.carry_out = outputs[1].data<float>();
 
   for (const auto& i : inputs) encoder.set_input_array(i);
@@ -516,7 +524,7 @@ bool DecoderStack::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecoderStack&>(other);
   if (weights_ != o.weights_ || caches_->size() != o.caches_->size() ||
       layer_groups_ != o.layer_groups_ || lora_ != o.lora_ || kv_quant_ != o.kv_quant_ ||
-      key_columns_ != o.key_columns_ || rope_angles_ != o.rope_angles_ ||
+      key_columns_ != o.key_columns_ || rope_angles_ != o.rope_angles_ || key_ends_ != o.key_ends_ ||
       begin_.layer != o.begin_.layer ||
       begin_.at != o.begin_.at || end_.layer != o.end_.layer || end_.at != o.end_.at) {
     return false;

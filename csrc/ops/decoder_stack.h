@@ -134,6 +134,8 @@ class DecoderStackWeights {
  *                angles, used by every rotating layer instead of those formed from
  *                positions (M-RoPE, whose frequencies read three positions; the
  *                layers must all rotate rope_dims). positions then only name rows.
+ * key_ends       int32 [T]: each row's key end in every layer's attention
+ *                (paged_attention's key_ends: bidirectional spans).
  *
  * The new keys and values are written into the caches' own buffers, which are
  * neither outputs nor inputs of the node but held by the primitive (lazy ones
@@ -164,6 +166,7 @@ std::vector<mlx::core::array> decoder_stack(
     std::pair<int, int> end = {-1, cpu::kLayerStart},
     const std::optional<mlx::core::array>& carry = std::nullopt,
     const std::optional<mlx::core::array>& rope_angles = std::nullopt,
+    const std::optional<mlx::core::array>& key_ends = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
 class DecoderStack : public CpuOnlyPrimitive {
@@ -171,12 +174,14 @@ class DecoderStack : public CpuOnlyPrimitive {
   // caches: every layer's key cache, then every layer's value cache.
   // lora: as decoder_stack's; with it, lora_rows is the node's last input.
   // begin, end: the segment the node runs (decoder_stack); begun mid-layer, the
-  // carry follows lora_rows. rope_angles: the rotary angles are the last input.
+  // carry follows lora_rows. rope_angles: the rotary angles follow; key_ends: the
+  // rows' key ends are the last input.
   DecoderStack(mlx::core::Stream stream, std::shared_ptr<DecoderStackWeights> weights,
                std::vector<mlx::core::array> caches, std::vector<int> layer_groups,
                std::shared_ptr<const DecoderStackLora> lora, KvQuant kv_quant, bool key_columns,
                cpu::StackPoint begin = {0, cpu::kLayerStart},
-               cpu::StackPoint end = {-1, cpu::kLayerStart}, bool rope_angles = false)
+               cpu::StackPoint end = {-1, cpu::kLayerStart}, bool rope_angles = false,
+               bool key_ends = false)
       : CpuOnlyPrimitive(stream, "the model runs module by module"),
         weights_(std::move(weights)),
         caches_(std::make_shared<const std::vector<mlx::core::array>>(std::move(caches))),
@@ -186,7 +191,8 @@ class DecoderStack : public CpuOnlyPrimitive {
         key_columns_(key_columns),
         begin_(begin),
         end_(end),
-        rope_angles_(rope_angles) {}
+        rope_angles_(rope_angles),
+        key_ends_(key_ends) {}
 
   void eval_cpu(
       const std::vector<mlx::core::array>& inputs,
@@ -209,6 +215,7 @@ class DecoderStack : public CpuOnlyPrimitive {
   bool key_columns_;
   cpu::StackPoint begin_, end_;
   bool rope_angles_;
+  bool key_ends_;
 };
 
 } // namespace vllm_metal

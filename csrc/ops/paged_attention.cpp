@@ -137,6 +137,7 @@ mx::array paged_attention(
     const std::optional<mx::array>& sinks,
     int kv_quant,
     bool key_columns,
+    const std::optional<mx::array>& key_ends,
     mx::StreamOrDevice s) {
   if (kv_quant < 0 || kv_quant > kKvQuantLast) {
     fail("kv_quant must be a KvQuant (0-" + std::to_string(kKvQuantLast) + ")");
@@ -189,13 +190,17 @@ mx::array paged_attention(
     if (sinks->ndim() != 1 || sinks->shape(0) != num_heads) fail("sinks must be [num_heads]");
     inputs.push_back(mx::contiguous(mx::astype(*sinks, mx::float32, stream), false, stream));
   }
+  if (key_ends) {
+    if (key_ends->ndim() != 1 || key_ends->shape(0) != query.shape(0)) fail("key_ends must be [total_q]");
+    inputs.push_back(as_index(*key_ends, "key_ends", stream));
+  }
   auto shape = query.shape();
   return mx::array(
       std::move(shape),
       query.dtype(),
       std::make_shared<PagedAttention>(
           stream, scale, sliding_window.value_or(0), softcap.value_or(0.0f), sinks.has_value(),
-          quant, key_columns, std::move(lengths)),
+          quant, key_columns, key_ends.has_value(), std::move(lengths)),
       std::move(inputs));
 }
 
@@ -241,6 +246,7 @@ void PagedAttention::eval_cpu(
   args.scale = scale_;
   args.sliding_window = sliding_window_;
   args.softcap = softcap_;
+  args.key_ends = has_key_ends_ ? inputs.back().data<int32_t>() : nullptr;
 
   for (const auto& in : inputs) encoder.set_input_array(in);
   encoder.set_output_array(out);
@@ -260,7 +266,8 @@ void PagedAttention::eval_gpu(
   // The caches go in as they are, and the op was routed here on flags read when
   // it was built: a cache not yet evaluated then shows up as row-contiguous.
   require_row_contiguous("paged_attention", inputs,
-                         {"query", "key_cache", "value_cache", "block_tables", "seq_lens", "cu_seqlens_q", "sinks"});
+                         {"query", "key_cache", "value_cache", "block_tables", "seq_lens", "cu_seqlens_q",
+                          has_sinks_ ? "sinks" : "key_ends", "key_ends"});
   const auto& q = inputs[0];
   dispatch::PagedProblem problem = shape_problem(q, inputs[2], kv_quant_);
   const int num_seqs = inputs[3].shape(0);
@@ -283,6 +290,7 @@ void PagedAttention::eval_gpu(
   features.sliding_window = sliding_window_;
   features.softcap = softcap_;
   features.has_sinks = has_sinks_;
+  features.has_key_ends = has_key_ends_;
   features.max_blocks_per_seq = inputs[3].shape(1);
   metal::paged_attention_gpu(stream(), inputs, outputs[0], problem, decision, features);
 #else
@@ -295,7 +303,8 @@ void PagedAttention::eval_gpu(
 bool PagedAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const PagedAttention&>(other);
   return kv_quant_ == o.kv_quant_ && key_columns_ == o.key_columns_ && scale_ == o.scale_ &&
-      sliding_window_ == o.sliding_window_ && softcap_ == o.softcap_ && has_sinks_ == o.has_sinks_;
+      sliding_window_ == o.sliding_window_ && softcap_ == o.softcap_ && has_sinks_ == o.has_sinks_ &&
+      has_key_ends_ == o.has_key_ends_;
 }
 
 std::vector<mx::Shape> PagedAttention::output_shapes(const std::vector<mx::array>& inputs) {

@@ -29,11 +29,16 @@ namespace vllm_metal {
  *   key_columns   float caches at head sizes 64 / 128 / 256, CPU only: key_cache
  *                 is [num_blocks, num_kv_heads, head_size, block_size] (each
  *                 page's keys as columns; value_cache keeps rows)
+ *   key_ends      optional int32 [total_q]: row r also attends to the keys after
+ *                 its position up to key_ends[r] - 1 (capped at its context):
+ *                 the rows of a span that attends bidirectionally (the image
+ *                 tokens of a prefix-LM such as Gemma 3) name the span's end
  *   returns       [total_q, num_heads, head_size] in query's dtype
  *
  * Query row j of sequence i sits at position seq_lens[i] - q_len_i + j and
  * attends causally to positions <= it (the last `sliding_window` positions if
- * set); `softcap` applies s = c * tanh(s / c) to the scaled scores.
+ * set, counted back from it); `softcap` applies s = c * tanh(s / c) to the
+ * scaled scores.
  */
 mlx::core::array paged_attention(
     const mlx::core::array& query,
@@ -48,6 +53,7 @@ mlx::core::array paged_attention(
     const std::optional<mlx::core::array>& sinks = std::nullopt,
     int kv_quant = 0,
     bool key_columns = false,
+    const std::optional<mlx::core::array>& key_ends = std::nullopt,
     mlx::core::StreamOrDevice s = {});
 
 // Sequence and query lengths read on the host when the op is built (GPU
@@ -68,6 +74,7 @@ class PagedAttention : public mlx::core::Primitive {
       bool has_sinks,
       KvQuant kv_quant,
       bool key_columns,
+      bool has_key_ends = false,
       std::optional<HostLengths> host_lengths = std::nullopt)
       : mlx::core::Primitive(stream),
         kv_quant_(kv_quant),
@@ -76,6 +83,7 @@ class PagedAttention : public mlx::core::Primitive {
         sliding_window_(sliding_window),
         softcap_(softcap),
         has_sinks_(has_sinks),
+        has_key_ends_(has_key_ends),
         host_lengths_(std::move(host_lengths)) {}
 
   void eval_cpu(
@@ -99,6 +107,7 @@ class PagedAttention : public mlx::core::Primitive {
   int sliding_window_; // 0 = off
   float softcap_; // 0 = off
   bool has_sinks_;
+  bool has_key_ends_; // the last input
   std::optional<HostLengths> host_lengths_;
 };
 

@@ -68,11 +68,12 @@ def assert_same_bits(results: list[np.ndarray], orders: tuple[str, ...]) -> None
 def run_paged_attention(kernels: dict, ext, batch: PagedBatch, route: str, *, partition_size: int = 512,
                         orders: tuple[str, ...] = DEFAULT_ORDERS, sliding_window: int | None = None,
                         softcap: float | None = None, sinks: mx.array | None = None,
-                        guard: bool = False, kv_quant: int = 0) -> tuple[np.ndarray, dict]:
+                        guard: bool = False, kv_quant: int = 0,
+                        key_ends: mx.array | None = None) -> tuple[np.ndarray, dict]:
     """(output as float32 [total_q, H, D], plan) of `route` run on the harness under
     each of `orders` (which must agree bit for bit). kv_quant > 0: the batch's
     caches are uint8 codes and scales (attention.kv_quant), read by the kernels
-    of the query's dtype."""
+    of the query's dtype. key_ends int32 [total_q]: each row's key end (buffer 11)."""
     check_orders(orders)
     q, kc, vc = raw(batch.query), raw(batch.key_cache), raw(batch.value_cache)
     dtype = batch.query.dtype if kv_quant else batch.key_cache.dtype
@@ -81,7 +82,8 @@ def run_paged_attention(kernels: dict, ext, batch: PagedBatch, route: str, *, pa
         [int(x) for x in np.array(batch.seq_lens)], query_lens(batch), num_heads, kc.shape[2], head_size,
         kc.shape[1], DTYPE_NAMES[dtype], route, partition_size=partition_size, scale=batch.scale,
         sliding_window=sliding_window or 0, softcap=softcap or 0.0, has_sinks=sinks is not None,
-        max_blocks_per_seq=batch.block_tables.shape[1], kv_quant=kv_quant)
+        max_blocks_per_seq=batch.block_tables.shape[1], kv_quant=kv_quant,
+        has_key_ends=key_ends is not None)
     rows = max(plan["partial_rows"], 1)
     parts = plan["num_partitions"]
     outputs = []
@@ -95,6 +97,7 @@ def run_paged_attention(kernels: dict, ext, batch: PagedBatch, route: str, *, pa
             8: np.full((rows, num_heads, parts, 2), np.nan, np.float32),
             9: np.full((rows, num_heads, parts, head_size), np.nan, np.float32),
             10: plan["params"],
+            11: np.array(key_ends, np.int32) if key_ends is not None else np.zeros(1, np.int32),
         }
         for launch in plan["launches"]:
             lib = find_library(kernels, launch["kernel"])

@@ -106,6 +106,28 @@ def test_split_kv_with_window_softcap_and_sinks(kernels, ext):
     assert_matches(out, expected(batch, **options), mx.float32)
 
 
+@pytest.mark.parametrize("route,partition", [("Varlen", 512), ("SplitKv", 256)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bidirectional_spans(kernels, ext, route, partition, dtype):
+    # Image spans of a prefix-LM (key_ends): one begins in the cached context, one
+    # crosses the 256-key partition edge, one is a whole short prompt; a decode row
+    # and the rows outside spans stay causal. The window (64) covers every span.
+    from tests.ops.test_bidirectional_spans import span_key_ends
+
+    seq_lens, q_lens = [300, 40, 33, 7], [100, 40, 1, 7]
+    spans = [(0, 195, 210), (0, 240, 270), (1, 3, 30), (3, 0, 6)]
+    key_ends = span_key_ends(seq_lens, q_lens, spans)
+    batch = make_batch(seq_lens, q_lens, num_heads=4, num_kv_heads=2, head_size=64, block_size=16,
+                       dtype=dtype, seed=13)
+    for window in (None, 64):
+        out, plan = run_paged_attention(kernels, ext, batch, route, partition_size=partition,
+                                        orders=("shuffled", "reverse"), key_ends=key_ends,
+                                        sliding_window=window)
+        assert_matches(out, expected(batch, key_ends=key_ends, sliding_window=window), dtype)
+    causal = expected(batch, sliding_window=64)
+    assert np.abs(out - causal)[np.array(key_ends) > 0].max() > 0.05  # the spans mattered
+
+
 def test_stays_in_bounds_under_guard(kernels, ext):
     batch = make_batch([33, 257], [33, 1], num_heads=2, num_kv_heads=1, head_size=80, block_size=8,
                        dtype=mx.float16, seed=12)

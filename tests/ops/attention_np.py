@@ -17,6 +17,7 @@ def paged_attention_np(
     sliding_window: int | None = None,
     softcap: float | None = None,
     sinks: np.ndarray | None = None,  # [H]
+    key_ends: np.ndarray | None = None,  # [total_q]: a row also sees later keys before it
 ) -> np.ndarray:
     block_size = key_cache.shape[1]
     num_heads = query.shape[1]
@@ -27,7 +28,8 @@ def paged_attention_np(
         for j, token in enumerate(range(start, end)):
             pos = ctx - (end - start) + j
             first = 0 if sliding_window is None else max(0, pos - sliding_window + 1)
-            positions = range(first, pos + 1)
+            last = pos if key_ends is None else max(pos, min(key_ends[token], ctx) - 1)
+            positions = range(first, last + 1)
             blocks = [block_tables[seq, t // block_size] for t in positions]
             offsets = [t % block_size for t in positions]
             for head in range(num_heads):

@@ -122,21 +122,24 @@ def test_text_inputs_pass():
                         "mm_placeholders": {}, "mm_kwargs": {}})
 
 
-def _config_of(model_type: str):
+def _config_of(model_type: str, language_model_only: bool = False):
     from types import SimpleNamespace
 
     hf = SimpleNamespace(to_dict=lambda: {"model_type": model_type})
-    return SimpleNamespace(model_config=SimpleNamespace(hf_config=hf))
+    mm = SimpleNamespace(language_model_only=language_model_only)
+    return SimpleNamespace(model_config=SimpleNamespace(hf_config=hf, multimodal_config=mm))
 
 
 @pytest.mark.parametrize("model_type,served", [("llava", True), ("qwen2_5_vl", True),
-                                               ("qwen2_vl", True), ("qwen3_vl", False),
-                                               ("idefics3", False), ("llama", False)])
+                                               ("qwen2_vl", True), ("gemma3", True),
+                                               ("qwen3_vl", False), ("idefics3", False),
+                                               ("llama", False), ("gemma3", None)])
 def test_images_pass_only_for_models_whose_tower_runs_here(model_type, served, monkeypatch):
+    # served None: a served type turned language-model-only (no vision weights).
     from vllm_metal.v1 import param_support
 
     monkeypatch.setattr(param_support, "_served_modalities", frozenset())
-    param_support.remember_modalities(_config_of(model_type))
+    param_support.remember_modalities(_config_of(model_type, language_model_only=served is None))
     image = {"type": "multimodal", "prompt_token_ids": [1, 2],
              "mm_placeholders": {"image": [object()]}, "mm_kwargs": {}}
     audio = {"type": "multimodal", "prompt_token_ids": [1],
@@ -148,3 +151,20 @@ def test_images_pass_only_for_models_whose_tower_runs_here(model_type, served, m
             param_support.check_engine_input(image)
     with pytest.raises(ValueError, match="audio inputs"):
         param_support.check_engine_input(audio)
+
+
+def test_a_checkpoint_without_vision_weights_is_told_apart():
+    import json
+
+    from tests.family_models import cached_family_model
+    from tests.vlm_models import cached_vlm_model
+    from vllm_metal.models.vision import lacks_tower_weights
+
+    with_tower = cached_vlm_model("gemma3")
+    text_only = cached_family_model("gemma3")   # mlx-lm's save: the tower dropped
+    for path, lacks in ((with_tower, False), (text_only, True)):
+        config = json.loads((path / "config.json").read_text())
+        assert config["model_type"] == "gemma3"
+        assert lacks_tower_weights(path, config) is lacks
+    # Not a served VLM type: never "lacking" (nothing to serve images with anyway).
+    assert not lacks_tower_weights(text_only, {"model_type": "llama"})

@@ -35,6 +35,9 @@ class AttentionMetadata:
     rope_angles:   float32 [2, total_q, rope_dims / 2]: cos and sin of each row's
                    rotary angles, for models whose rotation is not one position per
                    row (M-RoPE, models.mrope); positions then hold the time axis
+    key_ends:      int32 [total_q]: rows of an image span that attends bidirectionally
+                   (a prefix-LM's, such as Gemma 3) name one past the span's last
+                   position, every other row 0 (ops.paged_attention's key_ends)
 
     vLLM's hybrid cache gives full and sliding-window layers their blocks in
     separate groups; a model with one kind of layer has one group.
@@ -48,6 +51,7 @@ class AttentionMetadata:
     state_slots: list[mx.array | None] | None = None
     has_state: mx.array | None = None
     rope_angles: mx.array | None = None
+    key_ends: mx.array | None = None
 
 
 @dataclass
@@ -148,7 +152,7 @@ class ForwardContext:
             q, self.key_caches[entry], self.value_caches[entry],
             meta.block_tables[self.group_of(entry)], meta.seq_lens, meta.cu_seqlens_q, scale,
             sliding_window=window, softcap=softcap, sinks=sinks, kv_quant=self.kv_quant,
-            key_columns=self.key_columns)
+            key_columns=self.key_columns, key_ends=meta.key_ends)
         return out[:, :, None, :]
 
 

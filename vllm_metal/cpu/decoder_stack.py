@@ -129,7 +129,8 @@ class DecoderStackPlan:
         step = (ctx.key_caches, ctx.value_caches, meta.positions, meta.slot_mapping,
                 meta.block_tables, meta.seq_lens, meta.cu_seqlens_q, groups)
         options = {"kv_quant": 0 if ctx.kv_quant is None else ctx.kv_quant.code,
-                   "key_columns": ctx.key_columns, "rope_angles": meta.rope_angles}
+                   "key_columns": ctx.key_columns, "rope_angles": meta.rope_angles,
+                   "key_ends": meta.key_ends}
         if self.gathers is not None:
             return self._segments(x, step, options)
         lora = self.lora.step(self.weights) if self.lora is not None else None

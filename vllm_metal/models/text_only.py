@@ -1,7 +1,8 @@
 """vLLM general plugin: multimodal checkpoints are served by their language model.
 
-mlx-lm loads the language model of Gemma 3/4 and Mistral 3 checkpoints (it drops
-the vision tower), and the runner feeds it token ids only. vLLM would treat the
+mlx-lm loads the language model of Gemma 4 and Mistral 3 checkpoints (it drops
+the vision tower), and the runner feeds it token ids only (Gemma 3's images are
+served: models.vision). vLLM would treat the
 architecture as multimodal: accept images whose placeholder tokens the model
 would then read as text (a silent wrong answer), and inspect the model by
 importing its image processor (torchvision). Registering vLLM's text-only
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 # HF multimodal architecture -> vLLM's class of the same language model alone.
 TEXT_ONLY = {
-    "Gemma3ForConditionalGeneration": "vllm.model_executor.models.gemma3:Gemma3ForCausalLM",
     "Gemma4ForConditionalGeneration": "vllm.model_executor.models.gemma4:Gemma4ForCausalLM",
     "Mistral3ForConditionalGeneration": "vllm.model_executor.models.mistral:MistralForCausalLM",
 }

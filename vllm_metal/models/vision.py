@@ -98,14 +98,7 @@ class LlavaTower(VisionTower):
         return modules
 
     def _sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
-        # Hub checkpoints nest the CLIP tower's keys under vision_model; transformers 5
-        # saves them without it.
-        nested = {}
-        for key, value in weights.items():
-            if key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
-                key = "vision_tower.vision_model." + key.removeprefix("vision_tower.")
-            nested[key] = value
-        return self.modules.vision_tower.sanitize(nested)
+        return self.modules.vision_tower.sanitize(_nested_vision_model(weights))
 
     def _encode_one(self, item: dict[str, torch.Tensor]) -> mx.array:
         pixels = _to_mx(item["pixel_values"], self.dtype)[None]
@@ -144,15 +137,76 @@ class QwenVLTower(VisionTower):
         return self.modules.vision_tower(_to_mx(item["pixel_values"], self.dtype), grid)
 
 
+class Gemma3Tower(VisionTower):
+    """Gemma 3: a SigLIP tower whose patches are average-pooled to
+    ``mm_tokens_per_image``, RMS-normed and projected. Item: pixel_values
+    [crops, 3, H, W] (one crop, more with pan-and-scan) -> [crops x
+    mm_tokens_per_image, text_hidden].
+
+    The rows come out divided by the factor mlx-lm's Gemma 3 multiplies its input
+    embeddings by (sqrt(hidden), rounded to bfloat16 as it rounds it): it scales
+    whatever it is given, and image rows must reach the first layer as the
+    projector made them (transformers and vLLM merge them unscaled).
+    """
+
+    def _build(self, config: dict) -> nn.Module:
+        from mlx_vlm.models.gemma3.config import ModelConfig, TextConfig, VisionConfig
+        from mlx_vlm.models.gemma3.gemma3 import Gemma3MultiModalProjector
+        from mlx_vlm.models.gemma3.vision import VisionModel
+
+        vision = VisionConfig.from_dict({**config["vision_config"], "model_type": "gemma3"})
+        text_dict = config["text_config"]
+        # The pooling reads the token count from the text config; checkpoints keep it
+        # at the top level.
+        text = TextConfig.from_dict({**text_dict, "model_type": "gemma3_text",
+                                     "mm_tokens_per_image": config.get("mm_tokens_per_image", 256)})
+        cfg = ModelConfig(text_config=text, vision_config=vision, model_type="gemma3")
+        modules = nn.Module()
+        modules.vision_tower = VisionModel(vision)
+        modules.multi_modal_projector = Gemma3MultiModalProjector(cfg)
+        # mlx-vlm builds SigLIP's last LayerNorm with MLX's default epsilon.
+        modules.vision_tower.vision_model.post_layernorm.eps = vision.layer_norm_eps
+        self.input_scale = float(mx.array(text.hidden_size**0.5, mx.bfloat16).item())
+        return modules
+
+    def _sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        return self.modules.vision_tower.sanitize(_nested_vision_model(weights))
+
+    def _encode_one(self, item: dict[str, torch.Tensor]) -> mx.array:
+        pixels = _to_mx(item["pixel_values"], self.dtype)
+        if pixels.ndim == 3:
+            pixels = pixels[None]
+        states, _, _ = self.modules.vision_tower(pixels.transpose(0, 2, 3, 1))
+        rows = self.modules.multi_modal_projector(states)
+        return (rows.reshape(-1, rows.shape[-1]).astype(mx.float32)
+                / self.input_scale).astype(self.dtype)
+
+
 # model_type -> its tower.
 TOWERS: dict[str, type[VisionTower]] = {"llava": LlavaTower, "qwen2_vl": QwenVLTower,
-                                        "qwen2_5_vl": QwenVLTower}
+                                        "qwen2_5_vl": QwenVLTower, "gemma3": Gemma3Tower}
 
 
 def vision_model_type(config: dict) -> str | None:
     """The ``model_type`` of a checkpoint config whose images this module encodes."""
     kind = config.get("model_type")
     return kind if kind in TOWERS else None
+
+
+def lacks_tower_weights(path: str | Path, config: dict) -> bool:
+    """A checkpoint of a served VLM type whose files hold no vision weights (mlx-lm's
+    conversions keep the multimodal config but drop the tower): it is served as a
+    language model. Reads only the safetensors headers."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if vision_model_type(config) is None or not path.is_dir():
+        return False
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "numpy") as f:
+            if any(k.startswith(_PREFIXES) for k in f.keys()):
+                return False
+    return True
 
 
 def load_vision_tower(path: str | Path, dtype: mx.Dtype, backend: Backend
@@ -194,6 +248,17 @@ def _vision_weights(path: Path) -> dict[str, mx.array]:
     if not weights:
         raise ValueError(f"{path}: no vision weights (keys starting with one of {_PREFIXES})")
     return weights
+
+
+def _nested_vision_model(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Hub checkpoints nest a CLIP/SigLIP tower's keys under ``vision_model``;
+    transformers 5 saves them without it."""
+    nested = {}
+    for key, value in weights.items():
+        if key.startswith("vision_tower.") and not key.startswith("vision_tower.vision_model."):
+            key = "vision_tower.vision_model." + key.removeprefix("vision_tower.")
+        nested[key] = value
+    return nested
 
 
 def _numpy(tensor: torch.Tensor | np.ndarray) -> np.ndarray:

@@ -92,6 +92,7 @@ def paged_attention(
     sinks: mx.array | None = None,
     kv_quant: KvQuant | str | None = None,
     key_columns: bool = False,
+    key_ends: mx.array | None = None,
 ) -> mx.array:
     """Causal attention of a packed varlen batch through block tables.
 
@@ -112,6 +113,11 @@ def paged_attention(
                   vector load holds a dimension of consecutive keys (the CPU
                   kernel then needs no lane reduction per key); value_cache
                   keeps rows. The Metal kernels read rows only.
+    key_ends:     int32 [total_q] or None: row r also attends to the positions
+                  after its own up to key_ends[r] - 1 (capped at its context): the
+                  rows of a span attending bidirectionally (a prefix-LM's image
+                  tokens) each name the span's end; other rows anything <= their
+                  position + 1. The sliding window still counts back from the row.
     Returns [total_q, num_heads, head_size] in query's dtype.
 
     Query row j of sequence i sits at position seq_lens[i] - q_len_i + j and
@@ -157,10 +163,15 @@ def paged_attention(
         if sinks.dtype not in _FLOAT_DTYPES:
             raise TypeError(f"sinks must be a float array, got {sinks.dtype}")
         sinks = sinks.astype(mx.float32)
+    if key_ends is not None:
+        key_ends = _index("key_ends", key_ends, 1)
+        if key_ends.shape[0] != query.shape[0]:
+            raise ValueError(f"key_ends must be [total_q] = ({query.shape[0]},), "
+                             f"got {key_ends.shape}")
     return get_ops().paged_attention(
         query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale,
         sliding_window, softcap, sinks, kv_quant=_code(quant), key_columns=bool(key_columns),
-        stream=_stream())
+        key_ends=key_ends, stream=_stream())
 
 
 def _stream() -> mx.DeviceType | None:

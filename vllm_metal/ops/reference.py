@@ -100,6 +100,7 @@ def paged_attention_ref(
     sinks: mx.array | None = None,
     kv_quant: str | None = None,
     key_columns: bool = False,
+    key_ends: mx.array | None = None,
 ) -> mx.array:
     """Attention of query [total_q, H, D] over paged caches; returns [total_q, H, D].
 
@@ -108,7 +109,8 @@ def paged_attention_ref(
     ``sliding_window`` positions), soft-cap, softmax with an optional sink
     column, then weight V. kv_quant "rot4" / "k8v4": the caches are decoded
     first (kv_rows_ref); other formats have no reference here. key_columns: the
-    key cache is [num_blocks, H_kv, D, block_size].
+    key cache is [num_blocks, H_kv, D, block_size]. key_ends int [total_q]: a row
+    also sees the keys after it before its entry (ops.paged_attention).
     """
     total_q, num_heads, head_size = query.shape
     if key_columns:
@@ -138,6 +140,9 @@ def paged_attention_ref(
         q_pos = mx.arange(ctx - q_len, ctx)[:, None]
         k_pos = mx.arange(ctx)[None, :]
         allowed = k_pos <= q_pos
+        if key_ends is not None:
+            ends = key_ends[starts[i] : starts[i + 1]].astype(mx.int32)[:, None]
+            allowed = allowed | (k_pos < ends)
         if sliding_window is not None:
             allowed = allowed & (k_pos > q_pos - sliding_window)
         scores = mx.where(allowed, scores, -mx.inf)

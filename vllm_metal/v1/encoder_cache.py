@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import logging
+
 import mlx.core as mx
 import numpy as np
 
@@ -22,6 +24,23 @@ if TYPE_CHECKING:
 
     from vllm_metal.models.vision import VisionTower
     from vllm_metal.v1.input_batch import StepInputs
+
+logger = logging.getLogger("vllm_metal")
+_warned_split = False
+
+
+def _warn_split(req_id: str) -> None:
+    # vLLM keeps an image whole in one step for these models (disable_chunked_mm_input)
+    # unless a prefix hit ends inside it and the step's budget then cuts the rest; the
+    # rows computed before the rest arrives see only the keys so far (vLLM's GPU
+    # runner does the same).
+    global _warned_split
+    if _warned_split:
+        return
+    _warned_split = True
+    logger.warning("request %s: an image that attends bidirectionally is split across "
+                   "steps after a prefix hit; its first rows do not see the rest of it",
+                   req_id)
 
 
 class EncoderCache:
@@ -64,6 +83,35 @@ class EncoderCache:
                 raise RuntimeError(f"item {identifier}: the encoder gave {rows.shape[0]} rows "
                                    f"for {expected} placeholder embeddings")
             self.outputs[identifier] = rows
+
+    def key_ends(self, step: StepInputs, longest: int | None) -> np.ndarray | None:
+        """int32 [total_q]: for each row inside an image's embedding span, one past
+        the span's last position (its attention sees the whole image: a prefix-LM's,
+        as vLLM's ``compute_mm_prefix_ranges``); 0 elsewhere; None when no row is.
+        Spans longer than ``longest`` (the model's sliding window) stay causal, as
+        vLLM leaves them."""
+        ends = None
+        for i, req_id in enumerate(step.req_ids):
+            first = int(step.cu_seqlens_q[i])
+            computed = int(step.positions[first]) if step.cu_seqlens_q[i + 1] > first else 0
+            stop = computed + int(step.cu_seqlens_q[i + 1]) - first   # one past the last row
+            for feature in self.features.get(req_id, ()):
+                pos = feature.mm_position
+                if pos.offset >= stop:
+                    break
+                if pos.offset + pos.length <= computed:
+                    continue
+                for lo, hi in pos.extract_embeds_range():
+                    if longest is not None and hi - lo + 1 > longest:
+                        continue
+                    a, b = max(lo, computed), min(hi + 1, stop)
+                    if a < b:
+                        if hi + 1 > stop:
+                            _warn_split(req_id)
+                        if ends is None:
+                            ends = np.zeros(len(step.input_ids), np.int32)
+                        ends[first + a - computed:first + b - computed] = hi + 1
+        return ends
 
     def gather(self, step: StepInputs) -> tuple[np.ndarray, mx.array] | None:
         """(packed rows int32 [n], their embeddings [n, hidden]) of the step's

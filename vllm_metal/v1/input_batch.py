@@ -77,6 +77,9 @@ class StepInputs:
     mrope:          int32 [3, total_q]    M-RoPE positions of each row (models.mrope;
                                           None: the model rotates at ``positions``)
     rope_angles:    float32 [2, total_q, rope_dims / 2]  cos, sin of mrope's angles
+    key_ends:       int32 [total_q]       rows of an image span attending to the whole
+                                          span (a prefix-LM's): one past its last
+                                          position; 0 elsewhere (None: no such row)
     """
 
     req_ids: list[str]
@@ -91,6 +94,7 @@ class StepInputs:
     num_drafts: np.ndarray | None = None
     mrope: np.ndarray | None = None
     rope_angles: np.ndarray | None = None
+    key_ends: np.ndarray | None = None
 
     @property
     def sampling_req_ids(self) -> list[str]:

@@ -143,7 +143,7 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype,
             f"model path {model_path!r} is neither a local model directory nor a .gguf "
             "file; vllm-metal loads models from disk (download it first, e.g. with "
             "`hf download`)")
-    model, _config = mlx_lm_load_model(path, lazy=True, model_config=_legacy_rope(path),
+    model, _config = mlx_lm_load_model(path, lazy=True, model_config=_config_overrides(path),
                                        get_model_classes=_bare_decoder_classes(_get_classes,
                                                                                pooling))
     arrange(model)
@@ -156,14 +156,18 @@ def _load_mlx_model(model_path: str, dtype: mx.Dtype,
     return model
 
 
-def _legacy_rope(path: Path) -> dict:
+def _config_overrides(path: Path) -> dict:
     """Config overrides giving a transformers-5 checkpoint's rotary settings in the
     keys mlx-lm's model args read: transformers 5 saves them as ``rope_parameters``
     ({"rope_theta", "rope_type", factor, ...}) with no ``rope_theta`` or
     ``rope_scaling``, and most of mlx-lm's families would then rotate with their
     default base (10000 for Llama), silently. Families that read ``rope_parameters``
     themselves get the same values twice; per-layer-type parameters (Gemma's) are left
-    to their family."""
+    to their family.
+
+    Also the text model's vocabulary size at the top level of a multimodal config
+    that has none (transformers 5 keeps it in ``text_config``): mlx-lm's Gemma 3
+    wrapper reads the top-level one, defaulting to the published model's 262208."""
     import json
 
     config = json.loads((path / "config.json").read_text())
@@ -183,6 +187,8 @@ def _legacy_rope(path: Path) -> dict:
     text = config.get("text_config")
     if isinstance(text, dict) and legacy(text):
         overrides["text_config"] = {**text, **legacy(text)}
+    if isinstance(text, dict) and "vocab_size" in text and "vocab_size" not in config:
+        overrides["vocab_size"] = text["vocab_size"]
     return overrides
 
 

@@ -123,6 +123,8 @@ class MetalModelRunner:
         self.encoder_cache: EncoderCache | None = None
         self.rope_positions: RequestRopePositions | None = None
         self.rope_angles: RopeAngles | None = None
+        # A prefix-LM (Gemma 3): an image's tokens attend to the whole image.
+        self.bidirectional_images = False
 
     # -- setup -------------------------------------------------------------
 
@@ -142,10 +144,12 @@ class MetalModelRunner:
                                  self._pipeline_stage(), self._tensor_shard(),
                                  pooling=self.model_config.runner_type == "pooling")
         self._check_quantized_kv()
-        if self.model_config.is_multimodal_model:
+        mm = self.model_config.multimodal_config
+        if mm is not None and not mm.language_model_only:
             tower = load_vision_tower(self.model_config.model, dtype, self.backend)
             if tower is not None:
                 self.encoder_cache = EncoderCache(tower)
+                self.bidirectional_images = self.model_config.is_mm_prefix_lm
         sections = mrope_sections(self.model_config.hf_config)
         if sections is not None:
             self.rope_angles = use_sectioned_rope(self.loaded.model, *sections)
@@ -484,6 +488,9 @@ class MetalModelRunner:
         if self.rope_positions is not None:
             step.mrope = self.rope_positions.of_step(step)
             step.rope_angles = self.rope_angles.table(step.mrope)
+        if self.bidirectional_images:
+            window = self.model_config.get_sliding_window()
+            step.key_ends = self.encoder_cache.key_ends(step, window)
         if self.lora is not None:
             states = [self.input_batch.requests[r] for r in step.req_ids]
             per_request = np.array([s.lora_id for s in states], dtype=np.int64)

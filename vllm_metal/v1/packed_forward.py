@@ -33,6 +33,7 @@ def packed_forward(model: LoadedModel, step: StepInputs, cache: PagedKVCache,
         block_tables=[mx.array(t) for t in step.block_tables],
         slot_mapping=[mx.array(s) for s in step.slot_mapping],
         rope_angles=None if step.rope_angles is None else mx.array(step.rope_angles),
+        key_ends=None if step.key_ends is None else mx.array(step.key_ends),
     )
     if state_slots is not None:
         slots: list[mx.array | None] = [None] * len(step.block_tables)

@@ -36,8 +36,11 @@ def remember_modalities(vllm_config: VllmConfig) -> None:
     global _served_modalities
     from vllm_metal.models.vision import vision_model_type
 
-    config = getattr(vllm_config.model_config, "hf_config", None)
-    served = config is not None and vision_model_type(config.to_dict()) is not None
+    model = vllm_config.model_config
+    config = getattr(model, "hf_config", None)
+    mm = getattr(model, "multimodal_config", None)
+    served = (config is not None and vision_model_type(config.to_dict()) is not None
+              and not (mm is not None and mm.language_model_only))
     _served_modalities = frozenset({"image"} if served else ())
 
 

@@ -99,7 +99,7 @@ class Planner {
       for (int r1 = q_len; r1 > 0; r1 -= rows_) {
         const int r0 = std::max(0, r1 - rows_);
         const int key_begin = window_start(pos0 + r0);
-        const int key_end = pos0 + r1; // the last row attends up to itself
+        const int key_end = chunk_key_end(p_, s, r0, r1);
         const int span = key_end - key_begin;
         const int parts = piece > 0 ? std::max(1, (span + piece - 1) / piece) : 1;
         if (parts == 1) {
@@ -133,7 +133,7 @@ class Planner {
     for (int r = 0; r < rows; ++r) {
       const int pos = pos0 + r;
       row_lo[r] = std::max(window_start(pos), w.key_begin);
-      row_hi[r] = std::min(pos + 1, w.key_end);
+      row_hi[r] = std::min(row_key_end(p_, first_token + r, pos, p_.seq_lens[w.seq]), w.key_end);
     }
     // The query rows of this item are contiguous: [rows, num_heads, d].
     AttentionItem a = sequence_item(p_, w.seq, first_token, rows, q, row_lo, row_hi);

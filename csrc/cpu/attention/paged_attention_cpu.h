@@ -37,7 +37,32 @@ struct PagedAttentionArgs {
   float scale;
   int sliding_window; // 0 = full causal context
   float softcap; // 0 = off
+  // [total_q] or nullptr: row r attends to keys before key_ends[r] when that is
+  // past its own position (bidirectional image spans), capped at its context.
+  const int32_t* key_ends = nullptr;
 };
+
+// One past the last key of query row `token` at position `pos` of a sequence
+// of `seq_len` keys: pos + 1 (causal), or its key_ends entry where that is later.
+inline int row_key_end(const PagedAttentionArgs& p, int token, int pos, int seq_len) {
+  const int causal = pos + 1;
+  if (p.key_ends == nullptr) return causal;
+  const int end = p.key_ends[token] < seq_len ? p.key_ends[token] : seq_len;
+  return end > causal ? end : causal;
+}
+
+// One past the last key any of query rows [r0, r1) of sequence `seq` attends to.
+inline int chunk_key_end(const PagedAttentionArgs& p, int seq, int r0, int r1) {
+  const int q_start = p.cu_seqlens_q[seq];
+  const int pos0 = p.seq_lens[seq] - (p.cu_seqlens_q[seq + 1] - q_start);
+  int end = pos0 + r1; // causal: the last row attends up to itself
+  if (p.key_ends == nullptr) return end;
+  for (int r = r0; r < r1; ++r) {
+    const int row_end = row_key_end(p, q_start + r, pos0 + r, p.seq_lens[seq]);
+    if (row_end > end) end = row_end;
+  }
+  return end;
+}
 
 // Throws std::invalid_argument naming the problem if cu_seqlens_q / seq_lens
 // are inconsistent with each other or with block_tables

@@ -89,7 +89,7 @@ class PiecePlan {
       for (int r0 = 0; r0 < q_len; r0 += kPieceRows) {
         const int r1 = std::min(q_len, r0 + kPieceRows);
         const int lo = window_start(pos0 + r0); // rows' windows start in row order
-        const int hi = pos0 + r1;
+        const int hi = chunk_key_end(p_, s, r0, r1);
         // The segment (block and piece) holding lo: vectors start there.
         const int key_lo = std::max(lo / p_.block_size * p_.block_size, lo / kPieceKeys * kPieceKeys);
         const int first = key_lo / kPieceKeys;
@@ -150,7 +150,7 @@ class PiecePlan {
     int32_t* row_hi = row_lo + rows;
     for (int r = 0; r < rows; ++r) {
       row_lo[r] = window_start(pos0 + r);
-      row_hi[r] = pos0 + r + 1;
+      row_hi[r] = row_key_end(p_, first_token + r, pos0 + r, p_.seq_lens[c.seq]);
     }
     AttentionItem a = sequence_item(p_, c.seq, first_token, rows, q, row_lo, row_hi);
     a.key_lo = it.key_lo;

@@ -365,6 +365,7 @@ dispatch::PagedDispatch decoder_stack_cpu(const StackArgs& a) {
   pa.key_columns = a.key_columns;
   pa.seq_lens = a.seq_lens;
   pa.cu_seqlens_q = a.cu_seqlens_q;
+  pa.key_ends = a.key_ends;
   pa.sinks = nullptr;
   pa.out = attn.data();
   pa.total_q = static_cast<int>(t);

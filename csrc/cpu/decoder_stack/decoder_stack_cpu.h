@@ -141,6 +141,8 @@ struct StackArgs {
   const float* rope_sin = nullptr;
   const int32_t* seq_lens;     // [num_seqs]
   const int32_t* cu_seqlens_q; // [num_seqs + 1]
+  // [t] or null: each row's key end for bidirectional spans (PagedAttentionArgs::key_ends).
+  const int32_t* key_ends = nullptr;
   int num_seqs;
   // Per KV cache group (vLLM's: full-attention and sliding-window layers keep
   // separate block tables): slot_mapping [t] (negative = padding, not cached),
