@@ -129,6 +129,7 @@ def _agent_extra(**more) -> dict:
 
 
 # One call each: random weights never end a run of parallel calls by themselves.
+@pytest.mark.slow   # the agent server: with the slow tests (.ci/run)
 @pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_time"},
                                     {"type": "any", "disable_parallel_tool_use": True}],
                          ids=["named", "any"])
@@ -151,6 +152,7 @@ def test_tool_use_block_with_a_schema_valid_input(agent_server, agent_dir, choic
     assert streamed["stop_reason"] == "tool_use"
 
 
+@pytest.mark.slow   # the agent server: with the slow tests (.ci/run)
 def test_tool_result_turn(agent_server, agent_dir):
     """A tool_use block and its tool_result go back in; the template gets the call and
     the result, and the model calls again."""
@@ -180,6 +182,7 @@ def test_tool_result_turn(agent_server, agent_dir):
         agent_dir, openai_history, tools=TOOLS, enable_thinking=False))
 
 
+@pytest.mark.slow   # the agent server: with the slow tests (.ci/run)
 def test_thinking_block_and_thinking_disabled(agent_server, agent_dir):
     """The qwen3 reasoning parser's reasoning becomes a thinking block;
     thinking={"type": "disabled"} turns the template's thinking off."""
@@ -224,6 +227,7 @@ def test_errors_come_in_anthropic_shape(bundled_server):
     assert requests.get(bundled_server.base_url + "/health", timeout=5).status_code == 200
 
 
+@pytest.mark.slow   # the agent server: with the slow tests (.ci/run)
 def test_refused_sampling_parameter_is_an_anthropic_400(agent_server):
     """thinking.type=enabled asks for a thinking-token budget, which vllm-metal refuses."""
     with pytest.raises(anthropic.BadRequestError) as refused:

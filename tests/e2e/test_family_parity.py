@@ -81,6 +81,7 @@ def test_mxfp4_experts_match_mlx_lm():
     _check_engine(cached_family_model("gpt_oss", quantize_bits=8, quantize_mode="mxfp4"), "gpt_oss")
 
 
+@pytest.mark.slow   # the README suite runs GGUF's own tests (tests/gguf); these go with .ci/run
 @pytest.mark.parametrize("family", sorted(FAMILY_ARCHS))
 def test_gguf_family_matches_mlx_lm(family, tmp_path_factory):
     """A llama.cpp-style Q4_K_M file of each GGUF architecture (Q4_K weights, Q6_K for

@@ -86,9 +86,10 @@ def test_prefix_hit_equals_mlx_lm_and_cold(family):
         gc.collect()
 
 
-# One server in the README suite; the others run with the slow tests (.ci/run).
-@pytest.mark.parametrize("family", [HYBRIDS[0]] + [pytest.param(f, marks=pytest.mark.slow)
-                                                   for f in HYBRIDS[1:] + MAMBA2[:1]])
+# Servers of their own: with the slow tests (.ci/run); the README suite runs the
+# hybrids in process.
+@pytest.mark.slow
+@pytest.mark.parametrize("family", HYBRIDS + MAMBA2[:1])
 def test_vllm_serve_with_openai_client(family):
     """`vllm serve` of the checkpoint with the openai client: four concurrent greedy
     completions in 32-token chunks, each mlx-lm's tokens, and streamed as not."""

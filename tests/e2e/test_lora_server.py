@@ -13,6 +13,10 @@ from tests.e2e import mlx_reference
 from tests.e2e.conftest import PROMPTS
 from tests.e2e.server import VllmServer
 
+# A server of its own (the in-process LoRA tests are in the README suite): with the
+# slow tests (.ci/run).
+pytestmark = pytest.mark.slow
+
 RANK = 8
 MAX_TOKENS = 12
 

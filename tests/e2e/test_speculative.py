@@ -264,6 +264,7 @@ def test_draft_of_another_vocabulary_is_refused(llama_dir):
                                                                         vocab_size=512)))
 
 
+@pytest.mark.slow   # a server of its own: with the slow tests (.ci/run)
 def test_vllm_serve_with_ngram_speaks_openai(llama_dir):
     """`vllm serve --speculative-config` answers the openai client with mlx-lm's greedy
     tokens, streamed or not, concurrently; /metrics counts drafts and acceptances;

@@ -21,7 +21,8 @@ from tests.e2e.agent_requests import (ASK, CLOCK, SCHEMAS, TOOLS, agent_chat, bi
                                       decoded_calls)
 from tests.e2e.server import VllmServer
 
-PARSERS = ["pythonic", "qwen3_xml",
+# One server in the README suite; the others run with the slow tests (.ci/run).
+PARSERS = ["qwen3_xml", pytest.param("pythonic", marks=pytest.mark.slow),
            pytest.param("llama3_json", marks=pytest.mark.slow),
            pytest.param("mistral", marks=pytest.mark.slow)]
 
