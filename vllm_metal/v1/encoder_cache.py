@@ -11,9 +11,8 @@ exactly as a whole one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import numpy as np
