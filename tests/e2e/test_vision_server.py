@@ -1,5 +1,6 @@
 """Images through `vllm serve` with the `openai` SDK: `image_url` parts as base64 data
-URLs and as file URLs (under --allowed-local-media-path), streamed and not, against
+URLs and as file URLs (under --allowed-local-media-path), streamed and not, for a
+Qwen2.5-VL and a Gemma 3 checkpoint, against
 transformers' greedy continuation of the same prompt; a text-only model's 400 for
 an image; the server healthy after."""
 
@@ -21,9 +22,10 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 8
 
 
-@pytest.fixture(scope="module")
-def model_dir():
-    return cached_vlm_model("qwen2_5_vl")
+# M-RoPE positions; Gemma 3's image tokens attending to the whole image.
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "gemma3"])
+def model_dir(request):
+    return cached_vlm_model(request.param)
 
 
 @pytest.fixture(scope="module")
