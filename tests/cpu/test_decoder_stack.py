@@ -50,7 +50,9 @@ def _meta(seqs: list[tuple[int, int, int]]) -> AttentionMetadata:
     return AttentionMetadata(i32(positions), i32(cu), i32(lens), [i32(tables)], [i32(slots)])
 
 
-def _run(loaded, steps, seed: int, cache_dtype=mx.float32, key_columns=False):
+def _run(loaded, steps, seed: int, cache_dtype=mx.float32, key_columns=False, dress=None):
+    """Each step's hidden states and the caches after the last; dress(i, meta): what
+    step i's metadata adds (given rotary angles, key ends)."""
     d = loaded.dims
     shape = (4, BLOCK, d.num_kv_heads, d.head_dim)
     key_shape = (4, d.num_kv_heads, d.head_dim, BLOCK) if key_columns else shape
@@ -58,8 +60,10 @@ def _run(loaded, steps, seed: int, cache_dtype=mx.float32, key_columns=False):
     vc = [mx.zeros(shape, dtype=cache_dtype) for _ in range(d.num_layers)]
     rng = np.random.default_rng(seed)
     outs = []
-    for seqs in steps:
+    for i, seqs in enumerate(steps):
         meta = _meta(seqs)
+        if dress is not None:
+            dress(i, meta)
         ids = mx.array(rng.integers(0, d.vocab_size, (1, int(meta.positions.shape[0]))),
                        dtype=mx.int32)
         ctx = ForwardContext(meta, kc, vc, key_columns=key_columns)
@@ -494,29 +498,16 @@ def test_layers_of_two_kv_cache_groups_share_buffers_as_the_runner_lays_them_out
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-3 * np.abs(w).max())
 
 
-def _run_with_angles(loaded, angles, seed: int):
-    """STEPS with each row's rotary angles given (M-RoPE): random positions on the
-    three axes, as images give them."""
-    d = loaded.dims
-    shape = (4, BLOCK, d.num_kv_heads, d.head_dim)
-    kc = [mx.zeros(shape) for _ in range(d.num_layers)]
-    vc = [mx.zeros(shape) for _ in range(d.num_layers)]
-    rng = np.random.default_rng(seed)   # the token ids _run draws
+def _with_angles(angles, seed: int):
+    """A dress for _run: each row's rotary angles given (M-RoPE), random positions on
+    the three axes, as images give them."""
     spread = np.random.default_rng(seed + 1)
-    outs = []
-    for seqs in STEPS:
-        meta = _meta(seqs)
+
+    def dress(_, meta):
         rows = int(meta.positions.shape[0])
         grid = np.array(meta.positions)[None] + spread.integers(0, 5, (3, rows))
         meta.rope_angles = mx.array(angles.table(grid))
-        ids = mx.array(rng.integers(0, d.vocab_size, (1, rows)), dtype=mx.int32)
-        ctx = ForwardContext(meta, kc, vc)
-        with forward_context(ctx):
-            h = loaded.backbone(ids)
-        mx.eval(h, ctx.key_caches, ctx.value_caches)
-        kc, vc = ctx.key_caches, ctx.value_caches
-        outs.append(np.array(h))
-    return outs
+    return dress
 
 
 def test_given_rotary_angles_in_the_stack_match_the_module_paths_sectioned_rope():
@@ -525,8 +516,8 @@ def test_given_rotary_angles_in_the_stack_match_the_module_paths_sectioned_rope(
     loaded = load_model(str(cached_tiny_model("qwen2")), mx.float32, CpuBackend())
     angles = use_sectioned_rope(loaded.model, [8, 12, 12], interleaved=False)
     assert loaded.backbone.stack is not None
-    got = _run_with_angles(loaded, angles, seed=3)
-    want = _run_with_angles(module_path(loaded), angles, seed=3)
+    got = _run(loaded, STEPS, seed=3, dress=_with_angles(angles, 3))[0]
+    want = _run(module_path(loaded), STEPS, seed=3, dress=_with_angles(angles, 3))[0]
     plain = _run(loaded, STEPS, seed=3)[0]
     for g, w, p in zip(got, want, plain):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
@@ -544,35 +535,18 @@ def test_rotary_angles_of_the_wrong_width_are_refused():
         loaded.backbone(mx.zeros((1, 3), dtype=mx.int32))
 
 
-def _run_with_spans(loaded, seed: int):
-    """STEPS with bidirectional spans in the first step's prompts (key ends: positions
-    2-5 of the first sequence, 0-2 of the second), as a prefix-LM's images."""
-    d = loaded.dims
-    shape = (4, BLOCK, d.num_kv_heads, d.head_dim)
-    kc = [mx.zeros(shape) for _ in range(d.num_layers)]
-    vc = [mx.zeros(shape) for _ in range(d.num_layers)]
-    rng = np.random.default_rng(seed)   # the token ids _run draws
-    outs = []
-    for i, seqs in enumerate(STEPS):
-        meta = _meta(seqs)
-        rows = int(meta.positions.shape[0])
-        if i == 0:
-            meta.key_ends = mx.array([0, 0, 6, 6, 6, 6, 0, 3, 3, 3, 0], dtype=mx.int32)
-        ids = mx.array(rng.integers(0, d.vocab_size, (1, rows)), dtype=mx.int32)
-        ctx = ForwardContext(meta, kc, vc)
-        with forward_context(ctx):
-            h = loaded.backbone(ids)
-        mx.eval(h, ctx.key_caches, ctx.value_caches)
-        kc, vc = ctx.key_caches, ctx.value_caches
-        outs.append(np.array(h))
-    return outs
+def _with_spans(i, meta):
+    """A dress for _run: bidirectional spans in the first step's prompts (key ends:
+    positions 2-5 of the first sequence, 0-2 of the second), as a prefix-LM's images."""
+    if i == 0:
+        meta.key_ends = mx.array([0, 0, 6, 6, 6, 6, 0, 3, 3, 3, 0], dtype=mx.int32)
 
 
 def test_key_ends_in_the_stack_match_the_module_path():
     loaded = load_model(str(cached_tiny_model("qwen2")), mx.float32, CpuBackend())
     assert loaded.backbone.stack is not None
-    got = _run_with_spans(loaded, seed=5)
-    want = _run_with_spans(module_path(loaded), seed=5)
+    got = _run(loaded, STEPS, seed=5, dress=_with_spans)[0]
+    want = _run(module_path(loaded), STEPS, seed=5, dress=_with_spans)[0]
     plain = _run(loaded, STEPS, seed=5)[0]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-4)
