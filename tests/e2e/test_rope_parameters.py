@@ -48,3 +48,42 @@ def test_greedy_tokens_match_transformers(saved_by_transformers):
                                   min_new_tokens=TOKENS,
                                   pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:]
         assert list(out.outputs[0].token_ids) == want.tolist()
+
+
+@pytest.mark.parametrize("period", [None, 6], ids=["no_period", "period_6"])
+def test_gemma3_layer_kinds_follow_layer_types(tmp_path, period):
+    # Gemma 3's layer kinds are layer_types (transformers builds those); mlx-lm reads a
+    # period (default 6), which transformers 5 does not save and which need not match:
+    # the engine must still make layers 1 and 3 global. The prompts are longer than the
+    # window (16), so a global layer built as a sliding one answers differently.
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    from tests.family_models import cached_family_model
+
+    source = cached_family_model("gemma3_text")
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+    model.save_pretrained(str(tmp_path))
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, tmp_path / name)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("sliding_window_pattern", None)
+    config.pop("_sliding_window_pattern", None)
+    if period is not None:
+        config["sliding_window_pattern"] = period
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert config["layer_types"][1::2] == ["full_attention"] * (len(config["layer_types"]) // 2)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    llm = make_llm(tmp_path)
+    params = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
+    prompts = [" ".join(PROMPTS[:3]), " ".join(PROMPTS[1:5])]
+    for out in llm.generate(prompts, params, use_tqdm=False):
+        assert len(out.prompt_token_ids) > 2 * 16
+        ids = torch.tensor([out.prompt_token_ids])
+        want = model.generate(ids, max_new_tokens=TOKENS, do_sample=False,
+                              min_new_tokens=TOKENS,
+                              pad_token_id=tokenizer.pad_token_id)[0, ids.shape[1]:]
+        assert list(out.outputs[0].token_ids) == want.tolist()

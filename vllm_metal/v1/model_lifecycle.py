@@ -167,7 +167,8 @@ def _config_overrides(path: Path) -> dict:
 
     Also the text model's vocabulary size at the top level of a multimodal config
     that has none (transformers 5 keeps it in ``text_config``): mlx-lm's Gemma 3
-    wrapper reads the top-level one, defaulting to the published model's 262208."""
+    wrapper reads the top-level one, defaulting to the published model's 262208. And
+    Gemma 3's layer kinds (_gemma3_pattern)."""
     import json
 
     config = json.loads((path / "config.json").read_text())
@@ -183,13 +184,36 @@ def _config_overrides(path: Path) -> dict:
                                    "type": kind}
         return out
 
-    overrides = legacy(config)
+    def fixes(section: dict) -> dict:
+        return {**legacy(section), **_gemma3_pattern(section)}
+
+    overrides = fixes(config)
     text = config.get("text_config")
-    if isinstance(text, dict) and legacy(text):
-        overrides["text_config"] = {**text, **legacy(text)}
+    if isinstance(text, dict) and fixes(text):
+        overrides["text_config"] = {**text, **fixes(text)}
     if isinstance(text, dict) and "vocab_size" in text and "vocab_size" not in config:
         overrides["vocab_size"] = text["vocab_size"]
     return overrides
+
+
+def _gemma3_pattern(section: dict) -> dict:
+    """mlx-lm's Gemma 3 makes every ``sliding_window_pattern``-th layer global (default
+    6); transformers builds the kinds ``layer_types`` lists, and transformers 5 saves
+    only those (and a ``_sliding_window_pattern`` that need not match them). The
+    period that gives the listed kinds where the config's differs or is missing; a
+    list no period gives is refused (mlx-lm would build other layers than the
+    checkpoint's, silently)."""
+    types = section.get("layer_types")
+    if section.get("model_type") != "gemma3_text" or not isinstance(types, list):
+        return {}
+    named = section.get("sliding_window_pattern")
+    for period in [named or 6, *range(1, len(types) + 2)]:
+        if all((kind == "full_attention") == ((i + 1) % period == 0)
+               for i, kind in enumerate(types)):
+            return {} if period == named else {"sliding_window_pattern": period}
+    raise UnsupportedModelError(
+        f"Gemma 3 layer_types {types} are not every n-th layer global, the only "
+        "arrangement mlx-lm builds")
 
 
 def _bare_decoder_classes(get_classes: Callable, pooling: bool) -> Callable:
