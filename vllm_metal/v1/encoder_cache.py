@@ -12,7 +12,8 @@ exactly as a whole one.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
@@ -83,6 +84,23 @@ class EncoderCache:
                                    f"for {expected} placeholder embeddings")
             self.outputs[identifier] = rows
 
+    def _in_step(self, step: StepInputs) -> Iterator[tuple[str, int, int, int, Any]]:
+        """(req_id, first packed row, first position, one past the last position,
+        item) for each item whose placeholder span meets the request's rows this step."""
+        for i, req_id in enumerate(step.req_ids):
+            features = self.features.get(req_id)
+            first, last = int(step.cu_seqlens_q[i]), int(step.cu_seqlens_q[i + 1])
+            if not features or last == first:
+                continue
+            computed = int(step.positions[first])
+            stop = computed + last - first
+            for feature in features:
+                pos = feature.mm_position
+                if pos.offset >= stop:
+                    break   # sorted by offset: the rest start later
+                if pos.offset + pos.length > computed:
+                    yield req_id, first, computed, stop, feature
+
     def key_ends(self, step: StepInputs, longest: int | None) -> np.ndarray | None:
         """int32 [total_q]: for each row inside an image's embedding span, one past
         the span's last position (its attention sees the whole image: a prefix-LM's,
@@ -90,26 +108,17 @@ class EncoderCache:
         Spans longer than ``longest`` (the model's sliding window) stay causal, as
         vLLM leaves them."""
         ends = None
-        for i, req_id in enumerate(step.req_ids):
-            first = int(step.cu_seqlens_q[i])
-            computed = int(step.positions[first]) if step.cu_seqlens_q[i + 1] > first else 0
-            stop = computed + int(step.cu_seqlens_q[i + 1]) - first   # one past the last row
-            for feature in self.features.get(req_id, ()):
-                pos = feature.mm_position
-                if pos.offset >= stop:
-                    break
-                if pos.offset + pos.length <= computed:
+        for req_id, first, computed, stop, feature in self._in_step(step):
+            for lo, hi in feature.mm_position.extract_embeds_range():
+                if longest is not None and hi - lo + 1 > longest:
                     continue
-                for lo, hi in pos.extract_embeds_range():
-                    if longest is not None and hi - lo + 1 > longest:
-                        continue
-                    a, b = max(lo, computed), min(hi + 1, stop)
-                    if a < b:
-                        if hi + 1 > stop:
-                            _warn_split(req_id)
-                        if ends is None:
-                            ends = np.zeros(len(step.input_ids), np.int32)
-                        ends[first + a - computed:first + b - computed] = hi + 1
+                a, b = max(lo, computed), min(hi + 1, stop)
+                if a < b:
+                    if hi + 1 > stop:
+                        _warn_split(req_id)
+                    if ends is None:
+                        ends = np.zeros(len(step.input_ids), np.int32)
+                    ends[first + a - computed:first + b - computed] = hi + 1
         return ends
 
     def gather(self, step: StepInputs) -> tuple[np.ndarray, mx.array] | None:
@@ -117,32 +126,21 @@ class EncoderCache:
         placeholder rows that take an encoder output; None when it has none."""
         rows: list[np.ndarray] = []
         parts: list[mx.array] = []
-        for i, req_id in enumerate(step.req_ids):
-            features = self.features.get(req_id)
-            if not features:
-                continue
-            first = int(step.cu_seqlens_q[i])
-            computed = int(step.positions[first])
-            scheduled = int(step.cu_seqlens_q[i + 1]) - first
-            for feature in features:
-                pos = feature.mm_position
-                if pos.offset >= computed + scheduled:
-                    break   # sorted by offset: the rest start later
-                if pos.offset + pos.length <= computed:
-                    continue
-                start = max(computed - pos.offset, 0)
-                end = min(computed - pos.offset + scheduled, pos.length)
-                output = self.outputs.get(feature.identifier)
-                if output is None:
-                    raise RuntimeError(f"request {req_id}: item {feature.identifier} was not "
-                                       "encoded before the step that reads it")
-                lo, hi = pos.get_embeds_indices_in_range(start, end)
-                span = np.arange(start, end)
-                if pos.is_embed is not None:
-                    span = span[pos.is_embed[start:end].numpy()]
-                if hi > lo:
-                    rows.append(first + pos.offset - computed + span)
-                    parts.append(output[lo:hi])
+        for req_id, first, computed, stop, feature in self._in_step(step):
+            pos = feature.mm_position
+            start = max(computed - pos.offset, 0)
+            end = min(stop - pos.offset, pos.length)
+            output = self.outputs.get(feature.identifier)
+            if output is None:
+                raise RuntimeError(f"request {req_id}: item {feature.identifier} was not "
+                                   "encoded before the step that reads it")
+            lo, hi = pos.get_embeds_indices_in_range(start, end)
+            span = np.arange(start, end)
+            if pos.is_embed is not None:
+                span = span[pos.is_embed[start:end].numpy()]
+            if hi > lo:
+                rows.append(first + pos.offset - computed + span)
+                parts.append(output[lo:hi])
         if not rows:
             return None
         return np.concatenate(rows).astype(np.int32), mx.concatenate(parts)

@@ -123,8 +123,10 @@ class MetalModelRunner:
         self.encoder_cache: EncoderCache | None = None
         self.rope_positions: RequestRopePositions | None = None
         self.rope_angles: RopeAngles | None = None
-        # A prefix-LM (Gemma 3): an image's tokens attend to the whole image.
+        # A prefix-LM (Gemma 3): an image's tokens attend to the whole image (spans no
+        # longer than the model's sliding window, when it has one).
         self.bidirectional_images = False
+        self._image_span_limit: int | None = None
 
     # -- setup -------------------------------------------------------------
 
@@ -150,6 +152,7 @@ class MetalModelRunner:
             if tower is not None:
                 self.encoder_cache = EncoderCache(tower)
                 self.bidirectional_images = self.model_config.is_mm_prefix_lm
+                self._image_span_limit = self.model_config.get_sliding_window()
         sections = mrope_sections(self.model_config.hf_config)
         if sections is not None:
             self.rope_angles = use_sectioned_rope(self.loaded.model, *sections)
@@ -489,8 +492,7 @@ class MetalModelRunner:
             step.mrope = self.rope_positions.of_step(step)
             step.rope_angles = self.rope_angles.table(step.mrope)
         if self.bidirectional_images:
-            window = self.model_config.get_sliding_window()
-            step.key_ends = self.encoder_cache.key_ends(step, window)
+            step.key_ends = self.encoder_cache.key_ends(step, self._image_span_limit)
         if self.lora is not None:
             states = [self.input_batch.requests[r] for r in step.req_ids]
             per_request = np.array([s.lora_id for s in states], dtype=np.int64)
