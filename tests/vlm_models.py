@@ -5,7 +5,8 @@
 windowed ViT with the 2x2 merger and a Qwen2 with M-RoPE; Qwen2-VL: the same with
 full attention in every block; Gemma 3: a SigLIP tower pooled to 16 image tokens
 and a Gemma 3 with a sliding and a global layer, whose image tokens attend
-to their whole image) from a small config,
+to their whole image; Qwen3-VL: its ViT with deepstack mergers and a Qwen3 with
+interleaved M-RoPE) from a small config,
 refills its parameters with seeded values scaled for wide greedy margins (as
 tests/family_models.py does for text models), and saves it with
 ``save_pretrained`` (transformers 5's key layout), with the byte-level BPE
@@ -44,7 +45,7 @@ _CHAT = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
-KINDS = ("llava", "qwen2_5_vl", "qwen2_vl", "gemma3")
+KINDS = ("llava", "qwen2_5_vl", "qwen2_vl", "gemma3", "qwen3_vl")
 GEMMA3_WINDOW = 48       # the sliding layer's window: longer than an image (16 tokens)
 # kind -> (added special tokens, the placeholder text an image part renders as)
 _TOKENS = {
@@ -52,7 +53,7 @@ _TOKENS = {
     "qwen2_5_vl": (["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
                    "<|vision_start|><|image_pad|><|vision_end|>"),
 }
-_TOKENS["qwen2_vl"] = _TOKENS["qwen2_5_vl"]
+_TOKENS["qwen2_vl"] = _TOKENS["qwen3_vl"] = _TOKENS["qwen2_5_vl"]
 # Gemma 3's chat template writes <start_of_image>; its processor expands it into
 # "\n\n<start_of_image>" + 16 x <image_soft_token> + "<end_of_image>\n\n".
 _TOKENS["gemma3"] = (["<start_of_image>", "<end_of_image>", "<image_soft_token>"],
@@ -119,7 +120,8 @@ def _model_class(kind: str):
     return {"llava": transformers.LlavaForConditionalGeneration,
             "qwen2_5_vl": transformers.Qwen2_5_VLForConditionalGeneration,
             "qwen2_vl": transformers.Qwen2VLForConditionalGeneration,
-            "gemma3": transformers.Gemma3ForConditionalGeneration}[kind]
+            "gemma3": transformers.Gemma3ForConditionalGeneration,
+            "qwen3_vl": transformers.Qwen3VLForConditionalGeneration}[kind]
 
 
 def _text(vocab: int, tokenizer, overrides: dict) -> dict:
@@ -201,8 +203,30 @@ def _gemma3_config(vocab: int, ids: dict, tokenizer, overrides: dict):
                         image_token_index=ids["<image_soft_token>"], tie_word_embeddings=False)
 
 
+def _qwen3_vl_config(vocab: int, ids: dict, tokenizer, overrides: dict):
+    from transformers import Qwen3VLConfig
+
+    # Three layers, two deepstack levels: the first two layers add the image's rows,
+    # the third does not. Interleaved M-RoPE over head_dim 32's 16 frequencies.
+    text = {**_text(vocab, tokenizer, overrides), "model_type": "qwen3_vl_text",
+            "num_hidden_layers": 3,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                "mrope_section": [6, 5, 5], "mrope_interleaved": True}}
+    # Its ViT: patch 16, learned positions on a 16 x 16 grid (interpolated), deepstack
+    # mergers after blocks 0 and 1.
+    vision = dict(depth=3, hidden_size=64, intermediate_size=128, num_heads=4,
+                  out_hidden_size=TEXT["hidden_size"], patch_size=16, spatial_merge_size=2,
+                  temporal_patch_size=2, num_position_embeddings=256,
+                  deepstack_visual_indexes=[0, 1], in_channels=3)
+    return Qwen3VLConfig(text_config=text, vision_config=vision,
+                         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                         vision_start_token_id=ids["<|vision_start|>"],
+                         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+
+
 _CONFIGS = {"llava": _llava_config, "qwen2_5_vl": _qwen2_5_vl_config,
-            "qwen2_vl": _qwen2_vl_config, "gemma3": _gemma3_config}
+            "qwen2_vl": _qwen2_vl_config, "gemma3": _gemma3_config,
+            "qwen3_vl": _qwen3_vl_config}
 
 
 def _init(name: str, p: np.ndarray, rng: np.random.Generator, vocab: int,
@@ -270,6 +294,16 @@ def _write_processor(path: Path, kind: str) -> None:
             "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True, "do_pan_and_scan": False})
         _write_json(path / "processor_config.json", {"processor_class": "Gemma3Processor",
                                                      "image_seq_length": 16})
+    elif kind == "qwen3_vl":
+        # 32-pixel units (patch 16 x merge 2).
+        image = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                 "size": {"shortest_edge": 32 * 32, "longest_edge": 32 * 32 * 16},
+                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+        _write_json(path / "preprocessor_config.json",
+                    {"image_processor_type": "Qwen2VLImageProcessorFast", **image})
+        _write_json(path / "video_preprocessor_config.json",
+                    {"video_processor_type": "Qwen3VLVideoProcessor", **image})
+        _write_json(path / "processor_config.json", {"processor_class": "Qwen3VLProcessor"})
     else:
         # 28-pixel units (patch 14 x merge 2); small images stay a few patches.
         processor = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor"}[kind]
@@ -317,7 +351,7 @@ class ReferenceVLM:
         tokens, logprobs = [], []
         for _ in range(max_tokens):
             x = torch.tensor([ids])
-            if self.model.config.model_type in ("qwen2_vl", "qwen2_5_vl"):
+            if self.model.config.model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
                 # Without the token types transformers silently rotates at 1-D positions.
                 extra["mm_token_type_ids"] = (x == self.model.config.image_token_id).int()
             elif self.model.config.model_type == "gemma3":

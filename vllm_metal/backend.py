@@ -37,6 +37,10 @@ class Backbone(Protocol):
         backbone's input in place of the token embeddings (a multimodal step's merged
         rows), before any embedding scale the family applies."""
 
+    def modules_only(self, why: str) -> None:
+        """From now on run every step module by module (the runner changed the
+        modules after load: ``why`` says how)."""
+
 
 class Backend(ABC):
     """Where MLX computes, and what vllm-metal adds there.

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 MAX_TOKENS = 8
 
 
-# M-RoPE positions; Gemma 3's image tokens attending to the whole image.
-@pytest.fixture(scope="module", params=["qwen2_5_vl", "gemma3"])
+# M-RoPE positions; Gemma 3's image tokens attending to the whole image; Qwen3-VL's deepstack.
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "gemma3", "qwen3_vl"])
 def model_dir(request):
     return cached_vlm_model(request.param)
 

@@ -132,7 +132,7 @@ def _config_of(model_type: str, language_model_only: bool = False):
 
 @pytest.mark.parametrize("model_type,served", [("llava", True), ("qwen2_5_vl", True),
                                                ("qwen2_vl", True), ("gemma3", True),
-                                               ("qwen3_vl", False), ("idefics3", False),
+                                               ("qwen3_vl", True), ("idefics3", False),
                                                ("llama", False), ("gemma3", None)])
 def test_images_pass_only_for_models_whose_tower_runs_here(model_type, served, monkeypatch):
     # served None: a served type turned language-model-only (no vision weights).

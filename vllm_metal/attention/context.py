@@ -78,6 +78,9 @@ class ForwardContext:
     # id(keys handed back by write) -> (entry, keys): layers that reuse another
     # layer's K/V (Gemma 4's shared-KV layers) attend with no cache of their own.
     _written: dict[int, tuple[int, mx.array]] = field(default_factory=dict)
+    # (packed rows int32 [n], rows to add float [levels, n, hidden]): a step's image
+    # rows that the first decoder layers add to (models.deepstack); None without.
+    deepstack: tuple[mx.array, mx.array] | None = None
 
     def write(self, entry: int, keys: mx.array, values: mx.array) -> None:
         """Store this step's K/V rows of KV entry ``entry``."""

@@ -59,6 +59,13 @@ class CpuBackbone:
         with fast_functions():
             return self.adapter.hidden(input_ids[0], embeddings)[None]
 
+    def modules_only(self, why: str) -> None:
+        # Every step, not only those the change touches: a request's output must not
+        # depend on which path its batch took.
+        if self.stack is not None:
+            logger.info("Decoder stack off, every step runs module by module: %s", why)
+            self.stack = None
+
     def _stack_input(self, input_ids: mx.array, embeddings: mx.array | None
                      ) -> tuple[mx.array, bool]:
         """(the stack's input [1, T, hidden], whether it is the embeddings): a pipeline

@@ -124,6 +124,11 @@ def link_of(layers: list) -> StageLink | None:
     return None
 
 
+def runs_elsewhere(layer: nn.Module) -> bool:
+    """Whether ``layer`` is a stand-in for a layer another stage runs."""
+    return isinstance(layer, _Elsewhere)
+
+
 def cut_layers(layers: list, stage: PipelineStage, link: StageLink) -> None:
     """Replace, in place, every layer of ``layers`` that ``stage`` does not hold by its
     stand-in. ``layers`` is the backbone's own list, not a view of it (mlx-lm's

@@ -29,6 +29,9 @@ class MetalBackbone:
         """input_ids int32 [1, total_q] -> hidden [1, total_q, hidden] (see Backbone)."""
         return self.adapter.hidden(input_ids[0], embeddings)[None]
 
+    def modules_only(self, why: str) -> None:
+        pass   # it always does
+
 
 class MetalBackend(Backend):
     label = "Metal"

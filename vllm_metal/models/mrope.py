@@ -17,8 +17,6 @@ are at ``position + delta`` on all three axes, as vLLM does.
 
 from __future__ import annotations
 
-import functools
-import types
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -52,13 +50,10 @@ class RequestRopePositions:
 
         cls, _ = ModelRegistry.resolve_model_cls(model_config.architectures,
                                                  model_config=model_config)
-        # vLLM's method reads only the model's config (and its own helpers): a stand-in
-        # object carries the config, so no torch model is built.
-        self._model = types.SimpleNamespace(config=model_config.hf_config)
-        for name in ("iter_mm_grid_thw", "get_mrope_input_positions"):
-            method = getattr(cls, name, None)
-            if method is not None:
-                setattr(self._model, name, functools.partial(method, self._model))
+        # vLLM's method reads only the model's config and the class's own helpers: an
+        # instance made without __init__ holds the config, so no torch model is built.
+        self._model = object.__new__(cls)
+        object.__setattr__(self._model, "config", model_config.hf_config)
         self.prompt: dict[str, np.ndarray] = {}
         self.delta: dict[str, int] = {}
 

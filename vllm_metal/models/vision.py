@@ -38,6 +38,9 @@ class VisionTower:
     [num_embeds_i, text_hidden] per item, in the model's dtype (lazy)."""
 
     modality = "image"
+    # Levels of rows added inside the language model after its first layers (the
+    # encoded rows are that many times wider than the text hidden size, plus one).
+    deepstack_levels = 0
 
     def __init__(self, config: dict, weights: dict[str, mx.array], dtype: mx.Dtype,
                  backend: Backend) -> None:
@@ -182,9 +185,29 @@ class Gemma3Tower(VisionTower):
                 / self.input_scale).astype(self.dtype)
 
 
+class Qwen3VLTower(QwenVLTower):
+    """Qwen3-VL: Qwen's ViT with learned position embeddings and "deepstack" mergers
+    that take the patches after some of its blocks. Item as QwenVLTower's ->
+    [patches / merge^2, text_hidden x (1 + deepstack_levels)]: the merged rows, then
+    each level's rows, which the language model adds to the image's hidden states
+    after its first ``deepstack_levels`` layers (models.deepstack); vLLM's
+    ``embed_multimodal`` lays them out the same way."""
+
+    @property
+    def deepstack_levels(self) -> int:
+        return len(self.modules.vision_tower.deepstack_visual_indexes)
+
+    def _encode_one(self, item: dict[str, torch.Tensor]) -> mx.array:
+        grid = mx.array(_numpy(item["image_grid_thw"]).reshape(1, 3).astype(np.int32))
+        rows, levels = self.modules.vision_tower(_to_mx(item["pixel_values"], self.dtype),
+                                                 grid)
+        return mx.concatenate([rows, *levels], axis=-1)
+
+
 # model_type -> its tower.
 TOWERS: dict[str, type[VisionTower]] = {"llava": LlavaTower, "qwen2_vl": QwenVLTower,
-                                        "qwen2_5_vl": QwenVLTower, "gemma3": Gemma3Tower}
+                                        "qwen2_5_vl": QwenVLTower, "gemma3": Gemma3Tower,
+                                        "qwen3_vl": Qwen3VLTower}
 
 
 def vision_model_type(config: dict) -> str | None:

@@ -167,8 +167,9 @@ def _config_overrides(path: Path) -> dict:
 
     Also the text model's vocabulary size at the top level of a multimodal config
     that has none (transformers 5 keeps it in ``text_config``): mlx-lm's Gemma 3
-    wrapper reads the top-level one, defaulting to the published model's 262208. And
-    Gemma 3's layer kinds (_gemma3_pattern)."""
+    wrapper reads the top-level one, defaulting to the published model's 262208. The
+    top-level ``tie_word_embeddings`` in a ``text_config`` without one. And Gemma 3's
+    layer kinds (_gemma3_pattern)."""
     import json
 
     config = json.loads((path / "config.json").read_text())
@@ -187,10 +188,17 @@ def _config_overrides(path: Path) -> dict:
     def fixes(section: dict) -> dict:
         return {**legacy(section), **_gemma3_pattern(section)}
 
+    def inherited(section: dict) -> dict:
+        # transformers 5 keeps tie_word_embeddings at the top level only; mlx-lm's
+        # wrappers that build the text model from text_config (Qwen3-VL's) require it.
+        if "tie_word_embeddings" in section or "tie_word_embeddings" not in config:
+            return {}
+        return {"tie_word_embeddings": config["tie_word_embeddings"]}
+
     overrides = fixes(config)
     text = config.get("text_config")
-    if isinstance(text, dict) and fixes(text):
-        overrides["text_config"] = {**text, **fixes(text)}
+    if isinstance(text, dict) and (fixes(text) or inherited(text)):
+        overrides["text_config"] = {**text, **fixes(text), **inherited(text)}
     if isinstance(text, dict) and "vocab_size" in text and "vocab_size" not in config:
         overrides["vocab_size"] = text["vocab_size"]
     return overrides

@@ -25,6 +25,7 @@ from vllm_metal.distributed.pipeline import StageLink
 from vllm_metal.distributed.tensor import TensorShard
 from vllm_metal.kv_offload.connector_link import ConnectorLink
 from vllm_metal.lora.manager import LoRAManager
+from vllm_metal.models.deepstack import use_deepstack
 from vllm_metal.models.mrope import (RequestRopePositions, RopeAngles, mrope_sections,
                                      use_sectioned_rope)
 from vllm_metal.models.vision import load_vision_tower
@@ -151,6 +152,10 @@ class MetalModelRunner:
             tower = load_vision_tower(self.model_config.model, dtype, self.backend)
             if tower is not None:
                 self.encoder_cache = EncoderCache(tower)
+                if tower.deepstack_levels:
+                    use_deepstack(self.loaded.adapter.backbone.layers, tower.deepstack_levels)
+                    self.loaded.backbone.modules_only("the image rows' deepstack levels join "
+                                                      "the first layers' outputs")
                 self.bidirectional_images = self.model_config.is_mm_prefix_lm
                 self._image_span_limit = self.model_config.get_sliding_window()
         sections = mrope_sections(self.model_config.hf_config)

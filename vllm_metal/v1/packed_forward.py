@@ -24,8 +24,9 @@ def packed_forward(model: LoadedModel, step: StepInputs, cache: PagedKVCache,
     recurrent-state entries (entry -> shape); state_slots: per state group, the
     (previous, current) state block of each request (hybrids only); input_ids int32
     [total_q] in place of step.input_ids (device-fed tokens); merged: (packed rows
-    int32 [n], embeddings [n, hidden]) that replace those rows' token embeddings
-    (a multimodal step's encoder outputs)."""
+    int32 [n], embeddings [n, hidden x (1 + levels)]) that replace those rows' token
+    embeddings (a multimodal step's encoder outputs; the columns past ``hidden``
+    are deepstack levels, models.deepstack)."""
     meta = AttentionMetadata(
         positions=mx.array(step.positions if step.mrope is None else step.mrope[0]),
         cu_seqlens_q=mx.array(step.cu_seqlens_q),
@@ -50,6 +51,12 @@ def packed_forward(model: LoadedModel, step: StepInputs, cache: PagedKVCache,
         if merged is None:
             return model.backbone(input_ids[None])[0]
         rows, features = merged
+        rows = mx.array(rows)
         embeddings = model.adapter.backbone.embed_tokens(input_ids)
-        embeddings[mx.array(rows)] = features.astype(embeddings.dtype)
+        hidden = embeddings.shape[-1]
+        if features.shape[-1] > hidden:   # deepstack levels after the merged rows
+            levels = features[:, hidden:].reshape(len(rows), -1, hidden)
+            ctx.deepstack = (rows, levels.transpose(1, 0, 2))
+            features = features[:, :hidden]
+        embeddings[rows] = features.astype(embeddings.dtype)
         return model.backbone(input_ids[None], embeddings)[0]
