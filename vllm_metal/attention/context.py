@@ -91,6 +91,25 @@ class ForwardContext:
             key_columns=self.key_columns)
         self._written[id(keys)] = (entry, keys)
 
+    def write_at(self, entry: int, keys: mx.array, values: mx.array, slots: mx.array) -> None:
+        """Store K/V rows [n, num_kv_heads, head_dim] of KV entry ``entry`` at ``slots``
+        int32 [n] (rows that are not this step's tokens: an encoder's, for
+        cross-attention)."""
+        self.key_caches[entry], self.value_caches[entry] = ops.reshape_and_cache(
+            keys, values, self.key_caches[entry], self.value_caches[entry], slots,
+            kv_quant=self.kv_quant, key_columns=self.key_columns)
+
+    def attend_all(self, entry: int, queries: mx.array, block_tables: mx.array,
+                   seq_lens: mx.array, scale: float) -> mx.array:
+        """queries [total_q, num_heads, D] -> [total_q, num_heads, D]: each row over
+        every key of its own table row (block_tables int32 [total_q, max_blocks],
+        seq_lens int32 [total_q]), unmasked: cross-attention to an encoder's rows.
+        Each row is a one-token sequence at the last position of its keys."""
+        rows = mx.arange(queries.shape[0] + 1, dtype=mx.int32)
+        return ops.paged_attention(queries, self.key_caches[entry], self.value_caches[entry],
+                                   block_tables, seq_lens, rows, scale,
+                                   kv_quant=self.kv_quant, key_columns=self.key_columns)
+
     def write_latent(self, entry: int, latent: mx.array, k_pe: mx.array) -> None:
         """Store this step's latent rows of MLA entry ``entry``: latent [total_q, rank],
         k_pe [total_q, rope_dim] into its cache [num_blocks, block_size, 1, rank + rope_dim]."""
