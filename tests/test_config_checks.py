@@ -2,7 +2,8 @@
 made, naming the flag; pipeline, tensor or data parallel alone is accepted, tensor
 parallel also where it does not divide the query heads, in every process that
 verifies it. Pooling runners that are not served (a bidirectional decoder, pooling
-across pipeline stages) are refused by name."""
+across pipeline stages) are refused by name; so are encoder-decoder models other than
+Whisper, and the flags Whisper's runner does not honour."""
 
 from __future__ import annotations
 
@@ -98,3 +99,35 @@ def test_a_llava_checkpoint_whose_language_model_mlx_lm_would_misbuild_is_refuse
     with pytest.raises(ValueError, match="with a qwen2 language model"):
         EngineArgs(model=str(path), max_model_len=256).create_engine_config()
     EngineArgs(model=str(cached_vlm_model("llava")), max_model_len=256).create_engine_config()
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory):
+    from tests.speech_models import make_whisper_model
+
+    return make_whisper_model(tmp_path_factory.mktemp("whisper") / "model")
+
+
+@pytest.mark.parametrize("kwargs,flag", [
+    (dict(enable_lora=True), "--enable-lora"),
+    (dict(kv_cache_dtype="fp8"), "--kv-cache-dtype fp8"),
+    (dict(kv_offloading_size=1.0), "--kv-offloading-size"),
+    (dict(tensor_parallel_size=2), "one rank"),
+])
+def test_whisper_refuses_what_its_runner_does_not_do_by_flag(whisper_dir, kwargs, flag):
+    with pytest.raises(ValueError, match=flag):
+        EngineArgs(model=str(whisper_dir), max_model_len=64, **kwargs).create_engine_config()
+    EngineArgs(model=str(whisper_dir), max_model_len=64).create_engine_config()
+
+
+def test_an_encoder_decoder_other_than_whisper_is_refused_by_name(whisper_dir, tmp_path):
+    import json
+    import shutil
+
+    path = tmp_path / "not-whisper"
+    shutil.copytree(whisper_dir, path)
+    config = json.loads((path / "config.json").read_text())
+    config["activation_function"] = "relu"
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="other than Whisper.*activation_function 'relu'"):
+        EngineArgs(model=str(path), max_model_len=64).create_engine_config()

@@ -34,6 +34,7 @@ class UnsupportedConfigError(ValueError):
 def check_vllm_config(vllm_config: VllmConfig) -> None:
     _check_runner(vllm_config)
     _check_vision(vllm_config)
+    _check_encoder_decoder(vllm_config)
     parallel = vllm_config.parallel_config
     for flag, value in (("--decode-context-parallel-size", parallel.decode_context_parallel_size),
                         ("--prefill-context-parallel-size",
@@ -175,6 +176,37 @@ def _check_encoder(vllm_config: VllmConfig, how: str) -> None:
                     model.architecture, model.max_model_len, encoder.max_tokens)
         model.max_model_len = encoder.max_tokens
         vllm_config.scheduler_config.max_model_len = encoder.max_tokens
+
+
+def _check_encoder_decoder(vllm_config: VllmConfig) -> None:
+    """An encoder-decoder model is served when it is Whisper (vllm_metal.models.whisper),
+    on one rank, with a float cache and none of the text runner's extras."""
+    model = vllm_config.model_config
+    if model is None or not model.is_encoder_decoder:
+        return
+    from vllm_metal.models.whisper import UnsupportedWhisperError, WhisperConfig
+
+    how = model.architecture
+    try:
+        WhisperConfig.from_dict(model.hf_config.to_dict())
+    except (UnsupportedWhisperError, KeyError) as e:
+        raise UnsupportedConfigError(f"{how}: encoder-decoder models other than Whisper are "
+                                     f"not served by vllm-metal ({e})") from None
+    if vllm_config.parallel_config.world_size != 1:
+        raise UnsupportedConfigError(f"{how}: Whisper runs on one rank on vllm-metal; drop "
+                                     "the parallel flags")
+    cache = vllm_config.cache_config
+    for flag, on in (("--enable-lora", vllm_config.lora_config is not None),
+                     ("--speculative-config", vllm_config.speculative_config is not None),
+                     ("--kv-offloading-size / --kv-transfer-config",
+                      cache.kv_offloading_size is not None
+                      or getattr(vllm_config.kv_transfer_config, "kv_connector", None)
+                      is not None),
+                     (f"--kv-cache-dtype {cache.cache_dtype}",
+                      cache.cache_dtype not in (None, "auto"))):
+        if on:
+            raise UnsupportedConfigError(f"{flag} with {how} is not supported on vllm-metal; "
+                                         "drop it")
 
 
 def _check_parallel(vllm_config: VllmConfig, given: str) -> None:

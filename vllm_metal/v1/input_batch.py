@@ -151,6 +151,13 @@ class InputBatch:
         self.max_blocks_per_req = -(-self.max_model_len // block_size)
         self.set_num_groups(self.num_groups)
 
+    def reserve_blocks(self, tokens: int) -> None:
+        """Room in every table for ``tokens`` tokens' blocks (an encoder-decoder's
+        cross-attention blocks hold the encoder's rows, which may outnumber
+        max_model_len). Before any request."""
+        self.max_blocks_per_req = max(self.max_blocks_per_req, -(-tokens // self.block_size))
+        self.set_num_groups(self.num_groups)
+
     def set_num_groups(self, num_groups: int) -> None:
         """One block table per KV cache group (vLLM's hybrid cache: full and
         sliding-window layers get their blocks separately). Before any request."""

@@ -54,6 +54,10 @@ class MetalWorker(WorkerBase):
             from vllm_metal.v1.encoder_runner import EncoderRunner
 
             runner = EncoderRunner   # config_checks let through BERT-class ones only
+        elif self.model_config.is_encoder_decoder:
+            from vllm_metal.v1.speech_runner import SpeechRunner
+
+            runner = SpeechRunner    # config_checks let through Whisper only
         self.model_runner = runner(self.vllm_config, self.backend, mlx_group)
 
     def _init_distributed(self):
@@ -147,7 +151,11 @@ class MetalWorker(WorkerBase):
 
     def get_supported_tasks(self):
         pooling = self.model_runner.pooling
-        return ("generate",) if pooling is None else pooling.supported_tasks()
+        if pooling is not None:
+            return pooling.supported_tasks()
+        if self.model_config.is_encoder_decoder:
+            return ("transcription",)   # as vLLM's runner gives Whisper
+        return ("generate",)
 
     def execute_model(self, scheduler_output: SchedulerOutput):
         return self.model_runner.execute_model(scheduler_output)
