@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.tiny_models import _train_tokenizer, _write_json
+from tests.tiny_models import _damped_ids, _train_tokenizer, _write_json
 
 # A 2-second clip: 200 mel frames (hop 160 at 16 kHz), 100 encoder rows.
 CLIP_SECONDS = 2
@@ -50,11 +50,18 @@ def make_whisper_model(path: str | Path, *, seed: int = 0, **overrides: Any) -> 
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config).eval()
     rng = np.random.default_rng(seed)
+    # Never sampling bytes that are not printable ASCII keeps the text valid UTF-8
+    # (the head is the embedding: small rows, small logits). Whisper's own special
+    # tokens keep their rows: the prompt's task and language tokens must count.
+    damped = _damped_ids(tokenizer)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "embed_positions" in name and "encoder" in name:
                 continue   # sinusoidal, as transformers made them
-            p.copy_(torch.from_numpy(_init(name, p.detach().numpy(), rng)))
+            values = _init(name, p.detach().numpy(), rng)
+            if name.endswith("embed_tokens.weight"):
+                values[damped] *= 0.05
+            p.copy_(torch.from_numpy(values))
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     _write_tokenizer(path, tokenizer, eot, sot)
@@ -110,6 +117,12 @@ def reference_model(path: str | Path):
     from transformers import WhisperForConditionalGeneration
 
     return WhisperForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def speech_clip() -> Path:
+    """A spoken "Hello world." (espeak-ng 1.51: ``espeak-ng -s 170 -w FILE "Hello
+    world."``), mono 16-bit PCM at 22050 Hz, 1.06 s: vLLM resamples it to 16 kHz."""
+    return Path(__file__).parent / "data" / "hello_world.wav"
 
 
 def make_clip(seed: int, seconds: float = 1.5, rate: int = 16000) -> np.ndarray:

@@ -91,3 +91,20 @@ def test_nothing_kept_after_requests(llm):
 
 def test_supported_task_is_transcription(llm):
     assert "transcription" in llm.llm_engine.get_supported_tasks()
+
+
+def test_a_spoken_clip_matches_transformers(llm, reference):
+    import io
+
+    import numpy as np
+    from vllm.multimodal.media.audio import load_audio
+
+    from tests.speech_models import speech_clip
+
+    samples, _ = load_audio(io.BytesIO(speech_clip().read_bytes()), sr=16000, mono=True)
+    clip = np.asarray(samples, np.float32)
+    output, = _greedy(llm, [_prompt(clip)])
+    tokens, lps = _tokens_and_logprobs(output)
+    want_tokens, want_lps = reference.greedy(output.prompt_token_ids, clip, MAX_TOKENS)
+    assert tokens == want_tokens
+    assert max(abs(a - b) for a, b in zip(lps, want_lps)) < 1e-3
