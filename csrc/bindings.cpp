@@ -27,6 +27,7 @@
 #include "ops/mla.h"
 #include "ops/gdn.h"
 #include "ops/embedding_gather.h"
+#include "ops/activation.h"
 #include "ops/rms_norm.h"
 #include "ops/sample_tokens.h"
 #include "ops/top_logprobs.h"
@@ -300,6 +301,16 @@ word c / 32 admits token c); the tokens it does not admit count as -inf logits.)
       R"(Logprobs columns of x [R, V]: [ids int32 [R, k + 1], vals float32 [R, k + 1],
 ranks int32 [R]]; column 0 is token [R], then the k largest scores (log_softmax(x)
 when normalize, else x) in descending order; rank = number of scores >= the token's.)");
+
+  m.def(
+      "activation",
+      &vllm_metal::activation,
+      "x"_a,
+      "kind"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      R"(Elementwise activation of float32 x: kind 0 silu, 1 gelu_approx (tanh form),
+2 gelu (erf); fp32 arithmetic, same shape.)");
 
   m.def(
       "rms_norm",

@@ -16,37 +16,40 @@ import numpy as np
 
 from tests.tiny_models import _damped_ids, _train_tokenizer, _write_json
 
-# A 2-second clip: 200 mel frames (hop 160 at 16 kHz), 100 encoder rows.
+# Clips of 2 seconds by default: 200 mel frames (hop 160 at 16 kHz), 100 encoder rows.
 CLIP_SECONDS = 2
 WHISPER = dict(d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
                decoder_attention_heads=2, encoder_ffn_dim=256, decoder_ffn_dim=256,
-               num_mel_bins=80, max_source_positions=50 * CLIP_SECONDS,
-               max_target_positions=64)
+               num_mel_bins=80, max_target_positions=64)
 BPE_VOCAB = 512
-# Whisper's special tokens (its languages as vLLM lists them, the 2-second clip's
+# Whisper's special tokens (its languages as vLLM lists them; then the clip's
 # timestamps), after the byte-level BPE.
 _LANGUAGES = ("af ar az be bg bs ca cs cy da de el en es et fa fi fr gl he hi hr hu hy id "
               "is it ja kk kn ko lt lv mi mk mr ms ne nl no pl pt ro ru sk sl sr sv sw ta "
               "th tl tr uk ur vi zh").split()
 SPECIAL = (["<|endoftext|>", "<|startoftranscript|>"] + [f"<|{c}|>" for c in _LANGUAGES]
            + ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>",
-              "<|nospeech|>", "<|notimestamps|>"]
-           + [f"<|{i * 0.02:.2f}|>" for i in range(50 * CLIP_SECONDS + 1)])
+              "<|nospeech|>", "<|notimestamps|>"])
 
 
-def make_whisper_model(path: str | Path, *, seed: int = 0, **overrides: Any) -> Path:
-    """Write a tiny Whisper checkpoint at ``path``; returns it."""
+def make_whisper_model(path: str | Path, *, seed: int = 0, clip_seconds: int = CLIP_SECONDS,
+                       **overrides: Any) -> Path:
+    """Write a Whisper checkpoint at ``path`` (tiny unless ``overrides`` say otherwise;
+    a vocab_size larger than the tokenizer's pads the table) for clips of
+    ``clip_seconds``; returns it."""
     import torch
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     path = Path(path)
     tokenizer = _train_tokenizer(BPE_VOCAB)
-    tokenizer.add_special_tokens(SPECIAL)
+    stamps = [f"<|{i * 0.02:.2f}|>" for i in range(50 * clip_seconds + 1)]
+    tokenizer.add_special_tokens(SPECIAL + stamps)
     ids = {t: tokenizer.token_to_id(t) for t in SPECIAL}
     eot, sot = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
-    config = WhisperConfig(**{**WHISPER, **overrides}, vocab_size=tokenizer.get_vocab_size(),
-                           decoder_start_token_id=sot, pad_token_id=eot, bos_token_id=eot,
-                           eos_token_id=eot)
+    vocab = max(overrides.pop("vocab_size", 0), tokenizer.get_vocab_size())
+    config = WhisperConfig(**{**WHISPER, "max_source_positions": 50 * clip_seconds,
+                              **overrides}, vocab_size=vocab, decoder_start_token_id=sot,
+                           pad_token_id=eot, bos_token_id=eot, eos_token_id=eot)
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(config).eval()
     rng = np.random.default_rng(seed)
@@ -64,22 +67,22 @@ def make_whisper_model(path: str | Path, *, seed: int = 0, **overrides: Any) -> 
             p.copy_(torch.from_numpy(values))
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
-    _write_tokenizer(path, tokenizer, eot, sot)
+    _write_tokenizer(path, tokenizer, eot, sot, config.max_target_positions)
     _write_json(path / "preprocessor_config.json", {
         "feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 80,
         "sampling_rate": 16000, "hop_length": 160, "n_fft": 400,
-        "chunk_length": CLIP_SECONDS, "n_samples": 16000 * CLIP_SECONDS,
-        "nb_max_frames": 100 * CLIP_SECONDS, "padding_side": "right", "padding_value": 0.0,
+        "chunk_length": clip_seconds, "n_samples": 16000 * clip_seconds,
+        "nb_max_frames": 100 * clip_seconds, "padding_side": "right", "padding_value": 0.0,
         "return_attention_mask": False, "processor_class": "WhisperProcessor"})
     return path
 
 
-def _write_tokenizer(path: Path, tokenizer, eot: int, sot: int) -> None:
+def _write_tokenizer(path: Path, tokenizer, eot: int, sot: int, max_len: int) -> None:
     tokenizer.save(str(path / "tokenizer.json"))
     _write_json(path / "tokenizer_config.json", {
         "tokenizer_class": "WhisperTokenizer", "bos_token": "<|endoftext|>",
         "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-        "unk_token": "<|endoftext|>", "model_max_length": WHISPER["max_target_positions"],
+        "unk_token": "<|endoftext|>", "model_max_length": max_len,
         "clean_up_tokenization_spaces": False, "processor_class": "WhisperProcessor"})
     _write_json(path / "generation_config.json", {
         "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,

@@ -40,5 +40,37 @@ def patch_accelerator_cache_calls() -> None:
             setattr(accel, name, lambda *args, **kwargs: None)
 
 
+class _FirstOnly(logging.Filter):
+    """Lets through the first record whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+        self.seen = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith(self.prefix):
+            return True
+        first, self.seen = not self.seen, True
+        return first
+
+
+def quiet_audio_backend_warning() -> None:
+    """Log vLLM's "torchcodec unavailable ... falling back to soundfile/PyAV" once per
+    process instead of once per decoded clip.
+
+    Why: vLLM 0.33's ``load_audio`` tries torchcodec first on every call and warns
+    when it is missing; torchcodec needs a system FFmpeg, which a Mac (or this
+    plugin's install) need not have, while soundfile and PyAV (installed) decode the
+    clip. A transcription server would log it with every request. Remove when vLLM
+    warns once.
+    """
+    if not _once("audio_backend_warning"):
+        return
+    logging.getLogger("vllm.multimodal.media.audio").addFilter(
+        _FirstOnly("torchcodec unavailable"))
+
+
 def apply_all() -> None:
     patch_accelerator_cache_calls()
+    quiet_audio_backend_warning()

@@ -22,6 +22,8 @@ def _reference(q, k, v, scale):
 
 @pytest.mark.parametrize("b,heads,kv_heads,lq,lk,d", [
     (1, 4, 4, 37, 37, 64), (2, 8, 2, 5, 33, 80), (3, 2, 1, 16, 16, 128), (1, 16, 16, 1, 1, 72),
+    (2, 4, 4, 40, 9, 64),   # more queries than keys: a sequence per query row
+    (1, 6, 6, 300, 300, 64),  # several key tiles for each query tile
 ])
 def test_every_query_attends_to_every_key(b, heads, kv_heads, lq, lk, d):
     rng = np.random.default_rng(b * 100 + lk)

@@ -3,8 +3,9 @@
 MLX's CPU ``scaled_dot_product_attention`` is scalar and single-threaded: a vision
 tower's attention over a 1024-patch image took 1.5 s a layer here (16 heads of 80),
 three quarters of the tower's time. The CPU paged-attention kernel computes the same
-thing when each query row is its own one-token sequence whose context is the whole
-key set (a query at the last position attends to every key): 0.15 s, within 1e-6.
+thing when every query row names the end of the keys as its key end (a span that
+attends bidirectionally), or, with more queries than keys, when each query row is its
+own one-token sequence whose context is the whole key set: 0.15 s, within 1e-6.
 Inside ``full_attention()`` MLX's function is routed there for unmasked calls; any
 other call (a mask, sinks) keeps MLX's own.
 """
@@ -34,12 +35,22 @@ def attend_all(queries: mx.array, keys: mx.array, values: mx.array, scale: float
         rows = mx.pad(x.transpose(0, 2, 1, 3), pad)
         return rows.reshape(b * pages, _BLOCK, kv_heads, d)
 
+    rows = queries.transpose(0, 2, 1, 3).reshape(b * lq, heads, d)
     first = mx.arange(b, dtype=mx.int32)[:, None] * pages
-    tables = mx.repeat(first + mx.arange(pages, dtype=mx.int32)[None], lq, axis=0)
-    out = ops.paged_attention(
-        queries.transpose(0, 2, 1, 3).reshape(b * lq, heads, d), paged(keys), paged(values),
-        tables, mx.full((b * lq,), lk, dtype=mx.int32),
-        mx.arange(b * lq + 1, dtype=mx.int32), scale)
+    tables = first + mx.arange(pages, dtype=mx.int32)[None]
+    if lq <= lk:
+        # One sequence per batch entry whose rows (at positions lk - lq ...) each name
+        # the end of the keys (key_ends): the tiled kernel then reuses each key tile
+        # across query rows, twice as fast as a sequence per row for a 1500-row clip.
+        out = ops.paged_attention(rows, paged(keys), paged(values), tables,
+                                  mx.full((b,), lk, dtype=mx.int32),
+                                  mx.arange(b + 1, dtype=mx.int32) * lq, scale,
+                                  key_ends=mx.full((b * lq,), lk, dtype=mx.int32))
+    else:   # more queries than keys: each row a one-token sequence at the last key
+        out = ops.paged_attention(rows, paged(keys), paged(values),
+                                  mx.repeat(tables, lq, axis=0),
+                                  mx.full((b * lq,), lk, dtype=mx.int32),
+                                  mx.arange(b * lq + 1, dtype=mx.int32), scale)
     return out.reshape(b, lq, heads, d).transpose(0, 2, 1, 3)
 
 

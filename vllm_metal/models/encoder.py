@@ -17,11 +17,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from vllm_metal.ops import activations
+
 # model_type -> the prefix a task checkpoint (``*ForSequenceClassification``) puts
 # before the encoder's weights.
 FAMILIES = {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."}
-_ACTIVATIONS = {"gelu": nn.gelu, "gelu_new": nn.gelu_approx,
-                "gelu_pytorch_tanh": nn.gelu_approx, "relu": nn.relu}
+_ACTIVATIONS = {"gelu": activations.gelu, "gelu_new": activations.gelu_approx,
+                "gelu_pytorch_tanh": activations.gelu_approx, "relu": nn.relu}
 
 
 class UnsupportedEncoderError(ValueError):

@@ -12,6 +12,7 @@
 #include "cpu/decoder_stack/stack_steps.h"
 #include "cpu/lora/lora_cpu.h"
 #include "cpu/norm_rope/norm_rope_cpu.h"
+#include "cpu/runtime/activations.h"
 #include "cpu/runtime/isa.h"
 #include "cpu/runtime/scratch.h"
 #include "cpu/runtime/thread_pool.h"
@@ -153,28 +154,19 @@ void write_cache(const StackArgs& a, int layer, const float* k, const float* v) 
   }
 }
 
-// g = silu(g) * u. sigmoid from e = exp(-|g|) <= 1 (never overflows):
-// 1 / (1 + e) for g >= 0, e / (1 + e) below; no libm call, so it vectorizes.
-VLLM_METAL_INLINE void silu_mul_span(float* __restrict g, const float* __restrict u,
-                                     int64_t n) {
-  constexpr float kLog2e = 1.4426950408889634f;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g[i];
-    const float e = exp2_nonpositive(-std::fabs(x) * kLog2e);
-    const float sig = (x >= 0.0f ? 1.0f : e) / (1.0f + e);
-    g[i] = x * sig * u[i];
-  }
+// g = act(g) * u (cpu/runtime/activations.h), one body compiled per instruction set
+// (this file is built for the baseline ISA; see cpu/runtime/isa.h).
+template <Activation A>
+VLLM_METAL_INLINE void act_mul_span(float* g, const float* u, int64_t n) {
+  activation_span<A, true>(g, u, g, n);
 }
 
-// One body, compiled per instruction set (this file is built for the
-// baseline ISA; see cpu/runtime/isa.h).
 #if VLLM_METAL_X86_DISPATCH
 VLLM_METAL_TARGET_AVX512 void silu_mul_avx512(float* g, const float* u, int64_t n) {
-  silu_mul_span(g, u, n);
+  act_mul_span<Activation::Silu>(g, u, n);
 }
 VLLM_METAL_TARGET_AVX2 void silu_mul_avx2(float* g, const float* u, int64_t n) {
-  silu_mul_span(g, u, n);
+  act_mul_span<Activation::Silu>(g, u, n);
 }
 #endif
 
@@ -186,52 +178,15 @@ void silu_mul_range(float* g, const float* u, int64_t n) {
     default: break;
   }
 #endif
-  silu_mul_span(g, u, n);
-}
-
-// g = gelu_tanh(g) * u, gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
-// (MLX's gelu_approx); tanh(y) = sign(y) (1 - e) / (1 + e) with e = exp(-2 |y|) <= 1.
-VLLM_METAL_INLINE void gelu_mul_span(float* __restrict g, const float* __restrict u,
-                                     int64_t n) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kC = 0.7978845608028654f;  // sqrt(2 / pi)
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g[i];
-    const float y = kC * (x + 0.044715f * x * x * x);
-    const float e = exp2_nonpositive(-2.0f * std::fabs(y) * kLog2e);
-    const float th = std::copysign((1.0f - e) / (1.0f + e), y);
-    g[i] = 0.5f * x * (1.0f + th) * u[i];
-  }
-}
-
-// g = gelu(g) * u, gelu(x) = x / 2 * (1 + erf(x / sqrt(2))), erf by Abramowitz and
-// Stegun 7.1.26 (absolute error <= 1.5e-7, below float32's step near 1), whose
-// exp(-z^2) <= 1 takes the vectorizable exp2.
-VLLM_METAL_INLINE void erf_gelu_mul_span(float* __restrict g, const float* __restrict u,
-                                         int64_t n) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kRsqrt2 = 0.7071067811865476f;
-  constexpr float p = 0.3275911f, a1 = 0.254829592f, a2 = -0.284496736f,
-                  a3 = 1.421413741f, a4 = -1.453152027f, a5 = 1.061405429f;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float x = g[i];
-    const float z = std::fabs(x) * kRsqrt2;
-    const float t = 1.0f / (1.0f + p * z);
-    const float poly = t * (a1 + t * (a2 + t * (a3 + t * (a4 + t * a5))));
-    const float erf_abs = 1.0f - poly * exp2_nonpositive(-z * z * kLog2e);
-    const float erf = std::copysign(erf_abs, x);
-    g[i] = 0.5f * x * (1.0f + erf) * u[i];
-  }
+  act_mul_span<Activation::Silu>(g, u, n);
 }
 
 #if VLLM_METAL_X86_DISPATCH
 VLLM_METAL_TARGET_AVX512 void gelu_mul_avx512(float* g, const float* u, int64_t n, bool erf) {
-  erf ? erf_gelu_mul_span(g, u, n) : gelu_mul_span(g, u, n);
+  erf ? act_mul_span<Activation::Gelu>(g, u, n) : act_mul_span<Activation::GeluTanh>(g, u, n);
 }
 VLLM_METAL_TARGET_AVX2 void gelu_mul_avx2(float* g, const float* u, int64_t n, bool erf) {
-  erf ? erf_gelu_mul_span(g, u, n) : gelu_mul_span(g, u, n);
+  erf ? act_mul_span<Activation::Gelu>(g, u, n) : act_mul_span<Activation::GeluTanh>(g, u, n);
 }
 #endif
 
@@ -243,7 +198,7 @@ void gelu_mul_range(float* g, const float* u, int64_t n, bool erf) {
     default: break;
   }
 #endif
-  erf ? erf_gelu_mul_span(g, u, n) : gelu_mul_span(g, u, n);
+  erf ? act_mul_span<Activation::Gelu>(g, u, n) : act_mul_span<Activation::GeluTanh>(g, u, n);
 }
 
 // h += s * y over n values.
