@@ -310,7 +310,7 @@ when normalize, else x) in descending order; rank = number of scores >= the toke
       nb::kw_only(),
       "stream"_a = nb::none(),
       R"(Elementwise activation of float32 x: kind 0 silu, 1 gelu_approx (tanh form),
-2 gelu (erf); fp32 arithmetic, same shape.)");
+2 gelu (erf), 3 gelu_fast_approx (x sigmoid(1.702 x)); fp32 arithmetic, same shape.)");
 
   m.def(
       "rms_norm",

@@ -14,9 +14,9 @@ mx::array activation(const mx::array& x, int kind, mx::StreamOrDevice s) {
   if (x.dtype() != mx::float32) {
     throw std::invalid_argument("activation: x must be float32");
   }
-  if (kind < 0 || kind > 2) {
-    throw std::invalid_argument("activation: kind must be 0 (silu), 1 (gelu_approx) or 2 "
-                                "(gelu), got " + std::to_string(kind));
+  if (kind < 0 || kind > 3) {
+    throw std::invalid_argument("activation: kind must be 0 (silu), 1 (gelu_approx), 2 "
+                                "(gelu) or 3 (gelu_fast_approx), got " + std::to_string(kind));
   }
   return mx::array(x.shape(), mx::float32,
                    std::make_shared<ActivationOp>(mx::to_stream(s), kind), {x});

@@ -1,4 +1,4 @@
-// activation: SiLU / GELU / GELU (tanh) of a float32 array as one CPU primitive.
+// activation: SiLU / GELU and its approximations of a float32 array, one CPU primitive.
 #pragma once
 
 #include <vector>
@@ -13,7 +13,8 @@ namespace vllm_metal {
  * Elementwise activation.
  *
  *   x      float32 [...]
- *   kind   0 silu, 1 gelu_approx (tanh form, MLX's nn.gelu_approx), 2 gelu (erf)
+ *   kind   0 silu, 1 gelu_approx (tanh form, MLX's nn.gelu_approx), 2 gelu (erf),
+ *          3 gelu_fast_approx (x * sigmoid(1.702 x))
  *   returns float32 [...] (same shape)
  */
 mlx::core::array activation(const mlx::core::array& x, int kind,

@@ -20,12 +20,14 @@ def _reference(kind: str, x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     if kind == "silu":
         return x / (1.0 + np.exp(-x))
+    if kind == "gelu_fast_approx":
+        return x / (1.0 + np.exp(-1.702 * x))
     if kind == "gelu_approx":
         return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
     return 0.5 * x * (1.0 + _ERF(x / math.sqrt(2.0)))
 
 
-@pytest.mark.parametrize("kind", ["silu", "gelu_approx", "gelu"])
+@pytest.mark.parametrize("kind", ["silu", "gelu_approx", "gelu", "gelu_fast_approx"])
 @pytest.mark.parametrize("shape", [(7,), (3, 129), (300, 1536)])
 def test_matches_float64(kind, shape):
     rng = np.random.default_rng(len(shape))

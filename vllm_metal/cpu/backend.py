@@ -150,10 +150,14 @@ class CpuBackend(Backend):
                    f"{', int8 activations' if int8 and fast else ''}")
         return CpuBackbone(adapter, stack, summary)
 
-    def encoder_context(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def encoder_context(self):
+        from vllm_metal.cpu.fast_activations import fast_activations
         from vllm_metal.cpu.full_attention import full_attention
 
-        return full_attention()   # MLX's CPU attention is scalar and single-threaded
+        # MLX's CPU attention is scalar and single-threaded; so are its erf/tanh/exp.
+        with full_attention(), fast_activations():
+            yield
 
     def kv_cache_dtype(self, model: nn.Module) -> mx.Dtype | None:
         # Half precision may halve an fp32 model's cache (vLLM's own

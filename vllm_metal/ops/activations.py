@@ -16,7 +16,7 @@ import mlx.nn as nn
 
 from vllm_metal.native import get_ops
 
-_SILU, _GELU_APPROX, _GELU = 0, 1, 2
+_SILU, _GELU_APPROX, _GELU, _GELU_FAST = 0, 1, 2, 3
 
 
 def silu(x: mx.array) -> mx.array:
@@ -32,6 +32,11 @@ def gelu_approx(x: mx.array) -> mx.array:
 def gelu(x: mx.array) -> mx.array:
     """x / 2 * (1 + erf(x / sqrt(2))), as mlx.nn.gelu."""
     return _activation(x, _GELU, nn.gelu)
+
+
+def gelu_fast_approx(x: mx.array) -> mx.array:
+    """x * sigmoid(1.702 x) ("quick GELU"), as mlx.nn.gelu_fast_approx."""
+    return _activation(x, _GELU_FAST, nn.gelu_fast_approx)
 
 
 def _activation(x: mx.array, kind: int, mlx_fn: Callable[[mx.array], mx.array]) -> mx.array:

@@ -21,6 +21,7 @@ VLLM_METAL_INLINE void span_of(Activation act, const float* x, float* out, int64
   switch (act) {
     case Activation::Silu: return span<Activation::Silu>(x, out, n);
     case Activation::GeluTanh: return span<Activation::GeluTanh>(x, out, n);
+    case Activation::GeluFast: return span<Activation::GeluFast>(x, out, n);
     default: return span<Activation::Gelu>(x, out, n);
   }
 }

@@ -10,7 +10,7 @@
 
 namespace vllm_metal::cpu {
 
-enum class Activation { Silu = 0, GeluTanh = 1, Gelu = 2 };
+enum class Activation { Silu = 0, GeluTanh = 1, Gelu = 2, GeluFast = 3 };
 
 namespace act_detail {
 
@@ -18,9 +18,18 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // silu(x) = x * sigmoid(x); sigmoid from e = exp(-|x|) <= 1 (never overflows):
 // 1 / (1 + e) for x >= 0, e / (1 + e) below.
-VLLM_METAL_INLINE float silu(float x) {
+VLLM_METAL_INLINE float sigmoid(float x) {
   const float e = exp2_nonpositive(-std::fabs(x) * kLog2e);
-  return x * ((x >= 0.0f ? 1.0f : e) / (1.0f + e));
+  return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+VLLM_METAL_INLINE float silu(float x) {
+  return x * sigmoid(x);
+}
+
+// gelu_fast(x) = x * sigmoid(1.702 x) (MLX's gelu_fast_approx, "quick_gelu").
+VLLM_METAL_INLINE float gelu_fast(float x) {
+  return x * sigmoid(1.702f * x);
 }
 
 // gelu_tanh(x) = x / 2 * (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (MLX's
@@ -59,6 +68,8 @@ VLLM_METAL_INLINE void activation_span(const float* g, const float* __restrict u
       y = act_detail::silu(g[i]);
     } else if constexpr (A == Activation::GeluTanh) {
       y = act_detail::gelu_tanh(g[i]);
+    } else if constexpr (A == Activation::GeluFast) {
+      y = act_detail::gelu_fast(g[i]);
     } else {
       y = act_detail::gelu_erf(g[i]);
     }
