@@ -113,6 +113,12 @@ def test_translation_matches_transformers(client, model_dir):
     assert text != _transcribe(client, data, "clip.wav").text   # the task tokens count
 
 
+def test_verbose_json_reports_the_language_and_duration(client):
+    reply = _transcribe(client, _encoded("wav"), "clip.wav", response_format="verbose_json")
+    assert reply.language == "en"
+    assert abs(reply.duration - 23482 / 22050) < 0.01   # the clip's samples at its rate
+
+
 def test_a_language_whisper_lacks_is_refused(client, server):
     import openai
 

@@ -111,6 +111,15 @@ class SpeechRunner(MetalModelRunner):
                                  else CrossAttentionSpec(**common))
                 for i in range(dims.num_layers)}
 
+    def kv_bytes_per_request(self) -> int:
+        """A max_model_len request's blocks in the self entries and its encoder rows'
+        blocks in the cross entries."""
+        own = self.loaded.dims.num_layers // 2
+        page = self._target_bytes_per_block() // self.loaded.dims.num_layers
+        blocks = -(-self.max_model_len // self.block_size)
+        rows = self.loaded.model.config.max_source_positions
+        return page * own * (blocks + -(-rows // self.block_size))
+
     @property
     def kv_quant(self):
         return None   # float caches only (config_checks refuses --kv-cache-dtype)
