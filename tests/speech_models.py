@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.tiny_models import _damped_ids, _train_tokenizer, _write_json
+from tests.tiny_models import _damped_ids, _train_tokenizer, _write_json, cached_build
 
 # Clips of 2 seconds by default: 200 mel frames (hop 160 at 16 kHz), 100 encoder rows.
 CLIP_SECONDS = 2
@@ -87,6 +87,16 @@ def _write_tokenizer(path: Path, tokenizer, eot: int, sot: int, max_len: int) ->
     _write_json(path / "generation_config.json", {
         "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
         "decoder_start_token_id": sot})
+
+
+def cached_whisper_model(**overrides: Any) -> Path:
+    """make_whisper_model once per process (keyed by arguments) into a temp dir
+    removed at exit."""
+    return cached_build(_build, "whisper", overrides)
+
+
+def _build(path: Path, family: str, **overrides: Any) -> Path:
+    return make_whisper_model(path, **overrides)
 
 
 def _init(name: str, p: np.ndarray, rng: np.random.Generator) -> np.ndarray:

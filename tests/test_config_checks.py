@@ -102,10 +102,10 @@ def test_a_llava_checkpoint_whose_language_model_mlx_lm_would_misbuild_is_refuse
 
 
 @pytest.fixture(scope="module")
-def whisper_dir(tmp_path_factory):
-    from tests.speech_models import make_whisper_model
+def whisper_dir():
+    from tests.speech_models import cached_whisper_model
 
-    return make_whisper_model(tmp_path_factory.mktemp("whisper") / "model")
+    return cached_whisper_model()
 
 
 @pytest.mark.parametrize("kwargs,flag", [

@@ -8,15 +8,15 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.conftest import make_llm
-from tests.speech_models import ReferenceWhisper, make_clip, make_whisper_model
+from tests.speech_models import ReferenceWhisper, cached_whisper_model, make_clip
 
 MAX_TOKENS = 8
 PROMPT = "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_whisper_model(tmp_path_factory.mktemp("whisper") / "model")
+def model_dir():
+    return cached_whisper_model()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.speech_models import ReferenceWhisper, make_whisper_model, speech_clip
+from tests.speech_models import ReferenceWhisper, cached_whisper_model, speech_clip
 
 pytestmark = pytest.mark.slow
 
@@ -20,8 +20,8 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return make_whisper_model(tmp_path_factory.mktemp("whisper") / "model")
+def model_dir():
+    return cached_whisper_model()
 
 
 @pytest.fixture(scope="module")

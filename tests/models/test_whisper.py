@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from tests.speech_models import make_whisper_model, reference_model
+from tests.speech_models import cached_whisper_model, reference_model
 from vllm_metal.attention.context import AttentionMetadata, ForwardContext
 from vllm_metal.models.whisper import CrossStep, load_whisper
 
@@ -17,8 +17,8 @@ BLOCK = 16
 
 
 @pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    return make_whisper_model(tmp_path_factory.mktemp("whisper") / "model")
+def path():
+    return cached_whisper_model()
 
 
 @pytest.fixture(scope="module")
