@@ -134,3 +134,35 @@ def test_a_text_model_has_no_transcription_route(plain_server):
     reply = requests.post(plain_server.base_url + "/v1/audio/transcriptions", files=files,
                           data={"model": "tiny"}, timeout=30)
     assert reply.status_code == 404   # the route is not offered
+
+
+def test_a_real_english_only_whisper_through_the_api():
+    """tiny.en (tests/real_whisper.py): the API's prompt is the English-only one, the
+    text is what transformers' greedy decoding reads from the same samples, with or
+    without a language, and a translation is refused."""
+    import openai
+
+    from tests.e2e.server import VllmServer
+    from tests.real_whisper import cached_tiny_en
+
+    model_dir = cached_tiny_en()
+    srv = VllmServer(str(model_dir), "--max-model-len", "448", "--max-num-seqs", "4",
+                     "--gpu-memory-utilization", "0.3", "--served-model-name", "tiny.en")
+    try:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none")
+        data = _encoded("wav")
+        text = client.audio.transcriptions.create(
+            model="tiny.en", file=("clip.wav", data), language="en",
+            extra_body={"max_completion_tokens": MAX_TOKENS}).text
+        assert "world" in text.lower()
+        assert text == _reference(model_dir, data, "<|startoftranscript|><|notimestamps|>")
+        # No language: English without vLLM's detection (its language tokens are not
+        # an English-only model's).
+        assert client.audio.transcriptions.create(
+            model="tiny.en", file=("clip.wav", data),
+            extra_body={"max_completion_tokens": MAX_TOKENS}).text == text
+        with pytest.raises(openai.BadRequestError, match="English-only"):
+            client.audio.translations.create(model="tiny.en", file=("clip.wav", data))
+        assert requests.get(srv.base_url + "/health", timeout=10).status_code == 200
+    finally:
+        srv.stop()
