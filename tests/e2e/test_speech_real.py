@@ -69,3 +69,22 @@ def test_an_english_only_checkpoint_gets_its_own_prompt(model_dir):
     params.task_type = "translate"
     with pytest.raises(VLLMValidationError, match="English-only"):
         WhisperForConditionalGeneration.get_generation_prompt(params)
+
+
+def test_other_vocabularies_keep_vllms_prompt():
+    from vllm.config.speech_to_text import SpeechToTextConfig, SpeechToTextParams
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
+
+    from tests.speech_models import cached_whisper_model
+
+    # The tiny test model: Whisper's special tokens over a 512-token BPE.
+    config = EngineArgs(model=str(cached_whisper_model()), max_model_len=64,
+                        max_num_seqs=4).create_engine_config()
+    params = SpeechToTextParams(audio=np.zeros(16000, np.float32),
+                                stt_config=SpeechToTextConfig(sample_rate=16000),
+                                model_config=config.model_config, language="fr",
+                                task_type="translate")
+    prompt = WhisperForConditionalGeneration.get_generation_prompt(params)
+    assert prompt["decoder_prompt"]["prompt"] == ("<|startoftranscript|><|fr|><|translate|>"
+                                                  "<|notimestamps|>")

@@ -4,8 +4,10 @@ vLLM's Whisper prompt always names a language and a task
 (``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``). The English-only
 checkpoints were trained without those two tokens: given them, tiny.en answers
 ``<|endoftext|>`` at once (an empty transcript) where
-``<|startoftranscript|><|notimestamps|>`` gives the words. transformers tells the two
-kinds apart by the vocabulary (English-only: fewer than 51865 tokens); so does this.
+``<|startoftranscript|><|notimestamps|>`` gives the words. The English-only
+checkpoints are told apart by their vocabulary: 51864 tokens (tiny.en to medium.en,
+distil-whisper's .en), where the multilingual ones have 51865 or 51866. Any other
+size (a test's or a custom tokenizer's) keeps vLLM's prompt.
 For such a checkpoint the prompt drops the language and task tokens, the language
 is English whatever was asked or detected, and a translation is refused (HTTP 400).
 """
@@ -17,14 +19,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from vllm.config.speech_to_text import SpeechToTextParams
 
-# transformers' WhisperTokenizer: multilingual vocabularies have 51865 tokens or more.
-MULTILINGUAL_VOCAB = 51865
+# The English-only checkpoints' vocabulary (OpenAI's GPT-2 based tokens, no language
+# tokens beyond those the .en models were never prompted with).
+ENGLISH_ONLY_VOCAB = 51864
 _patched = False
 
 
 def english_only(hf_config) -> bool:
-    return getattr(hf_config, "model_type", None) == "whisper" and \
-        getattr(hf_config, "vocab_size", MULTILINGUAL_VOCAB) < MULTILINGUAL_VOCAB
+    return (getattr(hf_config, "model_type", None) == "whisper"
+            and getattr(hf_config, "vocab_size", None) == ENGLISH_ONLY_VOCAB)
 
 
 def use_english_only_prompts() -> None:
