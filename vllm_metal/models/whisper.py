@@ -21,12 +21,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from vllm_metal.attention.context import ForwardContext
 from vllm_metal.ops.activations import gelu
+
+if TYPE_CHECKING:
+    from vllm_metal.backend import Backend
 
 
 class UnsupportedWhisperError(ValueError):
@@ -87,7 +91,10 @@ class _Attention(nn.Module):
         return x.reshape(x.shape[0], self.heads, -1)
 
 
-class _EncoderLayer(nn.Module):
+class _Layer(nn.Module):
+    """What an encoder and a decoder layer share: self-attention's projections and
+    norm, and the pre-LN GELU MLP."""
+
     def __init__(self, d: int, heads: int, ffn: int) -> None:
         super().__init__()
         self.self_attn = _Attention(d, heads)
@@ -96,6 +103,12 @@ class _EncoderLayer(nn.Module):
         self.fc2 = nn.Linear(ffn, d)
         self.final_layer_norm = nn.LayerNorm(d)
 
+    def mlp(self, x: mx.array) -> mx.array:
+        """x plus the MLP of its norm (the residual included)."""
+        return x + self.fc2(gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class _EncoderLayer(_Layer):
     def __call__(self, x: mx.array) -> mx.array:
         """x [1, T, d] -> [1, T, d]."""
         a = self.self_attn
@@ -108,7 +121,7 @@ class _EncoderLayer(nn.Module):
         o = mx.fast.scaled_dot_product_attention(heads(a.q_proj(h)), heads(a.k_proj(h)),
                                                  heads(a.v_proj(h)), scale=a.scale)
         x = x + a.out_proj(o.transpose(0, 2, 1, 3).reshape(1, t, -1))
-        return x + self.fc2(gelu(self.fc1(self.final_layer_norm(x))))
+        return self.mlp(x)
 
 
 class _Conv(nn.Module):
@@ -167,16 +180,11 @@ class CrossStep:
     slots: mx.array | None = None
 
 
-class _DecoderLayer(nn.Module):
+class _DecoderLayer(_Layer):
     def __init__(self, d: int, heads: int, ffn: int) -> None:
-        super().__init__()
-        self.self_attn = _Attention(d, heads)
-        self.self_attn_layer_norm = nn.LayerNorm(d)
+        super().__init__(d, heads, ffn)
         self.encoder_attn = _Attention(d, heads)
         self.encoder_attn_layer_norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, ffn)
-        self.fc2 = nn.Linear(ffn, d)
-        self.final_layer_norm = nn.LayerNorm(d)
 
     def __call__(self, x: mx.array, ctx: ForwardContext, entries: tuple[int, int],
                  cross: CrossStep) -> mx.array:
@@ -196,7 +204,7 @@ class _DecoderLayer(nn.Module):
         q = c.split(c.q_proj(self.encoder_attn_layer_norm(x)))
         o = ctx.attend_all(other, q, cross.tables, cross.lens, c.scale)
         x = x + c.out_proj(o.reshape(x.shape))
-        return x + self.fc2(gelu(self.fc1(self.final_layer_norm(x))))
+        return self.mlp(x)
 
 
 class WhisperDecoder(nn.Module):
@@ -232,8 +240,10 @@ class WhisperModel(nn.Module):
         self.decoder = WhisperDecoder(config)
 
 
-def load_whisper(path: str | Path, dtype: mx.Dtype) -> WhisperModel:
-    """The Whisper checkpoint at ``path`` (Hugging Face layout), weights evaluated."""
+def load_whisper(path: str | Path, dtype: mx.Dtype, backend: Backend | None = None
+                 ) -> WhisperModel:
+    """The Whisper checkpoint at ``path`` (Hugging Face layout), weights evaluated once,
+    after ``backend.prepare_weights`` (its linears) when a backend is given."""
     path = Path(path)
     config = WhisperConfig.from_dict(json.loads((path / "config.json").read_text()))
     model = WhisperModel(config)
@@ -250,5 +260,7 @@ def load_whisper(path: str | Path, dtype: mx.Dtype) -> WhisperModel:
             weights[key] = value
     model.load_weights(list(weights.items()), strict=True)
     model.set_dtype(dtype)
+    if backend is not None:
+        backend.prepare_weights(model)
     mx.eval(model.parameters())
     return model

@@ -86,9 +86,7 @@ class SpeechRunner(MetalModelRunner):
         # config_checks refused what this runner does not do (adapters, drafts, a
         # quantized or offloaded cache, several ranks).
         dtype = mlx_dtype_from_torch(self.model_config.dtype)
-        model = load_whisper(self.model_config.model, dtype)
-        self.backend.prepare_weights(model)
-        mx.eval(model.parameters())
+        model = load_whisper(self.model_config.model, dtype, self.backend)
         c = model.config
         layers = 2 * c.decoder_layers
         self.loaded = SpeechModel(
@@ -184,7 +182,6 @@ class SpeechRunner(MetalModelRunner):
         cross = CrossStep(tables=mx.array(tables[rows]),
                           lens=mx.full((len(rows),), length, dtype=mx.int32))
         encoded, slots = [], []
-        at = np.arange(length)
         for i, req_id in enumerate(step.req_ids):
             if not self._scheduled_audio.get(req_id):
                 continue
@@ -199,8 +196,9 @@ class SpeechRunner(MetalModelRunner):
                 rows_i = model.encoder(feats)
                 mx.eval(rows_i)
             encoded.append(rows_i)
-            table = tables[i]
-            slots.append(table[at // self.block_size] * self.block_size + at % self.block_size)
+            at = np.arange(length)
+            slots.append(tables[i][at // self.block_size] * self.block_size
+                         + at % self.block_size)
         if encoded:
             cross.encoded = mx.concatenate(encoded)
             cross.slots = mx.array(np.concatenate(slots).astype(np.int32))
