@@ -111,10 +111,9 @@ class MetalPlatform(Platform):
         remember_modalities(vllm_config)
         model = vllm_config.model_config
         if model is not None and model.is_encoder_decoder:
-            from vllm_metal.models.whisper_prompts import english_only, use_english_only_prompts
+            from vllm_metal.models.whisper_prompts import use_whisper_prompts
 
-            if english_only(model.hf_config):
-                use_english_only_prompts()
+            use_whisper_prompts(model.hf_config)
 
         if mm is not None:
             # The vision towers (models.vision) take pixels as the HF processor

@@ -113,6 +113,19 @@ def test_translation_matches_transformers(client, model_dir):
     assert text != _transcribe(client, data, "clip.wav").text   # the task tokens count
 
 
+def test_the_prompt_parameter_is_earlier_text_after_startofprev(client, model_dir):
+    """The request's prompt reaches the decoder as transformers' prompt ids put it
+    (tests/e2e/test_speech_real.py checks the ids), and steers the text."""
+    import openai
+
+    data = _encoded("wav")
+    text = _transcribe(client, data, "clip.wav", prompt="hi there").text
+    sot = "<|startoftranscript|><|en|><|transcribe|><|notimestamps|>"
+    assert text == _reference(model_dir, data, "<|startofprev|> hi there" + sot)
+    with pytest.raises(openai.BadRequestError, match="special tokens"):
+        _transcribe(client, data, "clip.wav", prompt="<|fr|> hi")
+
+
 def test_verbose_json_reports_the_language_and_duration(client):
     reply = _transcribe(client, _encoded("wav"), "clip.wav", response_format="verbose_json")
     assert reply.language == "en"
@@ -156,6 +169,11 @@ def test_a_real_english_only_whisper_through_the_api():
             extra_body={"max_completion_tokens": MAX_TOKENS}).text
         assert "world" in text.lower()
         assert text == _reference(model_dir, data, "<|startoftranscript|><|notimestamps|>")
+        prompted = client.audio.transcriptions.create(
+            model="tiny.en", file=("clip.wav", data), prompt="Hello world.",
+            extra_body={"max_completion_tokens": MAX_TOKENS}).text
+        assert prompted == _reference(
+            model_dir, data, "<|startofprev|> Hello world.<|startoftranscript|><|notimestamps|>")
         # No language: English without vLLM's detection (its language tokens are not
         # an English-only model's).
         assert client.audio.transcriptions.create(
