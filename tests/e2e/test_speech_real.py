@@ -76,6 +76,17 @@ def test_an_english_only_checkpoint_gets_its_own_prompt(model_dir):
         WhisperForConditionalGeneration.get_generation_prompt(params)
 
 
+def test_an_english_only_checkpoint_takes_english_or_no_language(model_dir):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
+
+    EngineArgs(model=str(model_dir), max_model_len=448).create_engine_config()
+    assert WhisperForConditionalGeneration.validate_language(None) == "en"
+    assert WhisperForConditionalGeneration.validate_language("en") == "en"
+    with pytest.raises(ValueError, match="English-only"):
+        WhisperForConditionalGeneration.validate_language("fr")
+
+
 def test_other_vocabularies_keep_vllms_prompt():
     from vllm.config.speech_to_text import SpeechToTextConfig, SpeechToTextParams
     from vllm.engine.arg_utils import EngineArgs
@@ -180,3 +191,17 @@ def test_special_tokens_in_the_request_prompt_are_refused(model_dir):
                      request_prompt="fine <|startoftranscript|><|fr|> words")
     with pytest.raises(VLLMValidationError, match="special tokens"):
         WhisperForConditionalGeneration.get_generation_prompt(params)
+
+
+def test_a_multilingual_checkpoint_after_an_english_only_one_keeps_vllms_languages(model_dir):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.whisper import WhisperForConditionalGeneration as whisper
+
+    from tests.speech_models import cached_whisper_model
+
+    EngineArgs(model=str(model_dir), max_model_len=448).create_engine_config()
+    assert not whisper.supports_explicit_language_detection
+    EngineArgs(model=str(cached_whisper_model()), max_model_len=64,
+               max_num_seqs=4).create_engine_config()
+    assert whisper.supports_explicit_language_detection
+    assert whisper.validate_language("fr") == "fr" and whisper.validate_language(None) is None

@@ -79,6 +79,23 @@ def _reference(model_dir, data: bytes, prompt: str) -> str:
     return tokenizer.decode(tokens, skip_special_tokens=True)
 
 
+def _reference_segments(model_dir, data: bytes, prompt: str) -> list[tuple]:
+    """(start, end, text) of each timed segment transformers' decode finds in its
+    greedy tokens after ``prompt`` (which ends with the first timestamp)."""
+    from transformers import AutoTokenizer
+    from vllm.multimodal.media.audio import load_audio
+
+    samples, _ = load_audio(io.BytesIO(data), sr=16000, mono=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    tokens, _ = ReferenceWhisper(model_dir).greedy(ids, np.asarray(samples, np.float32),
+                                                   MAX_TOKENS)
+    if tokenizer.eos_token_id in tokens:
+        tokens = tokens[:tokens.index(tokenizer.eos_token_id)]
+    offsets = tokenizer.decode(ids[-1:] + tokens, output_offsets=True)["offsets"]
+    return [(o["timestamp"][0], o["timestamp"][1], o["text"]) for o in offsets]
+
+
 def _transcribe(client, data: bytes, name: str, **kwargs):
     return client.audio.transcriptions.create(
         model="whisper", file=(name, data), language=kwargs.pop("language", "en"),
@@ -181,6 +198,18 @@ def test_a_real_english_only_whisper_through_the_api():
             extra_body={"max_completion_tokens": MAX_TOKENS}).text == text
         with pytest.raises(openai.BadRequestError, match="English-only"):
             client.audio.translations.create(model="tiny.en", file=("clip.wav", data))
+        with pytest.raises(openai.BadRequestError, match="English-only"):
+            client.audio.transcriptions.create(model="tiny.en", file=("clip.wav", data),
+                                               language="fr")
+        # Timestamps: vLLM's verbose_json asks for them (<|0.00|> for <|notimestamps|>)
+        # and cuts segments at them, as transformers' decode offsets do.
+        verbose = client.audio.transcriptions.create(
+            model="tiny.en", file=("clip.wav", data), response_format="verbose_json",
+            extra_body={"max_completion_tokens": MAX_TOKENS})
+        assert verbose.language == "en"
+        assert [(x.start, x.end, x.text) for x in verbose.segments] == _reference_segments(
+            model_dir, data, "<|startoftranscript|><|0.00|>")
+        assert verbose.segments and "world" in verbose.text.lower()
         assert requests.get(srv.base_url + "/health", timeout=10).status_code == 200
     finally:
         srv.stop()

@@ -13,8 +13,8 @@ vLLM's Whisper prompt differs from them in two ways this module mends:
   are told apart by their vocabulary: 51864 tokens (tiny.en to medium.en,
   distil-whisper's .en), where the multilingual ones have 51865 or 51866; any other
   size (a test's or a custom tokenizer's) is taken as multilingual. For them the
-  language is English whatever was asked, vLLM's language detection is skipped, and a
-  translation is refused (HTTP 400).
+  language is English (another one asked is refused), vLLM's language detection is
+  skipped, and a translation is refused (HTTP 400).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 ENGLISH_ONLY_VOCAB = 51864
 # Tokens of earlier text kept before the transcript (OpenAI's n_text_ctx // 2 - 1).
 MAX_PREVIOUS_TOKENS = 223
-_patched = False
+# vLLM's own language attributes of its Whisper class (kept for a multilingual one),
+# saved when the class is first changed.
+_VLLMS: dict = {}
 
 
 def english_only(hf_config) -> bool:
@@ -38,29 +40,33 @@ def english_only(hf_config) -> bool:
 
 
 def use_whisper_prompts(hf_config) -> None:
-    """For a process serving a Whisper checkpoint: vLLM's Whisper prompts come from
-    ``decoder_prompt``. For an English-only one, vLLM's language detection is also
-    skipped: it restricts the first token to language tokens such a tokenizer lacks
-    (they map to ``<|endoftext|>``, and vLLM's parser then fails the request: a 500)."""
-    global _patched
-    from vllm.model_executor.models.whisper import WhisperForConditionalGeneration
+    """For a process serving a Whisper checkpoint (the last one configured, as a
+    server has one): vLLM's Whisper prompts come from ``decoder_prompt``. For an
+    English-only one, the language is checked by ``_english`` and vLLM's language
+    detection is skipped: it restricts the first token to language tokens such a
+    tokenizer lacks (they map to ``<|endoftext|>``, and vLLM's parser then fails the
+    request: a 500); a multilingual one keeps vLLM's."""
+    import inspect
 
-    if english_only(hf_config):
-        WhisperForConditionalGeneration.supports_explicit_language_detection = False
-    if _patched:
-        return
-    _patched = True
+    from vllm.model_executor.models.whisper import WhisperForConditionalGeneration as whisper
 
-    def get_generation_prompt(cls, stt_params: SpeechToTextParams):
-        from vllm.inputs import ExplicitEncoderDecoderPrompt, TextPrompt
+    if not _VLLMS:
+        _VLLMS.update(detect=whisper.supports_explicit_language_detection,
+                      validate=inspect.getattr_static(whisper, "validate_language"))
+        whisper.get_generation_prompt = classmethod(_generation_prompt)
+        _keep_prompts_with_their_own_start()
+    english = english_only(hf_config)
+    whisper.supports_explicit_language_detection = False if english else _VLLMS["detect"]
+    whisper.validate_language = classmethod(_english) if english else _VLLMS["validate"]
 
-        audio = (stt_params.audio, stt_params.stt_config.sample_rate)
-        return ExplicitEncoderDecoderPrompt(
-            encoder_prompt=TextPrompt(prompt="", multi_modal_data={"audio": audio}),
-            decoder_prompt=TextPrompt(prompt=decoder_prompt(stt_params)))
 
-    WhisperForConditionalGeneration.get_generation_prompt = classmethod(get_generation_prompt)
-    _keep_prompts_with_their_own_start()
+def _generation_prompt(cls, stt_params: SpeechToTextParams):
+    from vllm.inputs import ExplicitEncoderDecoderPrompt, TextPrompt
+
+    audio = (stt_params.audio, stt_params.stt_config.sample_rate)
+    return ExplicitEncoderDecoderPrompt(
+        encoder_prompt=TextPrompt(prompt="", multi_modal_data={"audio": audio}),
+        decoder_prompt=TextPrompt(prompt=decoder_prompt(stt_params)))
 
 
 def _keep_prompts_with_their_own_start() -> None:
@@ -79,6 +85,16 @@ def _keep_prompts_with_their_own_start() -> None:
         return vllms(decoder_input_ids, decoder_start_token_id)
 
     engine._prepare_decoder_input_ids_for_generation = prepare
+
+
+def _english(cls, language: str | None) -> str:
+    """An English-only checkpoint's language: English when none is asked (the answer
+    names it), a ValueError (HTTP 400) for any other."""
+    if language in (None, "en"):
+        return "en"
+    raise ValueError(f"language {language!r}: this Whisper checkpoint is English-only (a "
+                     "*.en model); send language 'en' or none, or serve a multilingual "
+                     "checkpoint")
 
 
 def decoder_prompt(stt_params: SpeechToTextParams) -> str:
