@@ -23,13 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .translate import INCLUDE_DIR, MslCompileError, Translation, translate_file
+from .translate import (INCLUDE_DIR, MslCompileError, Translation, language_flags,
+                        translate_file)
 
 ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
 STAT_NAMES = ("fiber_switches", "collectives", "barriers", "divergent_collectives", "early_exits",
-              "barrier_mismatches", "inactive_lane_reads", "threadgroups")
+              "barrier_mismatches", "inactive_lane_reads", "threadgroups", "tensor_op_misuses")
 # Counted problems a GPU would not report: any of them fails a strict launch.
-PROBLEMS = ("divergent_collectives", "early_exits", "barrier_mismatches", "inactive_lane_reads")
+PROBLEMS = ("divergent_collectives", "early_exits", "barrier_mismatches", "inactive_lane_reads",
+            "tensor_op_misuses")
 CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-w", "-pthread", "-fno-strict-aliasing")
 
 
@@ -50,7 +52,7 @@ class _Launch(ctypes.Structure):
         ("order", ctypes.c_int32), ("seed", ctypes.c_uint32), ("workers", ctypes.c_int32),
         ("stack_kib", ctypes.c_int32), ("num_guard", ctypes.c_int32),
         ("guard_lo", ctypes.POINTER(ctypes.c_uint64)), ("guard_hi", ctypes.POINTER(ctypes.c_uint64)),
-        ("stats", ctypes.c_int64 * 8), ("error", ctypes.c_char * 1024),
+        ("stats", ctypes.c_int64 * len(STAT_NAMES)), ("error", ctypes.c_char * 1024),
     ]
 
 
@@ -89,7 +91,8 @@ class MslLibrary:
         self.cxx = cxx or default_cxx()
         self.defines = dict(defines or {})
         self.translation: Translation = translate_file(self.path, self.defines, self.cxx)
-        flags = (*CXX_FLAGS, *extra_flags, f"-I{INCLUDE_DIR}")
+        standard = tuple(f for f in language_flags(self.path) if f.startswith("-std="))
+        flags = (*CXX_FLAGS, *standard, *extra_flags, f"-I{INCLUDE_DIR}")
         key = hashlib.sha256("\0".join(
             (self.translation.cpp, _prelude_text(), _compiler_id(self.cxx), *flags)).encode()).hexdigest()[:20]
         cache = Path(cache_dir) if cache_dir else Path(tempfile.gettempdir()) / "msl_harness"

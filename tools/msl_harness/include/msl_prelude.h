@@ -5,6 +5,7 @@
 #pragma once
 
 #include "msl_simd.h"
+#include "msl_tensor_ops.h"
 #include "msl_types.h"
 
 namespace metal {

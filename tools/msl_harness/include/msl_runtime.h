@@ -48,7 +48,7 @@ struct msl_hx_launch {
   int32_t num_guard;
   const uint64_t* guard_lo;  // buffer address ranges, for the out-of-bounds report
   const uint64_t* guard_hi;
-  int64_t stats[8];
+  int64_t stats[9];
   char error[1024];
 };
 
@@ -73,7 +73,12 @@ using metal::uint3;
 constexpr int kSimdWidth = 32;
 constexpr int kSlotBytes = 64;  // largest value a collective moves (e.g. float4x4 / 16 floats)
 
-enum Stat { kSwitches, kCollectives, kBarriers, kDivergent, kEarlyExit, kBarrierMismatch, kInactiveRead, kThreadgroups };
+enum Stat {
+  kSwitches, kCollectives, kBarriers, kDivergent, kEarlyExit, kBarrierMismatch, kInactiveRead, kThreadgroups,
+  kTensorOpMisuse,  // msl_tensor_ops.h: an operand smaller than its tile
+  kNumStats
+};
+static_assert(sizeof(msl_hx_launch::stats) == kNumStats * sizeof(int64_t), "the launch's stats are the Stat list");
 enum class State : uint8_t { Ready, AtSimd, AtBarrier, Done };
 
 struct Site {
@@ -115,7 +120,7 @@ struct Worker {
   Fiber scheduler;
   uint3 group_position;
   long epoch = 0;  // threadgroups run so far: `threadgroup` variables re-poison per epoch
-  int64_t stats[8] = {};
+  int64_t stats[kNumStats] = {};
   uint32_t rng = 1;
 };
 
@@ -319,7 +324,7 @@ inline void worker_main(msl_hx_launch* launch, void (*kernel)(), std::atomic<uin
   tl_worker = nullptr;
   munmap(w.stacks, w.stacks_total);
   std::lock_guard<std::mutex> lock(*totals_mutex);
-  for (int i = 0; i < 8; ++i) totals[i] += w.stats[i];
+  for (int i = 0; i < kNumStats; ++i) totals[i] += w.stats[i];
 }
 
 // ------------------------------------------------------------ out-of-bounds reporter (guard mode)

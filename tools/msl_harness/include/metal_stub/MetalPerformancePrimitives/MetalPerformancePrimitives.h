@@ -1,0 +1,1 @@
+// Empty: the harness prelude (msl_tensor_ops.h) emulates the tensor ops the kernels use.
