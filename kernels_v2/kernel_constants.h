@@ -64,3 +64,6 @@
 
 // F(args, name, type) for the three supported element types.
 #define VLLM_METAL_FOR_EACH_DTYPE(F, A) F(A, float16, half) F(A, bfloat16, bfloat) F(A, float32, float)
+// The tensor-op prefill (paged_attention_nax_prefill): its head sizes and dtypes.
+#define VLLM_METAL_FOR_EACH_NAX_HEAD_SIZE(F, A) VLLM_METAL_EACH(F, A, 64, 128, 256)
+#define VLLM_METAL_FOR_EACH_NAX_DTYPE(F, A) F(A, float16, half) F(A, bfloat16, bfloat)

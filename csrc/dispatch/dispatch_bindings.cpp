@@ -190,18 +190,26 @@ void bind_dispatch_debug(nb::module_& m) {
         "Keys per partition of the last recorded call if it took GqaDecode (256 or 512 on Metal, "
         "the even piece size on the CPU backend), else None.");
 
+  m.def("nax_prefill_disabled", &dispatch::nax_prefill_disabled,
+        "VLLM_METAL_DISABLE_NAX_PREFILL as eval_gpu reads it (ValueError for a non-boolean).");
+
   m.def(
       "paged_dispatch",
       [](const std::vector<int32_t>& seq_lens, const std::vector<int32_t>& query_lens, int num_heads,
          int num_kv_heads, int head_size, int block_size, const std::string& dtype,
-         const std::optional<std::string>& query_dtype, int compute_units, bool gqa_decode_disabled) {
+         const std::optional<std::string>& query_dtype, int compute_units, bool gqa_decode_disabled,
+         bool nax_available, bool nax_disabled, int kv_quant) {
         auto p = make_problem(seq_lens, query_lens, num_heads, num_kv_heads, head_size, block_size, dtype,
                               query_dtype);
-        return to_dict(dispatch::decide_paged_dispatch(p, {compute_units, gqa_decode_disabled}));
+        p.kv_quant = kv_quant;
+        return to_dict(dispatch::decide_paged_dispatch(
+            p, {compute_units, gqa_decode_disabled, nax_available, nax_disabled}));
       },
       "seq_lens"_a, "query_lens"_a, "num_heads"_a, "num_kv_heads"_a, "head_size"_a, "block_size"_a,
       "dtype"_a, "query_dtype"_a = nb::none(), "compute_units"_a, "gqa_decode_disabled"_a = false,
-      "The dispatch decision (dict: route, partition_size, num_partitions, scratch_bytes, reason).");
+      "nax_available"_a = false, "nax_disabled"_a = false, "kv_quant"_a = 0,
+      "The dispatch decision (dict: route, partition_size, num_partitions, scratch_bytes, reason); "
+      "nax_available: the GPU's tensor units and the NaxPrefill kernels are there.");
 
   m.def(
       "cpu_paged_dispatch",
@@ -230,7 +238,7 @@ void bind_dispatch_debug(nb::module_& m) {
         p.kv_quant = kv_quant;
         dispatch::PagedDispatch d;
         d.route = parse_route(route);
-        if (d.route != PagedRoute::Varlen) {
+        if (d.route != PagedRoute::Varlen && d.route != PagedRoute::NaxPrefill) {
           if (partition_size < 1) throw std::invalid_argument("partition_size must be >= 1");
           int longest = 1;
           for (int32_t s : seq_lens) longest = std::max<int>(longest, s);

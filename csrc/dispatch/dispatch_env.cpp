@@ -54,6 +54,14 @@ bool gqa_decode_disabled() {
       std::string("VLLM_METAL_DISABLE_GQA_DECODE must be a boolean (1/0/true/false), got '") + raw + "'");
 }
 
+bool nax_prefill_disabled() {
+  const char* raw = std::getenv("VLLM_METAL_DISABLE_NAX_PREFILL");
+  if (raw == nullptr) return false;
+  if (const std::optional<bool> v = parse_flag(raw)) return *v;
+  throw std::invalid_argument(
+      std::string("VLLM_METAL_DISABLE_NAX_PREFILL must be a boolean (1/0/true/false), got '") + raw + "'");
+}
+
 int gpu_core_count() {
 #if VLLM_METAL_APPLE()
   static const int cores = [] {

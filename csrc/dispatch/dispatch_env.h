@@ -11,6 +11,9 @@ inline constexpr int kFallbackGpuCores = 8;
 // 0/false/no/off/unset keeps it; anything else throws std::invalid_argument.
 bool gqa_decode_disabled();
 
+// VLLM_METAL_DISABLE_NAX_PREFILL: the same for the NaxPrefill route (an A/B switch).
+bool nax_prefill_disabled();
+
 // GPU cores from the IORegistry ("gpu-core-count" of the AGXAccelerator) on
 // macOS, probed once; kFallbackGpuCores when unavailable (and on Linux).
 int gpu_core_count();

@@ -31,6 +31,11 @@ std::string gqa_decode_kernel_name(KernelDtype dtype, int num_heads, int num_kv_
       "_hkv" + std::to_string(num_kv_heads) + "_hd" + std::to_string(head_size) + "_bs" + std::to_string(block_size);
 }
 
+std::string nax_prefill_kernel_name(KernelDtype dtype, int head_size, int block_size) {
+  return std::string("paged_attention_nax_prefill_") + dtype_name(dtype) + "_hd" + std::to_string(head_size) +
+      "_bs" + std::to_string(block_size);
+}
+
 std::string reduce_kernel_name(KernelDtype dtype, int head_size) {
   return std::string("paged_attention_v2_reduce_") + dtype_name(dtype) + "_hd" + std::to_string(head_size);
 }
@@ -105,6 +110,20 @@ PagedAttentionPlan plan_paged_attention(
          {window, softcap, f.has_sinks, split},
          true,
          p.kv_quant});
+  } else if (d.route == PagedRoute::NaxPrefill) {
+    if (!is_nax_head_size(p.head_size) || p.kv_quant != 0 ||
+        (p.cache_dtype != KernelDtype::Float16 && p.cache_dtype != KernelDtype::BFloat16)) {
+      throw std::invalid_argument("no NaxPrefill kernel for this shape");
+    }
+    if (split) throw std::invalid_argument("NaxPrefill writes no partials");
+    if (total_q < kNaxMinRows) throw std::invalid_argument("NaxPrefill needs at least 16 query rows");
+    plan.launches.push_back(
+        {nax_prefill_kernel_name(p.cache_dtype, p.head_size, p.block_size),
+         {u32(p.num_heads), u32(nax_prefill_tiles(p.query_lens)), 1},
+         {kVarlenThreads, 1, 1},  // kNaxSimdgroups in the kernel
+         {window, softcap, f.has_sinks, false},
+         true,
+         0});
   } else {
     throw std::invalid_argument(std::string("route ") + route_name(d.route) + " has no Metal kernels");
   }

@@ -51,6 +51,7 @@ struct ReshapeAndCachePlan {
 std::string varlen_kernel_name(KernelDtype dtype, int head_size, int block_size);
 std::string gqa_decode_kernel_name(KernelDtype dtype, int num_heads, int num_kv_heads, int head_size, int block_size);
 std::string reduce_kernel_name(KernelDtype dtype, int head_size);
+std::string nax_prefill_kernel_name(KernelDtype dtype, int head_size, int block_size);
 std::string reshape_and_cache_kernel_name(KernelDtype dtype, bool quantized);
 
 // Head sizes with a varlen / reduce kernel.

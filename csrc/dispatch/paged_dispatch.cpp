@@ -79,7 +79,40 @@ PagedDispatch cpu_short_query_dispatch(const PagedProblem& p, const DispatchEnv&
   return d;
 }
 
+// Why a batch does not take NaxPrefill ("" when it does): a prefill-dominated
+// batch (at least half of its rows in sequences of a whole tile or more) of a
+// float16/bfloat16 float cache in the kernel's head sizes and block sizes.
+std::string nax_refusal(const PagedProblem& p, const DispatchEnv& env, int64_t total_q) {
+  if (!env.nax_available) return "no tensor units";
+  if (env.nax_disabled) return "NAX prefill disabled (VLLM_METAL_DISABLE_NAX_PREFILL)";
+  if (!is_nax_head_size(p.head_size)) return "no NAX prefill kernel for head size " + std::to_string(p.head_size);
+  if (p.kv_quant != 0) return "NAX prefill reads float caches only";
+  if (p.query_dtype != p.cache_dtype ||
+      (p.query_dtype != KernelDtype::Float16 && p.query_dtype != KernelDtype::BFloat16)) {
+    return "NAX prefill takes float16 or bfloat16 queries and caches";
+  }
+  if (!is_kernel_block_size(p.block_size)) return "block size " + std::to_string(p.block_size) + " is not a kernel block size";
+  if (total_q < kNaxMinRows) return "fewer than " + std::to_string(kNaxMinRows) + " query rows";
+  int64_t tile_rows = 0;
+  for (int32_t q : p.query_lens) tile_rows += q >= kNaxTileRows ? q : 0;
+  if (2 * tile_rows < total_q) return "not prefill-dominated (rows in sequences of >= 64 rows: " +
+      std::to_string(tile_rows) + " of " + std::to_string(total_q) + ")";
+  return "";
+}
+
 }  // namespace
+
+bool is_nax_head_size(int head_size) {
+#define VLLM_METAL_NAX_HEAD_ITEM(unused, hd) head_size == hd ||
+  return VLLM_METAL_FOR_EACH_NAX_HEAD_SIZE(VLLM_METAL_NAX_HEAD_ITEM, _) false;
+#undef VLLM_METAL_NAX_HEAD_ITEM
+}
+
+int64_t nax_prefill_tiles(const std::vector<int32_t>& query_lens) {
+  int64_t tiles = 0;
+  for (int32_t q : query_lens) tiles += ceil_div(std::max<int32_t>(q, 0), kNaxTileRows);
+  return tiles;
+}
 
 const char* route_name(PagedRoute route) {
   switch (route) {
@@ -183,6 +216,17 @@ PagedDispatch decide_paged_dispatch(const PagedProblem& p, const DispatchEnv& en
       why_not = "GQA scratch above 512 MiB";
     }
     d.reason = why_not + "; ";
+  }
+
+  if (!decode) {
+    const std::string why_not = nax_refusal(p, env, total_q);
+    if (why_not.empty()) {
+      d.route = PagedRoute::NaxPrefill;
+      d.reason = "NAX prefill: " + std::to_string(nax_prefill_tiles(p.query_lens)) + " tile(s) of " +
+          std::to_string(kNaxTileRows) + " rows";
+      return d;
+    }
+    if (env.nax_available) d.reason += why_not + "; ";
   }
 
   // General path: split long contexts when one threadgroup per (row, head)

@@ -38,6 +38,10 @@ struct PagedProblem {
 struct DispatchEnv {
   int compute_units = 1;            // GPU cores (Metal) or kernel threads (CPU backend)
   bool gqa_decode_disabled = false;  // VLLM_METAL_DISABLE_GQA_DECODE
+  // The GPU has tensor units (MLX's is_nax_available) and the loaded library holds
+  // the NaxPrefill kernels; always false on the CPU backend.
+  bool nax_available = false;
+  bool nax_disabled = false;  // VLLM_METAL_DISABLE_NAX_PREFILL
 };
 
 struct PagedDispatch {
@@ -47,6 +51,15 @@ struct PagedDispatch {
   int64_t scratch_bytes = 0;  // fp32 partial (max, exp-sum, output) bytes
   std::string reason;
 };
+
+// The NaxPrefill kernel (kernels_v2/paged_attention_nax_prefill.h): query rows of
+// a threadgroup's tile (kNaxTileRows, of one sequence) and the fewest query rows
+// of a launch (a simdgroup's view of kNaxMinRows rows stays inside the query).
+inline constexpr int kNaxTileRows = 64;
+inline constexpr int kNaxMinRows = 16;
+bool is_nax_head_size(int head_size);
+// Threadgroup tiles of a batch: sum over sequences of ceil(query rows / kNaxTileRows).
+int64_t nax_prefill_tiles(const std::vector<int32_t>& query_lens);
 
 // (num_heads, num_kv_heads, head_size) has a GQA decode kernel.
 bool is_gqa_decode_geometry(int num_heads, int num_kv_heads, int head_size);

@@ -1,6 +1,8 @@
 // Pipelines and dispatches of planned launches (compiled on Apple only).
 #include "metal/launches.h"
 
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -54,6 +56,22 @@ MTL::ComputePipelineState* pipeline(mx::metal::Device& device, const dispatch::K
   MTL::ComputePipelineState* state = specialized_pipeline(device, launch);
   dispatch::check_threadgroup_size(launch, state->maxTotalThreadsPerThreadgroup());
   return state;
+}
+
+bool nax_prefill_available(mx::metal::Device& device) {
+  if (!mx::metal::is_nax_available()) return false;
+  static std::mutex mutex;
+  static std::map<std::string, bool> known;  // library name -> holds the kernels
+  const std::string name = configured_library().name;
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = known.find(name);
+  if (it != known.end()) return it->second;
+  const std::string probe = dispatch::nax_prefill_kernel_name(dispatch::KernelDtype::Float16, 64, 16);
+  MTL::Function* fn = kernels_library(device)->newFunction(NS::String::string(probe.c_str(), NS::UTF8StringEncoding));
+  const bool present = fn != nullptr;
+  if (fn != nullptr) fn->release();
+  known[name] = present;
+  return present;
 }
 
 void dispatch_launch(mx::metal::CommandEncoder& enc, const dispatch::KernelLaunch& launch) {

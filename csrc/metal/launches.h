@@ -21,6 +21,11 @@ MTL::ComputePipelineState* pipeline(mlx::core::metal::Device& device, const disp
 
 void dispatch_launch(mlx::core::metal::CommandEncoder& enc, const dispatch::KernelLaunch& launch);
 
+// The GPU has tensor units (MLX's own test: an M5-class GPU on macOS 26.2 or later)
+// and the configured library holds the NaxPrefill kernels (a toolchain without
+// Metal 4's tensor API builds the library without them). Cached per library.
+bool nax_prefill_available(mlx::core::metal::Device& device);
+
 }  // namespace vllm_metal::metal
 
 #endif

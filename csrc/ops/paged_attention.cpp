@@ -20,6 +20,10 @@
 #include "mlx/utils.h"
 #include "platform.h"
 
+#if VLLM_METAL_APPLE()
+#include "metal/launches.h"
+#endif
+
 namespace vllm_metal {
 
 namespace mx = mlx::core;
@@ -282,7 +286,11 @@ void PagedAttention::eval_gpu(
     problem.query_lens.assign(num_seqs, 0);
     if (num_seqs > 0) problem.query_lens[0] = q.shape(0);
   }
-  const dispatch::DispatchEnv env{dispatch::gpu_core_count(), dispatch::gqa_decode_disabled()};
+  dispatch::DispatchEnv env{dispatch::gpu_core_count(), dispatch::gqa_decode_disabled()};
+  // The tensor-op prefill tiles each sequence's rows: only with the real lengths.
+  env.nax_available = host_lengths_.has_value() &&
+      metal::nax_prefill_available(mx::metal::device(stream().device));
+  env.nax_disabled = dispatch::nax_prefill_disabled();
   const dispatch::PagedDispatch decision = dispatch::decide_paged_dispatch(problem, env);
   dispatch::record_paged_dispatch(decision);
   dispatch::PagedAttentionFeatures features;

@@ -25,6 +25,10 @@ def host_names(ext) -> set[str]:
         plan = ext.debug.metal_launch_plan([600], [1], 2, 1, hd, bs, dtype, "SplitKv", partition_size=256,
                                       scale=1.0, max_blocks_per_seq=600 // bs + 1)
         names.update(launch["kernel"] for launch in plan["launches"])
+    for dtype, hd, bs in itertools.product(DTYPES[:2], (64, 128, 256), shapes["block_sizes"]):
+        plan = ext.debug.metal_launch_plan([64], [64], 2, 1, hd, bs, dtype, "NaxPrefill", scale=1.0,
+                                           max_blocks_per_seq=64 // bs)
+        names.update(launch["kernel"] for launch in plan["launches"])
     for dtype, (hq, hkv, hd), bs in itertools.product(DTYPES, shapes["gqa_decode_geometries"],
                                                      shapes["block_sizes"]):
         plan = ext.debug.metal_launch_plan([10], [1], hq, hkv, hd, bs, dtype, "GqaDecode", partition_size=512,
@@ -65,8 +69,10 @@ def test_every_metal_file_compiles(kernels):
 # + 3 quantized cache writes (the attention kernels read quantized caches through a
 # function constant) + 9 LoRA (shrink, expand, expand_add x 3 dtypes) + 12 experts
 # (float, q4, q8, mxfp4 x 3 dtypes) + 6 MLA (cache write, attention x 3 dtypes)
-# + 12 GDN (conv rows, conv state, gated delta, chunked gated delta x 3 dtypes)
-INSTANTIATED = 63 + 36 + 21 + 3 + 3 + 9 + 12 + 6 + 12
+# + 12 GDN (conv rows, conv state, gated delta, chunked gated delta x 3 dtypes) + 18 NAX
+# prefill (float16, bfloat16 x head sizes 64, 128, 256 x 3 block sizes)
+NAX_KERNELS = 18
+INSTANTIATED = 63 + 36 + 21 + 3 + 3 + 9 + 12 + 6 + 12 + NAX_KERNELS
 
 
 def test_host_names_are_exactly_the_instantiations(kernels, ext):

@@ -20,11 +20,12 @@ BUDGET_PER_CORE = 33
 
 
 def decide(seq_lens, query_lens=None, *, shape=LLAMA, block_size=16, dtype="float16", query_dtype=None,
-           cores=10, disabled=False):
+           cores=10, disabled=False, nax=False, nax_disabled=False, kv_quant=0):
     return get_ops().debug.paged_dispatch(
         seq_lens, query_lens if query_lens is not None else [1] * len(seq_lens), shape["num_heads"],
         shape["num_kv_heads"], shape["head_size"], block_size, dtype, query_dtype=query_dtype,
-        compute_units=cores, gqa_decode_disabled=disabled)
+        compute_units=cores, gqa_decode_disabled=disabled, nax_available=nax,
+        nax_disabled=nax_disabled, kv_quant=kv_quant)
 
 
 def test_decode_of_a_gqa_geometry_takes_gqa_decode():
@@ -108,10 +109,49 @@ def test_no_split_when_the_context_fits_one_partition():
     assert decide([257], [2], shape=SMOLLM)["num_partitions"] == 2
 
 
-def test_nax_prefill_is_never_chosen():
-    # The route exists in the table but has no kernel (docs/kernels.md, "NAX prefill").
+def test_nax_prefill_only_where_the_gpu_has_tensor_units():
+    # Without them (every GPU before M5, the CPU backend) the route is never taken.
     for lens, q in (([4096], [4096]), ([128] * 8, [128] * 8)):
         assert decide(lens, q, cores=40)["route"] != "NaxPrefill"
+        d = decide(lens, q, cores=40, nax=True)
+        assert d["route"] == "NaxPrefill" and d["reason"].startswith("NAX prefill: ")
+        assert (d["partition_size"], d["num_partitions"], d["scratch_bytes"]) == (None, 1, 0)
+
+
+def test_nax_prefill_tiles_each_sequence():
+    d = decide([100, 300, 64], [100, 70, 64], nax=True)
+    assert d["reason"] == "NAX prefill: 5 tile(s) of 64 rows"   # 2 + 2 + 1
+
+
+@pytest.mark.parametrize("why,kwargs,reason", [
+    ("disabled", dict(nax_disabled=True), "VLLM_METAL_DISABLE_NAX_PREFILL"),
+    ("head size", dict(shape=SMOLLM | {"head_size": 80}), "head size 80"),
+    ("float32", dict(dtype="float32"), "float16 or bfloat16"),
+    ("query dtype", dict(query_dtype="bfloat16"), "float16 or bfloat16"),
+    ("quantized cache", dict(kv_quant=2), "float caches"),
+    ("block size", dict(block_size=12), "block size 12"),
+])
+def test_nax_prefill_refusals_name_their_reason(why, kwargs, reason):
+    d = decide([512], [512], nax=True, **kwargs)
+    assert d["route"] != "NaxPrefill" and reason in d["reason"], why
+
+
+def test_nax_prefill_is_for_prefill_dominated_batches():
+    assert decide([4000] * 8, [1] * 8, nax=True)["route"] == "GqaDecode"      # decode
+    assert decide([10], [10], nax=True)["route"] != "NaxPrefill"              # < 16 rows
+    mixed = decide([64, 900, 900, 900], [64, 30, 30, 30], nax=True)            # 64 of 154
+    assert mixed["route"] != "NaxPrefill" and "not prefill-dominated" in mixed["reason"]
+    assert decide([100, 900], [100, 30], nax=True)["route"] == "NaxPrefill"  # 100 of 130
+
+
+def test_nax_prefill_can_be_disabled_by_environment(monkeypatch):
+    ops = get_ops()
+    assert ops.debug.nax_prefill_disabled() is False
+    monkeypatch.setenv("VLLM_METAL_DISABLE_NAX_PREFILL", "1")
+    assert ops.debug.nax_prefill_disabled() is True
+    monkeypatch.setenv("VLLM_METAL_DISABLE_NAX_PREFILL", "maybe")
+    with pytest.raises(ValueError, match="VLLM_METAL_DISABLE_NAX_PREFILL"):
+        ops.debug.nax_prefill_disabled()
 
 
 def test_empty_batch_is_varlen():

@@ -50,9 +50,21 @@ def constant_defines() -> dict[str, str]:
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
+def uses_tensor_ops(path: Path) -> bool:
+    """Whether a .metal file (or a local header it includes) uses Metal 4's tensor ops."""
+    text = path.read_text()
+    if "<MetalPerformancePrimitives/" in text:
+        return True
+    return any(uses_tensor_ops(path.parent / name) for name in _LOCAL_INCLUDE.findall(text)
+               if (path.parent / name).exists())
+
+
 def metal_source(directory: Path) -> str:
     """Every .metal file of `directory` as one source: the constants as #defines,
-    local headers inlined once each (MLX compiles a single string)."""
+    local headers inlined once each (MLX compiles a single string). Files using
+    Metal 4's tensor ops (the NaxPrefill kernels) are left out: no Mac has compiled
+    them yet, and one compile error in a single-string library would take every
+    other kernel down with it (they need a library of their own)."""
     seen: set[str] = set()
 
     def expand(path: Path) -> str:
@@ -66,4 +78,5 @@ def metal_source(directory: Path) -> str:
         return _LOCAL_INCLUDE.sub(include, path.read_text()).replace("#pragma once", "")
 
     defines = "".join(f"#define {k} {v}\n" for k, v in constant_defines().items())
-    return defines + "\n".join(expand(p) for p in kernel_files(directory) if p.suffix == ".metal")
+    files = [p for p in kernel_files(directory) if p.suffix == ".metal" and not uses_tensor_ops(p)]
+    return defines + "\n".join(expand(p) for p in files)
