@@ -41,6 +41,21 @@ constant constexpr int kNaxTileRows = kNaxSimdgroups * kNaxRows;
 constant constexpr int kNaxKeys = 32;  // keys of a block (the scores' n, the P V op's k)
 constant constexpr int kNaxChunk = 32;  // head-dim columns per op (the Q K^T op's k, P V's n)
 
+// Keys (or values) kb .. kb + kNaxKeys - 1 of one KV head from their pages into
+// dst [kNaxKeys, HEAD_SIZE], those at or past key_end as 0; all threads of the
+// threadgroup take part.
+template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
+METAL_FUNC void nax_load_block(device const T* cache, threadgroup T* dst, device const int* table, int kb,
+                               int key_end, long token_stride, int kv_head, int thread_id) {
+  for (int e = thread_id; e < kNaxKeys * HEAD_SIZE; e += kNaxSimdgroups * 32) {
+    const int j = e / HEAD_SIZE, d = e % HEAD_SIZE, t = kb + j;
+    dst[e] = t < key_end
+        ? cache[(long(table[t / BLOCK_SIZE]) * BLOCK_SIZE + t % BLOCK_SIZE) * token_stride +
+                long(kv_head) * HEAD_SIZE + d]
+        : T(0.0f);
+  }
+}
+
 template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
 [[kernel]] void paged_attention_nax_prefill(
     device const T* query [[buffer(0)]],
@@ -131,16 +146,9 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
   float m = kEmptyMax;
   float l = 0.0f;
 
-  const int threads = kNaxSimdgroups * 32;
   for (int kb = key_begin / kNaxKeys * kNaxKeys; kb < key_end; kb += kNaxKeys) {
-    // The block's keys into threadgroup memory (keys past the tile's end as 0).
-    for (int e = int(thread_id); e < kNaxKeys * HEAD_SIZE; e += threads) {
-      const int j = e / HEAD_SIZE, d = e % HEAD_SIZE, t = kb + j;
-      kv[e] = t < key_end
-          ? key_cache[(long(table[t / BLOCK_SIZE]) * BLOCK_SIZE + t % BLOCK_SIZE) * token_stride +
-                      long(kv_head) * HEAD_SIZE + d]
-          : T(0.0f);
-    }
+    nax_load_block<T, HEAD_SIZE, BLOCK_SIZE>(key_cache, kv, table, kb, key_end, token_stride, kv_head,
+                                             int(thread_id));
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (has_rows) {
       auto s = qk.template get_destination_cooperative_tensor<QView, KView, float>();
@@ -155,13 +163,8 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     // The block's values replace its keys.
-    for (int e = int(thread_id); e < kNaxKeys * HEAD_SIZE; e += threads) {
-      const int j = e / HEAD_SIZE, d = e % HEAD_SIZE, t = kb + j;
-      kv[e] = t < key_end
-          ? value_cache[(long(table[t / BLOCK_SIZE]) * BLOCK_SIZE + t % BLOCK_SIZE) * token_stride +
-                        long(kv_head) * HEAD_SIZE + d]
-          : T(0.0f);
-    }
+    nax_load_block<T, HEAD_SIZE, BLOCK_SIZE>(value_cache, kv, table, kb, key_end, token_stride, kv_head,
+                                             int(thread_id));
     if (has_rows) {
       // Online softmax of this lane's half row: scores -> probabilities in place.
       float sc[kNaxKeys / 2];

@@ -43,23 +43,23 @@ int probe_gpu_cores() {
 }
 #endif
 
+// A route's A/B switch, read on every attention call (so one getenv): unset is
+// off; anything but a boolean throws std::invalid_argument naming the variable.
+bool env_switch(const char* name) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr) return false;
+  if (const std::optional<bool> v = parse_flag(raw)) return *v;
+  throw std::invalid_argument(std::string(name) + " must be a boolean (1/0/true/false), got '" + raw + "'");
+}
+
 }  // namespace
 
 bool gqa_decode_disabled() {
-  // Read on every attention call (an A/B switch), so one getenv.
-  const char* raw = std::getenv("VLLM_METAL_DISABLE_GQA_DECODE");
-  if (raw == nullptr) return false;
-  if (const std::optional<bool> v = parse_flag(raw)) return *v;
-  throw std::invalid_argument(
-      std::string("VLLM_METAL_DISABLE_GQA_DECODE must be a boolean (1/0/true/false), got '") + raw + "'");
+  return env_switch("VLLM_METAL_DISABLE_GQA_DECODE");
 }
 
 bool nax_prefill_disabled() {
-  const char* raw = std::getenv("VLLM_METAL_DISABLE_NAX_PREFILL");
-  if (raw == nullptr) return false;
-  if (const std::optional<bool> v = parse_flag(raw)) return *v;
-  throw std::invalid_argument(
-      std::string("VLLM_METAL_DISABLE_NAX_PREFILL must be a boolean (1/0/true/false), got '") + raw + "'");
+  return env_switch("VLLM_METAL_DISABLE_NAX_PREFILL");
 }
 
 int gpu_core_count() {
