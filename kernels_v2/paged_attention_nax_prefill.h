@@ -126,8 +126,8 @@ template <typename T, int HEAD_SIZE, int BLOCK_SIZE>
                                                matmul2d_descriptor::mode::multiply_accumulate);
   matmul2d<qk_desc, execution_simdgroup> qk;
   matmul2d<pv_desc, execution_simdgroup> pv;
-  auto o0 = pv.template get_destination_cooperative_tensor<PView, KView, float>();
-  decltype(o0) o[CHUNKS];
+  using OTile = decltype(pv.template get_destination_cooperative_tensor<PView, KView, float>());
+  OTile o[CHUNKS];
   for (int c = 0; c < CHUNKS; ++c) {
     for (int i = 0; i < o[c].get_capacity(); ++i) o[c][i] = 0.0f;
   }

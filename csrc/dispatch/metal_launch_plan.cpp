@@ -111,10 +111,8 @@ PagedAttentionPlan plan_paged_attention(
          true,
          p.kv_quant});
   } else if (d.route == PagedRoute::NaxPrefill) {
-    if (!is_nax_head_size(p.head_size) || p.kv_quant != 0 ||
-        (p.cache_dtype != KernelDtype::Float16 && p.cache_dtype != KernelDtype::BFloat16)) {
-      throw std::invalid_argument("no NaxPrefill kernel for this shape");
-    }
+    const std::string why_not = nax_shape_refusal(p);
+    if (!why_not.empty()) throw std::invalid_argument("NaxPrefill: " + why_not);
     if (split) throw std::invalid_argument("NaxPrefill writes no partials");
     if (total_q < kNaxMinRows) throw std::invalid_argument("NaxPrefill needs at least 16 query rows");
     plan.launches.push_back(

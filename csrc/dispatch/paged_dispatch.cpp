@@ -85,13 +85,8 @@ PagedDispatch cpu_short_query_dispatch(const PagedProblem& p, const DispatchEnv&
 std::string nax_refusal(const PagedProblem& p, const DispatchEnv& env, int64_t total_q) {
   if (!env.nax_available) return "no tensor units";
   if (env.nax_disabled) return "NAX prefill disabled (VLLM_METAL_DISABLE_NAX_PREFILL)";
-  if (!is_nax_head_size(p.head_size)) return "no NAX prefill kernel for head size " + std::to_string(p.head_size);
-  if (p.kv_quant != 0) return "NAX prefill reads float caches only";
-  if (p.query_dtype != p.cache_dtype ||
-      (p.query_dtype != KernelDtype::Float16 && p.query_dtype != KernelDtype::BFloat16)) {
-    return "NAX prefill takes float16 or bfloat16 queries and caches";
-  }
-  if (!is_kernel_block_size(p.block_size)) return "block size " + std::to_string(p.block_size) + " is not a kernel block size";
+  const std::string shape = nax_shape_refusal(p);
+  if (!shape.empty()) return shape;
   if (total_q < kNaxMinRows) return "fewer than " + std::to_string(kNaxMinRows) + " query rows";
   int64_t tile_rows = 0;
   for (int32_t q : p.query_lens) tile_rows += q >= kNaxTileRows ? q : 0;
@@ -106,6 +101,17 @@ bool is_nax_head_size(int head_size) {
 #define VLLM_METAL_NAX_HEAD_ITEM(unused, hd) head_size == hd ||
   return VLLM_METAL_FOR_EACH_NAX_HEAD_SIZE(VLLM_METAL_NAX_HEAD_ITEM, _) false;
 #undef VLLM_METAL_NAX_HEAD_ITEM
+}
+
+std::string nax_shape_refusal(const PagedProblem& p) {
+  if (!is_nax_head_size(p.head_size)) return "no NAX prefill kernel for head size " + std::to_string(p.head_size);
+  if (p.kv_quant != 0) return "NAX prefill reads float caches only";
+  if (p.query_dtype != p.cache_dtype ||
+      (p.query_dtype != KernelDtype::Float16 && p.query_dtype != KernelDtype::BFloat16)) {
+    return "NAX prefill takes float16 or bfloat16 queries and caches";
+  }
+  if (!is_kernel_block_size(p.block_size)) return "block size " + std::to_string(p.block_size) + " is not a kernel block size";
+  return "";
 }
 
 int64_t nax_prefill_tiles(const std::vector<int32_t>& query_lens) {

@@ -58,6 +58,9 @@ struct PagedDispatch {
 inline constexpr int kNaxTileRows = 64;
 inline constexpr int kNaxMinRows = 16;
 bool is_nax_head_size(int head_size);
+// Why the NaxPrefill kernels do not cover this shape ("" when they do): head size,
+// float16/bfloat16 query = cache, no quantized cache, a kernel block size.
+std::string nax_shape_refusal(const PagedProblem& problem);
 // Threadgroup tiles of a batch: sum over sequences of ceil(query rows / kNaxTileRows).
 int64_t nax_prefill_tiles(const std::vector<int32_t>& query_lens);
 

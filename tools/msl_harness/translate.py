@@ -70,25 +70,12 @@ class Translation:
 # Metal 4 sources (those using the tensor API of MetalPerformancePrimitives, whose
 # matmul2d takes its descriptor as a class-type template argument) are C++20; the
 # rest stay C++17 with Metal 3.1's version macro.
-_TENSOR_HEADER = re.compile(r'#\s*include\s*<MetalPerformancePrimitives/')
-_LOCAL_INCLUDE = re.compile(r'#\s*include\s*"([^"]+)"')
-
-
-def uses_tensor_ops(path: Path, seen: set[Path] | None = None) -> bool:
-    """Whether the file, or a local header it includes, includes MetalPerformancePrimitives."""
-    seen = set() if seen is None else seen
-    path = Path(path).resolve()
-    if path in seen or not path.exists():
-        return False
-    seen.add(path)
-    text = path.read_text()
-    if _TENSOR_HEADER.search(text):
-        return True
-    return any(uses_tensor_ops(path.parent / name, seen) for name in _LOCAL_INCLUDE.findall(text))
 
 
 def language_flags(path: Path) -> tuple[str, ...]:
     """The C++ standard and Metal version macros a .metal file is read with."""
+    from vllm_metal.native.kernel_sources import uses_tensor_ops
+
     if uses_tensor_ops(path):
         return ("-std=c++20", "-D__METAL_VERSION__=400", "-D__HAVE_TENSOR__=1")
     return ("-std=c++17", "-D__METAL_VERSION__=310")

@@ -50,13 +50,18 @@ def constant_defines() -> dict[str, str]:
 _LOCAL_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
-def uses_tensor_ops(path: Path) -> bool:
-    """Whether a .metal file (or a local header it includes) uses Metal 4's tensor ops."""
+def uses_tensor_ops(path: Path, seen: set[Path] | None = None) -> bool:
+    """Whether a .metal file, or a local header it includes, includes Metal 4's
+    tensor ops (MetalPerformancePrimitives)."""
+    seen = set() if seen is None else seen
+    path = Path(path).resolve()
+    if path in seen or not path.exists():
+        return False
+    seen.add(path)
     text = path.read_text()
-    if "<MetalPerformancePrimitives/" in text:
+    if re.search(r"#\s*include\s*<MetalPerformancePrimitives/", text):
         return True
-    return any(uses_tensor_ops(path.parent / name) for name in _LOCAL_INCLUDE.findall(text)
-               if (path.parent / name).exists())
+    return any(uses_tensor_ops(path.parent / name, seen) for name in _LOCAL_INCLUDE.findall(text))
 
 
 def metal_source(directory: Path) -> str:
