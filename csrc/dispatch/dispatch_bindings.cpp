@@ -18,7 +18,9 @@
 #include "kernel_constants.h"
 #include "dispatch/paged_dispatch.h"
 #include "dispatch/paged_metadata.h"
+#include "dispatch/launch_dict.h"
 #include "metal/kernel_library.h"
+#include "metal/nax_readiness.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -75,10 +77,7 @@ nb::dict to_dict(const dispatch::PagedDispatch& d) {
 }
 
 nb::dict to_dict(const dispatch::KernelLaunch& l) {
-  nb::dict out;
-  out["kernel"] = l.kernel;
-  out["grid"] = nb::make_tuple(l.grid[0], l.grid[1], l.grid[2]);
-  out["threads"] = nb::make_tuple(l.threads[0], l.threads[1], l.threads[2]);
+  nb::dict out = launch_dict(l);
   nb::dict constants;
   if (l.specialized) {
     for (int i = 0; i < 4; ++i) constants[nb::int_(i)] = l.constants[i];
@@ -172,10 +171,29 @@ void bind_dispatch(nb::module_& m) {
       "Head sizes the Metal paged-attention kernels are instantiated for (kernels_v2/kernel_constants.h).");
   m.def("gpu_core_count", &dispatch::gpu_core_count,
         "GPU cores the dispatch budgets for (IORegistry on macOS; the documented fallback elsewhere).");
-  m.def("_set_metal_library_path", &metal::set_library_path, "path"_a,
+  m.def(
+      "_set_metal_library_path", [](const std::string& path) { metal::set_library_path(path); }, "path"_a,
         "Use this prebuilt .metallib for eval_gpu.");
-  m.def("_set_metal_library_source", &metal::set_library_source, "source"_a,
-        "JIT-compile this Metal source (all of kernels_v2, includes inlined) for eval_gpu.");
+  m.def(
+      "_set_metal_library_source", [](const std::string& source) { metal::set_library_source(source); },
+      "source"_a, "JIT-compile this Metal source (kernels_v2 but its tensor-op files, includes inlined) for eval_gpu.");
+  m.def(
+      "_set_metal_tensor_library_path",
+      [](const std::string& path) { metal::set_library_path(path, metal::LibraryKind::TensorOps); }, "path"_a,
+      "Use this prebuilt .metallib (Metal 4) for the tensor-op kernels.");
+  m.def(
+      "_set_metal_tensor_library_source",
+      [](const std::string& source) { metal::set_library_source(source, metal::LibraryKind::TensorOps); },
+      "source"_a, "JIT-compile this Metal source (kernels_v2's tensor-op files) for the tensor-op kernels.");
+  m.def(
+      "nax_prefill_status",
+      [] {
+        const metal::NaxStatus status = metal::nax_prefill_status();
+        return nb::make_tuple(status.state, status.detail);
+      },
+      "(state, detail) of the NaxPrefill route on this machine: 'ready', 'unavailable' (no tensor "
+      "units or no tensor-op library) or 'failed' (the library or pipeline did not load: a bug). "
+      "Loads the tensor-op library on a Mac with tensor units.");
   m.def("metal_kernels_loaded", &metal::kernels_configured,
         "True once the Metal kernels are configured: the ops may run on the GPU stream.");
 }
@@ -349,7 +367,14 @@ void bind_dispatch_debug(nb::module_& m) {
         "The name MLX caches the Metal library under, for a 'metallib' path or JIT 'source' text.");
   m.def(
       "configured_metal_library", [] { return metal::configured_library().name; },
-      "The cache name of the configured Metal library (RuntimeError if none is configured).");
+      "The cache name of the configured main Metal library (RuntimeError if none is configured).");
+  m.def(
+      "configured_metal_tensor_library",
+      []() -> std::optional<std::string> {
+        const auto library = metal::configured_tensor_library();
+        return library ? std::optional<std::string>(library->name) : std::nullopt;
+      },
+      "The cache name of the configured tensor-op Metal library, or None.");
 
   m.def("time_cpu_paged_attention", &time_cpu_paged_attention, "query"_a, "key_cache"_a, "value_cache"_a,
         "block_tables"_a, "seq_lens"_a, "cu_seqlens_q"_a, "scale"_a, "rounds"_a = 1,

@@ -1,5 +1,5 @@
 // A planned launch as the debug bindings hand it to Python (tests run it on the
-// MSL harness): {"kernel", "grid", "threads"}.
+// MSL harness): {"kernel", "grid", "threads", "library"} ("main" or "tensor_ops").
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -14,6 +14,7 @@ inline nanobind::dict launch_dict(const dispatch::KernelLaunch& l) {
   out["kernel"] = l.kernel;
   out["grid"] = nanobind::make_tuple(l.grid[0], l.grid[1], l.grid[2]);
   out["threads"] = nanobind::make_tuple(l.threads[0], l.threads[1], l.threads[2]);
+  out["library"] = l.tensor_ops ? "tensor_ops" : "main";
   return out;
 }
 

@@ -121,7 +121,8 @@ PagedAttentionPlan plan_paged_attention(
          {kVarlenThreads, 1, 1},  // kNaxSimdgroups in the kernel
          {window, softcap, f.has_sinks, false},
          true,
-         0});
+         0,
+         true});
   } else {
     throw std::invalid_argument(std::string("route ") + route_name(d.route) + " has no Metal kernels");
   }

@@ -25,6 +25,9 @@ struct KernelLaunch {
   // Function constant kv_quant (VLLM_METAL_FC_KV_QUANT, an int): the cache's
   // KvQuant, set with the others when specialized.
   int kv_quant = 0;
+  // The kernel is in the tensor-op library (Metal 4; metal/kernel_library.h),
+  // not the main one.
+  bool tensor_ops = false;
 };
 
 struct PagedAttentionFeatures {

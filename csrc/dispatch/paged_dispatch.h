@@ -38,8 +38,8 @@ struct PagedProblem {
 struct DispatchEnv {
   int compute_units = 1;            // GPU cores (Metal) or kernel threads (CPU backend)
   bool gqa_decode_disabled = false;  // VLLM_METAL_DISABLE_GQA_DECODE
-  // The GPU has tensor units (MLX's is_nax_available) and the loaded library holds
-  // the NaxPrefill kernels; always false on the CPU backend.
+  // The GPU has tensor units (MLX's is_nax_available) and a tensor-op library is
+  // loaded (metal/nax_readiness.h); always false on the CPU backend.
   bool nax_available = false;
   bool nax_disabled = false;  // VLLM_METAL_DISABLE_NAX_PREFILL
 };

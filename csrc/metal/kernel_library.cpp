@@ -10,13 +10,21 @@ namespace vllm_metal::metal {
 namespace {
 
 std::mutex g_mutex;
-KernelLibrary g_library;  // name "" until configured
+KernelLibrary g_libraries[2];  // by LibraryKind; name "" until configured
 
 // FNV-1a: stable across runs and platforms, and plenty to tell sources apart.
 uint64_t fnv1a(const std::string& text) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ull;
   return h;
+}
+
+void configure(LibraryKind kind, const char* how, const std::string& text, KernelLibrary library) {
+  if (text.empty()) throw std::invalid_argument(std::string("the Metal library's ") + how + " must not be empty");
+  const std::string prefix = kind == LibraryKind::TensorOps ? "tensor_" : "";
+  library.name = library_name(prefix + how, text);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_libraries[static_cast<int>(kind)] = std::move(library);
 }
 
 }  // namespace
@@ -27,31 +35,33 @@ std::string library_name(const std::string& kind, const std::string& text) {
   return "vllm_metal_kernels_v2_" + kind + "_" + hex;
 }
 
-void set_library_path(const std::string& path) {
-  if (path.empty()) throw std::invalid_argument("metallib path must not be empty");
-  KernelLibrary library{library_name("metallib", path), path, nullptr};
-  std::lock_guard<std::mutex> lock(g_mutex);
-  g_library = std::move(library);
+void set_library_path(const std::string& path, LibraryKind kind) {
+  configure(kind, "metallib", path, {"", path, nullptr});
 }
 
-void set_library_source(const std::string& source) {
-  if (source.empty()) throw std::invalid_argument("Metal source must not be empty");
-  KernelLibrary library{library_name("source", source), "", std::make_shared<const std::string>(source)};
-  std::lock_guard<std::mutex> lock(g_mutex);
-  g_library = std::move(library);
+void set_library_source(const std::string& source, LibraryKind kind) {
+  configure(kind, "source", source, {"", "", std::make_shared<const std::string>(source)});
 }
 
 bool kernels_configured() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return !g_library.name.empty();
+  return !g_libraries[static_cast<int>(LibraryKind::Main)].name.empty();
 }
 
 KernelLibrary configured_library() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_library.name.empty()) {
+  const KernelLibrary& library = g_libraries[static_cast<int>(LibraryKind::Main)];
+  if (library.name.empty()) {
     throw std::runtime_error("vllm-metal: the Metal kernels were not loaded (vllm_metal.native.get_ops())");
   }
-  return g_library;
+  return library;
+}
+
+std::optional<KernelLibrary> configured_tensor_library() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  const KernelLibrary& library = g_libraries[static_cast<int>(LibraryKind::TensorOps)];
+  if (library.name.empty()) return std::nullopt;
+  return library;
 }
 
 }  // namespace vllm_metal::metal

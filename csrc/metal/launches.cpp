@@ -1,8 +1,7 @@
 // Pipelines and dispatches of planned launches (compiled on Apple only).
 #include "metal/launches.h"
 
-#include <map>
-#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -17,15 +16,21 @@ namespace mx = mlx::core;
 
 namespace {
 
-MTL::Library* kernels_library(mx::metal::Device& device) {
-  const KernelLibrary library = configured_library();
+MTL::Library* load(mx::metal::Device& device, const KernelLibrary& library) {
   if (!library.path.empty()) return device.get_library(library.name, library.path);
   return device.get_library(library.name, [source = library.source] { return *source; });
 }
 
+MTL::Library* kernels_library(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
+  if (!launch.tensor_ops) return load(device, configured_library());
+  const std::optional<KernelLibrary> library = configured_tensor_library();
+  if (!library) throw std::runtime_error("vllm-metal: " + launch.kernel + " needs the tensor-op library, which is not loaded");
+  return load(device, *library);
+}
+
 // Pipeline of one planned launch, specialized by its function constants.
 MTL::ComputePipelineState* specialized_pipeline(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
-  if (!launch.specialized) return device.get_kernel(launch.kernel, kernels_library(device));
+  if (!launch.specialized) return device.get_kernel(launch.kernel, kernels_library(device, launch));
   static const bool kFalse = false;
   static const bool kTrue = true;
   static const int kKvQuant[] = {0, 1, 2, 3, 4, 5};  // the values MTLFCList points at (KvQuant)
@@ -40,7 +45,7 @@ MTL::ComputePipelineState* specialized_pipeline(mx::metal::Device& device, const
   constants.emplace_back(&kKvQuant[launch.kv_quant], MTL::DataType::DataTypeInt,
                          NS::UInteger(VLLM_METAL_FC_KV_QUANT));
   hash += std::to_string(launch.kv_quant);
-  return device.get_kernel(launch.kernel, kernels_library(device), hash, constants);
+  return device.get_kernel(launch.kernel, kernels_library(device, launch), hash, constants);
 }
 
 }  // namespace
@@ -56,22 +61,6 @@ MTL::ComputePipelineState* pipeline(mx::metal::Device& device, const dispatch::K
   MTL::ComputePipelineState* state = specialized_pipeline(device, launch);
   dispatch::check_threadgroup_size(launch, state->maxTotalThreadsPerThreadgroup());
   return state;
-}
-
-bool nax_prefill_available(mx::metal::Device& device) {
-  if (!mx::metal::is_nax_available()) return false;
-  static std::mutex mutex;
-  static std::map<std::string, bool> known;  // library name -> holds the kernels
-  const std::string name = configured_library().name;
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto it = known.find(name);
-  if (it != known.end()) return it->second;
-  const std::string probe = dispatch::nax_prefill_kernel_name(dispatch::KernelDtype::Float16, 64, 16);
-  MTL::Function* fn = kernels_library(device)->newFunction(NS::String::string(probe.c_str(), NS::UTF8StringEncoding));
-  const bool present = fn != nullptr;
-  if (fn != nullptr) fn->release();
-  known[name] = present;
-  return present;
 }
 
 void dispatch_launch(mx::metal::CommandEncoder& enc, const dispatch::KernelLaunch& launch) {

@@ -1,7 +1,7 @@
 // Encoding a planned launch (dispatch/*_launch_plan.h) through MLX's Metal
-// command encoder: the pipeline from the configured kernels_v2 library
-// (specialized by its function constants when the plan says so), and the
-// dispatch. Apple only.
+// command encoder: the pipeline from the configured kernels_v2 library the
+// launch names (main or tensor-op; specialized by its function constants when
+// the plan says so), and the dispatch. Apple only.
 #pragma once
 
 #include "platform.h"
@@ -20,11 +20,6 @@ dispatch::KernelDtype kernel_dtype(mlx::core::Dtype t);
 MTL::ComputePipelineState* pipeline(mlx::core::metal::Device& device, const dispatch::KernelLaunch& launch);
 
 void dispatch_launch(mlx::core::metal::CommandEncoder& enc, const dispatch::KernelLaunch& launch);
-
-// The GPU has tensor units (MLX's own test: an M5-class GPU on macOS 26.2 or later)
-// and the configured library holds the NaxPrefill kernels (a toolchain without
-// Metal 4's tensor API builds the library without them). Cached per library.
-bool nax_prefill_available(mlx::core::metal::Device& device);
 
 }  // namespace vllm_metal::metal
 

@@ -22,6 +22,7 @@
 
 #if VLLM_METAL_APPLE()
 #include "metal/launches.h"
+#include "metal/nax_readiness.h"
 #endif
 
 namespace vllm_metal {
@@ -286,13 +287,6 @@ void PagedAttention::eval_gpu(
     problem.query_lens.assign(num_seqs, 0);
     if (num_seqs > 0) problem.query_lens[0] = q.shape(0);
   }
-  dispatch::DispatchEnv env{dispatch::gpu_core_count(), dispatch::gqa_decode_disabled()};
-  // The tensor-op prefill tiles each sequence's rows: only with the real lengths.
-  env.nax_available = host_lengths_.has_value() &&
-      metal::nax_prefill_available(mx::metal::device(stream().device));
-  env.nax_disabled = dispatch::nax_prefill_disabled();
-  const dispatch::PagedDispatch decision = dispatch::decide_paged_dispatch(problem, env);
-  dispatch::record_paged_dispatch(decision);
   dispatch::PagedAttentionFeatures features;
   features.scale = scale_;
   features.sliding_window = sliding_window_;
@@ -300,6 +294,18 @@ void PagedAttention::eval_gpu(
   features.has_sinks = has_sinks_;
   features.has_key_ends = has_key_ends_;
   features.max_blocks_per_seq = inputs[3].shape(1);
+  mx::metal::Device& device = mx::metal::device(stream().device);
+  dispatch::DispatchEnv env{dispatch::gpu_core_count(), dispatch::gqa_decode_disabled()};
+  // The tensor-op prefill tiles each sequence's rows: only with the real lengths.
+  env.nax_available = host_lengths_.has_value() && metal::tensor_units_available();
+  env.nax_disabled = dispatch::nax_prefill_disabled();
+  dispatch::PagedDispatch decision = dispatch::decide_paged_dispatch(problem, env);
+  if (decision.route == dispatch::PagedRoute::NaxPrefill &&
+      !metal::tensor_launch_ready(device, dispatch::plan_paged_attention(problem, decision, features).launches[0])) {
+    env.nax_available = false;  // the library or this pipeline failed (logged once): another route
+    decision = dispatch::decide_paged_dispatch(problem, env);
+  }
+  dispatch::record_paged_dispatch(decision);
   metal::paged_attention_gpu(stream(), inputs, outputs[0], problem, decision, features);
 #else
   (void)inputs;

@@ -84,6 +84,9 @@ def test_doctor_reports_a_healthy_setup():
     assert "built from source (editable" in build and str(REPO) in build
     extension = next(line for line in out.stdout.splitlines() if "] extension" in line)
     assert "kernels_v2 stamp" in extension and "built against mlx" in extension
+    nax = next(line for line in out.stdout.splitlines() if "] nax prefill" in line)
+    if sys.platform != "darwin":
+        assert nax.endswith("off: the CPU backend has no tensor units")
 
 
 @pytest.mark.parametrize("prefix, brew", [

@@ -92,7 +92,12 @@ def test_the_plan_refuses_what_the_kernel_lacks(ext):
         args.update(kw)
         return ext.debug.metal_launch_plan(**args)
 
-    assert plan()["launches"][0]["kernel"] == "paged_attention_nax_prefill_float16_hd64_bs16"
+    launch = plan()["launches"][0]
+    assert launch["kernel"] == "paged_attention_nax_prefill_float16_hd64_bs16"
+    # eval_gpu takes it from the tensor-op library, every other route's from the main one.
+    assert launch["library"] == "tensor_ops"
+    assert [l["library"] for l in plan(route="Varlen")["launches"]] == ["main"]
+    assert {l["library"] for l in plan(route="SplitKv", partition_size=32)["launches"]} == {"main"}
     for bad in (dict(head_size=80), dict(dtype="float32"), dict(kv_quant=2),
                 dict(seq_lens=[8], query_lens=[8])):
         with pytest.raises(ValueError):

@@ -87,7 +87,7 @@ def test_the_mlx_wheel_ships_the_metal_backend_headers():
 def test_the_apple_sources_are_found():
     names = {p.relative_to(CSRC).as_posix() for p in apple_sources()}
     assert names >= {"metal/paged_attention_metal.cpp", "ops/paged_attention.cpp",
-                     "ops/reshape_and_cache.cpp", "dispatch/dispatch_env.cpp"}
+                     "ops/reshape_and_cache.cpp", "dispatch/dispatch_env.cpp", "metal/nax_readiness.cpp"}
 
 
 def test_apple_code_is_selected_only_through_platform_h():

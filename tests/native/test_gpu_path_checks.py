@@ -169,12 +169,27 @@ def test_configuring_another_library_changes_the_cached_name():
             set_library(value)
             names.append(_ext.debug.configured_metal_library())
         print(" ".join(names))
+        # The tensor-op library is configured apart, and leaves the main one as it was.
+        print(_ext.debug.configured_metal_tensor_library())
+        _ext._set_metal_tensor_library_source("kernel void a() {}")
+        print(_ext.debug.configured_metal_tensor_library(), _ext.debug.configured_metal_library())
+        _ext._set_metal_tensor_library_path("/x/vllm_metal_tensor_kernels.metallib")
+        print(_ext.debug.configured_metal_tensor_library())
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    metallib, source_a, source_b, metallib_again = run.stdout.split()
+    main_names, no_tensor, tensor_and_main, tensor_metallib = run.stdout.splitlines()
+    metallib, source_a, source_b, metallib_again = main_names.split()
     assert len({metallib, source_a, source_b}) == 3
     assert metallib_again == metallib
     assert source_a == get_ops().debug.metal_library_name("source", "kernel void a() {}")
+    assert no_tensor == "None"
+    tensor_a, main = tensor_and_main.split()
+    assert main == metallib
+    # The same text in the other library is another library: MLX must not hand back the main one.
+    assert tensor_a == get_ops().debug.metal_library_name("tensor_source", "kernel void a() {}")
+    assert tensor_a != source_a
+    assert tensor_metallib == get_ops().debug.metal_library_name(
+        "tensor_metallib", "/x/vllm_metal_tensor_kernels.metallib")
 
 
 def test_the_configured_name_is_one_of_ours(debug):

@@ -30,6 +30,12 @@ class RecordingExt(types.SimpleNamespace):
     def _set_metal_library_source(self, source):
         self.source = source
 
+    def _set_metal_tensor_library_path(self, path):
+        self.tensor_path = path
+
+    def _set_metal_tensor_library_source(self, source):
+        self.tensor_source = source
+
 
 def test_stamp_recipe_matches_the_build():
     assert kernel_sources.kernels_hash(REPO / "kernels_v2") == get_ops().kernels_hash
@@ -54,8 +60,19 @@ def test_prebuilt_metallib_is_used_and_a_missing_one_refused(tmp_path):
     with pytest.raises(ImportError, match="vllm_metal_kernels.metallib is missing"):
         loader._configure_metal(ext, from_source=False)
     (tmp_path / loader.METALLIB_NAME).write_bytes(b"metallib")
-    assert "prebuilt" in loader._configure_metal(ext, from_source=False)
+    assert loader._configure_metal(ext, from_source=False) == f"prebuilt {loader.METALLIB_NAME}"
     assert ext.path == str(tmp_path / loader.METALLIB_NAME)
+    assert not hasattr(ext, "tensor_path")  # a toolchain without Metal 4 built none: not an error
+
+
+def test_a_prebuilt_tensor_library_is_configured_beside_the_main_one(tmp_path):
+    ext = RecordingExt(__file__=str(tmp_path / "_ext.so"))
+    for name in (loader.METALLIB_NAME, loader.TENSOR_METALLIB_NAME):
+        (tmp_path / name).write_bytes(b"metallib")
+    how = loader._configure_metal(ext, from_source=False)
+    assert how == f"prebuilt {loader.METALLIB_NAME} and {loader.TENSOR_METALLIB_NAME}"
+    assert ext.path == str(tmp_path / loader.METALLIB_NAME)
+    assert ext.tensor_path == str(tmp_path / loader.TENSOR_METALLIB_NAME)
 
 
 def test_jit_source_holds_every_kernel_and_compiles(tmp_path):
@@ -67,11 +84,44 @@ def test_jit_source_holds_every_kernel_and_compiles(tmp_path):
     single = tmp_path / "all_kernels.metal"
     single.write_text(ext.source)
     library = MslLibrary(single, defines={}, cache_dir=REPO / "build" / "msl_harness")
-    # Every kernel but the tensor-op ones (NaxPrefill), which stay out of the one-file
-    # library (vllm_metal/native/kernel_sources.py).
+    # Every kernel but the tensor-op ones (NaxPrefill), which have a library of their own.
     assert len(library.kernels) == INSTANTIATED - NAX_KERNELS
     assert not any(k.startswith("paged_attention_nax_prefill") for k in library.kernels)
     assert "MetalPerformancePrimitives" not in ext.source
+
+
+def test_jit_tensor_source_holds_the_tensor_op_kernels_and_compiles(tmp_path):
+    ext = RecordingExt(__file__=str(tmp_path / "_ext.so"))
+    loader._configure_metal(ext, from_source=True)
+    assert ext.tensor_source.startswith(f"#define VLLM_METAL_PARTITION_SIZE {constants.PARTITION_SIZE}\n")
+    assert ext.tensor_source.isascii()
+    single = tmp_path / "tensor_kernels.metal"
+    single.write_text(ext.tensor_source)
+    library = MslLibrary(single, defines={}, cache_dir=REPO / "build" / "msl_harness")
+    assert len(library.kernels) == NAX_KERNELS
+    assert all(k.startswith("paged_attention_nax_prefill") for k in library.kernels)
+
+
+def test_the_build_finds_tensor_op_files_without_the_package():
+    # CMake runs kernel_sources.py as a script with the build's Python, where
+    # vllm_metal need not be importable (-I -S: no site-packages, no PYTHONPATH).
+    script = REPO / "vllm_metal" / "native" / "kernel_sources.py"
+    run = subprocess.run([sys.executable, "-I", "-S", str(script), "tensor-op-files",
+                          str(REPO / "kernels_v2")], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == [p.name for p in kernel_sources.tensor_op_files(REPO / "kernels_v2")]
+    assert run.stdout.split() == ["paged_attention_nax_prefill.metal"]
+
+
+def test_a_tensor_op_file_is_found_through_its_local_headers(tmp_path):
+    (tmp_path / "ops.h").write_text(
+        "#pragma once\n#include <MetalPerformancePrimitives/MetalPerformancePrimitives.h>\n")
+    (tmp_path / "a.metal").write_text('#include "ops.h"\nkernel void a() {}\n')
+    (tmp_path / "b.metal").write_text("#include <metal_stdlib>\nkernel void b() {}\n")
+    assert [p.name for p in kernel_sources.tensor_op_files(tmp_path)] == ["a.metal"]
+    assert "kernel void a()" in kernel_sources.metal_source(tmp_path, tensor_ops=True)
+    assert "kernel void a()" not in kernel_sources.metal_source(tmp_path)
+    (tmp_path / "a.metal").unlink()
+    assert kernel_sources.metal_source(tmp_path, tensor_ops=True) == ""  # no library to configure
 
 
 def test_probe_reads_the_installed_extension_in_a_child_process():

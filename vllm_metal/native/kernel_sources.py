@@ -1,16 +1,20 @@
-"""The kernels_v2/ Metal sources: where they are, their hash stamp, one-file JIT source.
+"""The kernels_v2/ Metal sources: where they are, their hash stamp, which of them
+use Metal 4's tensor ops, and the one-file JIT sources of the two libraries.
 
 The stamp recipe matches csrc/cmake/kernels_v2.cmake: sha256 over
 "name\\nsha256(content)\\n" of the sorted *.h and *.metal files.
+
+Also a script, for the CMake build (which needs no vllm_metal import for it):
+``python kernel_sources.py tensor-op-files DIR`` prints the names of DIR's
+tensor-op .metal files, one a line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from pathlib import Path
-
-from vllm_metal.native import constants
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
@@ -41,6 +45,8 @@ def kernels_hash(directory: Path) -> str:
 
 def constant_defines() -> dict[str, str]:
     """The macros every kernel build gets (the same CMake passes)."""
+    from vllm_metal.native import constants  # here: the script mode runs without the package
+
     return {
         "VLLM_METAL_PARTITION_SIZE": str(constants.PARTITION_SIZE),
         "VLLM_METAL_KERNEL_BLOCK_SIZES": ",".join(str(b) for b in constants.KERNEL_BLOCK_SIZES),
@@ -64,12 +70,19 @@ def uses_tensor_ops(path: Path, seen: set[Path] | None = None) -> bool:
     return any(uses_tensor_ops(path.parent / name, seen) for name in _LOCAL_INCLUDE.findall(text))
 
 
-def metal_source(directory: Path) -> str:
-    """Every .metal file of `directory` as one source: the constants as #defines,
-    local headers inlined once each (MLX compiles a single string). Files using
-    Metal 4's tensor ops (the NaxPrefill kernels) are left out: no Mac has compiled
-    them yet, and one compile error in a single-string library would take every
-    other kernel down with it (they need a library of their own)."""
+def tensor_op_files(directory: Path) -> list[Path]:
+    """The .metal files of `directory` that use Metal 4's tensor ops: the tensor-op
+    library's (the main library, Metal 3.1, holds all the others)."""
+    return [p for p in kernel_files(directory) if p.suffix == ".metal" and uses_tensor_ops(p)]
+
+
+def metal_source(directory: Path, tensor_ops: bool = False) -> str:
+    """The .metal files of one library as one source: the main library's (every
+    file but the tensor-op ones) or, with `tensor_ops`, the tensor-op library's
+    ("" when there are none); the constants as #defines, local headers inlined
+    once each (MLX compiles a single string). The two stay apart so that a compile
+    error in a tensor-op file, which no Mac has compiled yet, costs only the
+    NaxPrefill route, not every kernel."""
     seen: set[str] = set()
 
     def expand(path: Path) -> str:
@@ -82,6 +95,15 @@ def metal_source(directory: Path) -> str:
 
         return _LOCAL_INCLUDE.sub(include, path.read_text()).replace("#pragma once", "")
 
+    tensor = set(tensor_op_files(directory))
+    files = [p for p in kernel_files(directory) if p.suffix == ".metal" and (p in tensor) == tensor_ops]
+    if not files:
+        return ""
     defines = "".join(f"#define {k} {v}\n" for k, v in constant_defines().items())
-    files = [p for p in kernel_files(directory) if p.suffix == ".metal" and not uses_tensor_ops(p)]
     return defines + "\n".join(expand(p) for p in files)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "tensor-op-files":
+        sys.exit("usage: kernel_sources.py tensor-op-files DIR")
+    print("\n".join(p.name for p in tensor_op_files(Path(sys.argv[2]))))
