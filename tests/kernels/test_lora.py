@@ -124,8 +124,10 @@ def test_the_plan(ext):
     plan = ext.debug.lora_launch_plan("bfloat16", 7, 100, 77, 16, 4, add=True, out_cols=300, column_offset=40,
                                       in_place=True)
     shrink, expand = plan["launches"]
-    assert shrink == {"kernel": "lora_shrink_bfloat16", "grid": (4, 7, 1), "threads": (128, 1, 1)}
-    assert expand == {"kernel": "lora_expand_add_bfloat16", "grid": (1, 7, 1), "threads": (128, 1, 1)}
+    assert shrink == {"kernel": "lora_shrink_bfloat16", "grid": (4, 7, 1), "threads": (128, 1, 1),
+                      "library": "main"}
+    assert expand == {"kernel": "lora_expand_add_bfloat16", "grid": (1, 7, 1), "threads": (128, 1, 1),
+                      "library": "main"}
     assert plan["u_floats"] == 7 * 16
     params = np.frombuffer(plan["params"], np.int32)
     # In place, only the slice's columns: first_column 40, launch_columns 77.
