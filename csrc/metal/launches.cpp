@@ -24,7 +24,9 @@ MTL::Library* load(mx::metal::Device& device, const KernelLibrary& library) {
 MTL::Library* kernels_library(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
   if (!launch.tensor_ops) return load(device, configured_library());
   const std::optional<KernelLibrary> library = configured_tensor_library();
-  if (!library) throw std::runtime_error("vllm-metal: " + launch.kernel + " needs the tensor-op library, which is not loaded");
+  if (!library) {
+    throw std::runtime_error("vllm-metal: " + launch.kernel + " needs the tensor-op library, which is not loaded");
+  }
   return load(device, *library);
 }
 
