@@ -48,6 +48,11 @@ bool kernels_configured() {
   return !g_libraries[static_cast<int>(LibraryKind::Main)].name.empty();
 }
 
+bool tensor_kernels_configured() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return !g_libraries[static_cast<int>(LibraryKind::TensorOps)].name.empty();
+}
+
 KernelLibrary configured_library() {
   std::lock_guard<std::mutex> lock(g_mutex);
   const KernelLibrary& library = g_libraries[static_cast<int>(LibraryKind::Main)];

@@ -23,6 +23,8 @@ void set_library_source(const std::string& source, LibraryKind kind = LibraryKin
 // True once the main library's path or source is set: the ops may then run on
 // the GPU stream.
 bool kernels_configured();
+// True once a tensor-op library is set (no copy: eval_gpu asks on every call).
+bool tensor_kernels_configured();
 
 struct KernelLibrary {
   // MLX caches a library by name for the life of the process, so the name is

@@ -66,7 +66,7 @@ std::string launch_key(const std::string& library, const dispatch::KernelLaunch&
 }  // namespace
 
 bool tensor_units_available() {
-  return mx::metal::is_nax_available() && configured_tensor_library().has_value();
+  return mx::metal::is_nax_available() && tensor_kernels_configured();
 }
 
 bool tensor_launch_ready(mx::metal::Device& device, const dispatch::KernelLaunch& launch) {
